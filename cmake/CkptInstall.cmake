@@ -1,0 +1,19 @@
+# Installs libckpt: headers, library, CMake package (ckpt::ckpt) and pkg-config file.
+include(CMakePackageConfigHelpers)
+install(TARGETS ckpt EXPORT ckptTargets
+  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/libckpt/include/ckpt DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
+  FILES_MATCHING PATTERN "*.h")
+install(FILES ${PROJECT_BINARY_DIR}/libckpt/include/ckpt/config.h
+  DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/ckpt)
+install(EXPORT ckptTargets NAMESPACE ckpt:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/ckpt)
+configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/ckptConfig.cmake.in
+  ${PROJECT_BINARY_DIR}/ckptConfig.cmake INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/ckpt)
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/ckptConfigVersion.cmake
+  COMPATIBILITY SameMinorVersion)
+install(FILES ${PROJECT_BINARY_DIR}/ckptConfig.cmake ${PROJECT_BINARY_DIR}/ckptConfigVersion.cmake
+  DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/ckpt)
+configure_file(${PROJECT_SOURCE_DIR}/cmake/ckpt.pc.in ${PROJECT_BINARY_DIR}/ckpt.pc @ONLY)
+install(FILES ${PROJECT_BINARY_DIR}/ckpt.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

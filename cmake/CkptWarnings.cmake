@@ -1,0 +1,10 @@
+# Warning and sanitizer flags shared by every ckpt target.
+add_library(ckpt_warnings INTERFACE)
+target_compile_options(ckpt_warnings INTERFACE
+  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor
+    -Wconversion-null -Wno-sign-conversion>
+  $<$<BOOL:${CKPT_WERROR}>:$<$<COMPILE_LANGUAGE:CXX>:-Werror>>)
+if(CKPT_SANITIZE)
+  add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
+  add_link_options(-fsanitize=address,undefined)
+endif()

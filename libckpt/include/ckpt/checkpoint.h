@@ -1,0 +1,134 @@
+// ckpt/checkpoint.h: save and load checkpoints; read and write them piece by piece.
+//
+// A checkpoint is a directory with one HDF5 shard per writing rank and metadata.json,
+// which appears last and atomically (schemas/FORMAT.md §2). A directory without
+// metadata.json is not a checkpoint.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ckpt/comm.h"
+#include "ckpt/metadata.h"
+#include "ckpt/tensor.h"
+
+namespace ckpt {
+
+inline constexpr const char* kMetadataFileName = "metadata.json";
+
+struct SaveOptions {
+  StateDictType state_dict_type = StateDictType::kSharded;
+  // Replace a committed checkpoint at the target. The swap is atomic: readers see the
+  // old checkpoint or the new one, never neither.
+  bool overwrite = false;
+  // Ranks that hold the same region of a tensor hash their copies; copies that differ
+  // are an error naming the key and ranks (a data-parallel desync).
+  bool check_replicas = true;
+  Compression compression;
+  std::string user_metadata = "{}";  // JSON object
+  std::string mesh = "null";         // JSON: device mesh and placements
+  // Called on each rank between writing its shard and committing; a test seam for
+  // failure injection. A throw here fails the save on every rank.
+  std::function<void(int rank)> before_commit;
+};
+
+// COLLECTIVE. Saves `state` (this rank's part of it) to `dir`. Every rank passes the same
+// dir and options. Tensor regions claimed by several ranks must be identical boxes
+// (replicas, written once); partially overlapping claims, or ranks that disagree on a
+// key's kind, dtype or global shape, are an error before anything is written. If any
+// rank fails, no rank commits, every rank throws, and whatever was at `dir` is untouched.
+void Save(const std::filesystem::path& dir, const StateDict& state, Comm& comm,
+          const SaveOptions& options = {});
+
+struct LoadOptions {
+  // How the caller holds its state. FULL and SHARDED checkpoints load into either;
+  // LOCAL loads only into LOCAL with the identical layout, and the reverse.
+  StateDictType state_dict_type = StateDictType::kSharded;
+  // Missing keys (in target, not in checkpoint), unexpected keys (in checkpoint, not in
+  // target) and mismatches (kind, dtype, shape) are an error; if false, they are
+  // reported in LoadReport and the rest loads.
+  bool strict = true;
+  // Verify the checksum of every saved chunk this rank reads in full. Chunks read only in
+  // part are verified only with verify_partial_chunks (which reads them whole).
+  bool verify_checksums = true;
+  bool verify_partial_chunks = false;
+};
+
+struct LoadReport {
+  std::vector<std::string> missing_keys;
+  std::vector<std::string> unexpected_keys;
+  std::vector<std::string> mismatched;  // "key: dtype float32 in checkpoint, float16 in target"
+  uint64_t bytes_read = 0;
+  bool ok() const { return missing_keys.empty() && unexpected_keys.empty() && mismatched.empty(); }
+};
+
+// COLLECTIVE. Fills `target` from the checkpoint at `dir`: for each tensor, every chunk
+// of the target gets exactly its region of the global tensor, whatever layout and world
+// size saved it. Scalars, bytes and JSON entries in `target` are overwritten.
+LoadReport Load(const std::filesystem::path& dir, StateDict& target, Comm& comm,
+                const LoadOptions& options = {});
+
+// Reads the metadata of a checkpoint directory (parsed and validated).
+Metadata ReadMetadata(const std::filesystem::path& dir);
+
+// Random access to a committed checkpoint, for tools and loaders. Not collective.
+// Thread-safety: one reader per thread.
+class CheckpointReader {
+ public:
+  static std::unique_ptr<CheckpointReader> Open(const std::filesystem::path& dir);
+  virtual ~CheckpointReader() = default;
+
+  virtual const Metadata& metadata() const = 0;
+  virtual const std::filesystem::path& dir() const = 0;
+
+  // Reads `region` (global coordinates) of tensor `key` into `out`, row-major over
+  // region.sizes. Chunks read in full have their checksum verified when `verify`.
+  virtual void ReadRegion(std::string_view key, const Box& region, void* out,
+                          bool verify = true) = 0;
+  // Reads one stored chunk whole into `out` and verifies its checksum when `verify`.
+  virtual void ReadChunk(std::string_view key, std::size_t chunk_index, void* out,
+                         bool verify = true) = 0;
+  virtual std::vector<uint8_t> ReadBytes(std::string_view key, bool verify = true) = 0;
+  // Total bytes read from shard files so far.
+  virtual uint64_t bytes_read() const = 0;
+};
+
+// Writes a checkpoint from one process, tensor by tensor: what the tools (merge,
+// convert, reshard) and a FULL export use. Memory stays bounded by one chunk at a time.
+// Nothing is visible at `dir` until Commit(); destroying an uncommitted writer removes
+// its temporary directory.
+class CheckpointWriter {
+ public:
+  struct Options {
+    StateDictType state_dict_type = StateDictType::kFull;
+    int world_size = 1;   // recorded; files are named shard-<i>-of-<num_files>
+    int num_files = 1;
+    bool overwrite = false;
+    Compression compression;
+    std::string user_metadata = "{}";
+    std::string mesh = "null";
+  };
+  static std::unique_ptr<CheckpointWriter> Create(const std::filesystem::path& dir,
+                                                  const Options& options);
+  virtual ~CheckpointWriter() = default;
+
+  // Writes one chunk of tensor `key` into file `file_index`. The first chunk of a key
+  // fixes its dtype and shape; later chunks must agree.
+  virtual void WriteChunk(std::string_view key, DType dtype, const Shape& shape, const Box& box,
+                          const void* data, int file_index = 0) = 0;
+  virtual void WriteScalar(std::string_view key, const Scalar& value) = 0;
+  virtual void WriteBytes(std::string_view key, std::span<const uint8_t> data,
+                          int file_index = 0) = 0;
+  virtual void WriteJson(std::string_view key, std::string_view json_text) = 0;
+  // Checks that every tensor's chunks tile it exactly, writes metadata.json, fsyncs and
+  // renames the directory into place. Throws (and leaves `dir` untouched) on failure.
+  virtual Metadata Commit() = 0;
+};
+
+}  // namespace ckpt

@@ -1,0 +1,10 @@
+// ckpt/ckpt.h: everything a training program needs from libckpt.
+#pragma once
+
+#include "ckpt/checkpoint.h"
+#include "ckpt/comm.h"
+#include "ckpt/config.h"
+#include "ckpt/dtype.h"
+#include "ckpt/error.h"
+#include "ckpt/metadata.h"
+#include "ckpt/tensor.h"

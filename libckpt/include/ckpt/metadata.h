@@ -1,0 +1,108 @@
+// ckpt/metadata.h: the in-memory form of metadata.json (schemas/FORMAT.md §3).
+//
+// Pure data plus (de)serialisation: no files, no HDF5. The tools and the library read
+// and write checkpoints through this model.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "ckpt/dtype.h"
+#include "ckpt/tensor.h"
+
+namespace ckpt {
+
+inline constexpr int kFormatVersion = 1;
+
+enum class StateDictType { kFull, kSharded, kLocal };
+std::string_view StateDictTypeName(StateDictType type);  // "FULL", "SHARDED", "LOCAL"
+std::optional<StateDictType> StateDictTypeFromName(std::string_view name);
+
+// Statistics of a floating chunk, recorded at save in the same pass as the checksum.
+// min/max/mean/l2 ignore NaN and Inf elements.
+struct ChunkStats {
+  double min = 0, max = 0, mean = 0, l2 = 0;
+  int64_t nan_count = 0, inf_count = 0;
+  int64_t finite_count = 0;  // elements that min/max/mean/l2 cover
+};
+
+// Per-chunk storage filter chain. Empty means a contiguous, uncompressed dataset.
+struct Compression {
+  enum class Codec { kNone, kZstd } codec = Codec::kNone;
+  int level = 3;
+  friend bool operator==(const Compression&, const Compression&) = default;
+};
+
+// One stored piece of a tensor, or the blob of a bytes entry.
+struct ChunkMeta {
+  Box box;                 // global offsets and sizes (empty for bytes)
+  std::string file;        // plain file name inside the checkpoint directory
+  std::string dataset;     // HDF5 path of the dataset in that file
+  std::string checksum;    // "xxh3-64:<16 hex digits>" over the raw little-endian bytes
+  Compression compression;
+  uint64_t stored_bytes = 0;  // bytes on disk (compressed size when compressed)
+  std::optional<ChunkStats> stats;
+};
+
+struct EntryMeta {
+  EntryKind kind = EntryKind::kTensor;
+  DType dtype = DType::kFloat32;  // tensor, scalar
+  Shape shape;                    // tensor
+  std::vector<ChunkMeta> chunks;  // tensor: its chunks; bytes: exactly one
+  uint64_t size = 0;              // bytes: blob length
+  std::string value;              // scalar, json: the value as JSON text
+
+  uint64_t TensorBytes() const;   // logical bytes of a tensor (shape x itemsize)
+};
+
+struct FileMeta {
+  std::string name;
+  int rank = 0;
+  uint64_t bytes = 0;
+};
+
+struct Metadata {
+  int format_version = kFormatVersion;
+  StateDictType state_dict_type = StateDictType::kSharded;
+  int world_size = 1;
+  std::string library_version;
+  std::string created;     // ISO 8601 UTC
+  std::string mesh;        // JSON text: device mesh and placements, "null" if none
+  std::string user;        // JSON text: user metadata object
+  std::vector<FileMeta> files;
+  std::vector<std::pair<std::string, EntryMeta>> entries;  // in save order
+
+  const EntryMeta* Find(std::string_view key) const;
+  void BuildIndex();  // call after changing `entries`; Find() uses it
+
+ private:
+  std::unordered_map<std::string, std::size_t> index_;
+};
+
+struct ParseLimits {
+  std::size_t max_bytes = std::size_t{1} << 31;  // 2 GiB of JSON
+  int max_depth = 64;
+  int max_rank = 32;  // dimensions of a tensor
+};
+
+// Parses and validates metadata.json text. `source` names the file in errors.
+// Rejects: invalid JSON, duplicate object keys, nesting deeper than limits, unknown
+// format, a newer format_version, unknown dtypes, unsafe file names, negative or
+// overflowing shapes, chunks outside their tensor, a chunk whose file is not listed.
+// Throws kCorrupt / kUnsupported with `source` and the key in the message.
+Metadata ParseMetadata(std::string_view text, std::string_view source = "metadata.json",
+                       const ParseLimits& limits = {});
+std::string SerializeMetadata(const Metadata& metadata);
+
+// True if `name` is a plain file name: no separator, not "." or "..", no NUL, not empty.
+bool IsSafeFileName(std::string_view name);
+
+// Problems in how a tensor's chunks tile its shape: gaps, overlaps, out-of-bounds chunks.
+// Empty when the chunks tile the shape exactly. Each message names the key and boxes.
+std::vector<std::string> CheckTiling(std::string_view key, const EntryMeta& entry);
+
+}  // namespace ckpt

@@ -1,0 +1,112 @@
+// ckpt/tensor.h: state dicts. Tensors are views over the caller's memory: saving copies
+// nothing, loading writes straight into the caller's buffers.
+//
+// Thread-safety: a StateDict is a plain value; do not mutate one from several threads.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "ckpt/dtype.h"
+
+namespace ckpt {
+
+using Shape = std::vector<int64_t>;
+
+// Number of elements of a shape; throws kInvalidArgument on a negative extent or overflow.
+int64_t NumElements(const Shape& shape);
+
+// A box in the index space of a tensor: offsets[d] <= i[d] < offsets[d] + sizes[d].
+// A 0-D tensor has one box with empty offsets and sizes (one element).
+struct Box {
+  Shape offsets;
+  Shape sizes;
+
+  static Box Full(const Shape& shape) { return Box{Shape(shape.size(), 0), shape}; }
+  int64_t NumElements() const { return ckpt::NumElements(sizes); }
+  std::string ToString() const;  // "[0:4, 8:16]"
+  friend bool operator==(const Box&, const Box&) = default;
+};
+
+// One rank's piece of a tensor: `data` holds box.NumElements() elements in row-major
+// order over box.sizes. For Save the memory is only read.
+struct Chunk {
+  Box box;
+  void* data = nullptr;
+};
+
+struct Tensor {
+  DType dtype = DType::kFloat32;
+  Shape shape;                // global shape
+  std::vector<Chunk> chunks;  // what this rank holds (save) or wants (load)
+
+  // The whole tensor held by this rank. Several ranks may hold the same tensor
+  // (data parallel): it is written once, after checking that the copies agree.
+  static Tensor Full(DType dtype, Shape shape, void* data);
+  // Some regions of a tensor of global shape `shape`.
+  static Tensor Sharded(DType dtype, Shape shape, std::vector<Chunk> chunks);
+  // The rows [begin, begin + count) along dimension `dim` of a tensor of global shape `shape`.
+  static Tensor Slice(DType dtype, Shape shape, int dim, int64_t begin, int64_t count, void* data);
+};
+
+// A number: step, learning rate. Stored in metadata.json, not in a shard.
+struct Scalar {
+  DType dtype = DType::kInt64;
+  std::variant<int64_t, double> value = int64_t{0};
+
+  static Scalar Int(int64_t v, DType dtype = DType::kInt64) { return Scalar{dtype, v}; }
+  static Scalar Float(double v, DType dtype = DType::kFloat64) { return Scalar{dtype, v}; }
+  int64_t AsInt() const;
+  double AsDouble() const;
+};
+
+// An opaque byte blob: RNG state, a data-loader position.
+struct Bytes {
+  std::vector<uint8_t> data;
+};
+
+// A small JSON value (configuration), as JSON text.
+struct Json {
+  std::string text = "null";
+};
+
+using Entry = std::variant<Tensor, Scalar, Bytes, Json>;
+
+enum class EntryKind { kTensor, kScalar, kBytes, kJson };
+EntryKind KindOf(const Entry& entry);
+std::string_view EntryKindName(EntryKind kind);  // "tensor", "scalar", "bytes", "json"
+
+// An ordered map from global fully-qualified key to entry. Keys are the same whether the
+// state is full or sharded: sharding lives in each tensor's chunks, never in the key.
+class StateDict {
+ public:
+  using Item = std::pair<std::string, Entry>;
+
+  // Throws kInvalidArgument if the key is already present or empty.
+  Entry& Add(std::string key, Entry entry);
+  Entry* Find(std::string_view key);
+  const Entry* Find(std::string_view key) const;
+  bool Contains(std::string_view key) const { return Find(key) != nullptr; }
+  // Throws kNotFound naming the key.
+  Entry& At(std::string_view key);
+  const Entry& At(std::string_view key) const;
+
+  std::size_t size() const { return items_.size(); }
+  bool empty() const { return items_.empty(); }
+  auto begin() { return items_.begin(); }
+  auto end() { return items_.end(); }
+  auto begin() const { return items_.begin(); }
+  auto end() const { return items_.end(); }
+
+ private:
+  std::vector<Item> items_;
+  std::unordered_map<std::string, std::size_t> index_;
+};
+
+}  // namespace ckpt
