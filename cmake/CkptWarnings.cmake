@@ -2,7 +2,8 @@
 add_library(ckpt_warnings INTERFACE)
 target_compile_options(ckpt_warnings INTERFACE
   $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor
-    -Wconversion-null -Wno-sign-conversion>
+    -Wconversion-null -Wno-sign-conversion
+    $<$<CXX_COMPILER_ID:GNU>:-Wno-maybe-uninitialized>>
   $<$<BOOL:${CKPT_WERROR}>:$<$<COMPILE_LANGUAGE:CXX>:-Werror>>)
 if(CKPT_SANITIZE)
   add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)

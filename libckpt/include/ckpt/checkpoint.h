@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "ckpt/comm.h"
+#include "ckpt/error.h"
 #include "ckpt/metadata.h"
 #include "ckpt/tensor.h"
 

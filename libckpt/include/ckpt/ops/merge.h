@@ -1,0 +1,61 @@
+// ckpt/ops/merge.h: ckpt-merge and ckpt-convert as library calls. Streams any source
+// (checkpoint directory, lone shard holding whole tensors, safetensors file) into
+//   - a FULL checkpoint with one file (default),
+//   - a SHARDED checkpoint of `world` files, every tensor split along `dim`,
+//   - one .safetensors file (when the destination ends in .safetensors), or
+//   - one HDF5 file of virtual datasets stitching each full tensor from the source's
+//     shards (`virtual_file`): no byte copied.
+// Memory is bounded by `max_memory` whatever the size of the checkpoint: tensors are
+// copied in blocks, and larger tensors are stored as several chunks. The output is
+// written to a temporary sibling, verified, and only then renamed into place.
+//
+// Thread-safety: Merge is reentrant.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ckpt/dtype.h"
+#include "ckpt/metadata.h"
+
+namespace ckpt::ops {
+
+struct MergeOptions {
+  int world = 0;  // 0: FULL, one file; M >= 1: SHARDED into M files
+  int dim = 0;    // the dimension tensors are split along when world > 0
+  std::vector<std::string> keys;     // include globs (empty: all)
+  std::vector<std::string> exclude;  // exclude globs
+  std::optional<DType> cast;         // cast floating tensors to this dtype
+  Compression compression;
+  uint64_t max_memory = uint64_t{1} << 30;
+  bool force = false;         // replace an existing destination
+  bool virtual_file = false;  // write HDF5 virtual datasets instead of copies
+  bool verify_data = false;   // also re-read and checksum the output before committing it
+  bool progress = false;
+};
+
+struct MergeReport {
+  std::string src, dst;
+  std::string output;  // "checkpoint", "safetensors" or "virtual"
+  std::size_t tensors = 0, other_entries = 0, chunks = 0, files = 0;
+  uint64_t bytes = 0;  // logical tensor bytes written
+  double seconds = 0;
+  std::vector<std::string> notes;  // entries that could not be carried over, and why
+};
+
+// Throws kAlreadyExists (dst exists without force), kInvalidArgument (bad options, a
+// partial tensor in a lone shard), or the source's errors (naming file and key).
+MergeReport Merge(const std::filesystem::path& src, const std::filesystem::path& dst,
+                  const MergeOptions& options);
+
+std::string RenderMergeText(const MergeReport& report);
+std::string RenderMergeJson(const MergeReport& report);
+
+// Dimension `dim` of `n` rows split over `world` parts: [begin, end) of part `part`,
+// the first n % world parts one row longer (as FSDP splits parameters).
+std::pair<int64_t, int64_t> RowRange(int64_t n, int world, int part);
+
+}  // namespace ckpt::ops

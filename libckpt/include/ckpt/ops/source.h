@@ -1,0 +1,58 @@
+// ckpt/ops/source.h: one read-only view over anything the tools accept as input: a
+// checkpoint directory, a single ckpt shard (.h5, described by its ckpt_shard_index
+// attribute, FORMAT.md §5.5) or a .safetensors file. Each is presented as a Metadata
+// (synthesised for shards and safetensors) plus region reads by key.
+//
+// Thread-safety: one Source per thread.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ckpt/metadata.h"
+#include "ckpt/tensor.h"
+
+namespace ckpt::ops {
+
+enum class SourceKind { kCheckpoint, kShard, kSafetensors };
+std::string_view SourceKindName(SourceKind kind);  // "checkpoint", "shard", "safetensors"
+
+class Source {
+ public:
+  // Detects the kind: a directory is a checkpoint; a file is safetensors if its name ends
+  // in .safetensors, an HDF5 shard if it starts with the HDF5 signature. Reads metadata
+  // only. Throws kNotFound / kIO / kCorrupt / kUnsupported naming the path.
+  static std::unique_ptr<Source> Open(const std::filesystem::path& path);
+  virtual ~Source() = default;
+
+  virtual SourceKind kind() const = 0;
+  const std::filesystem::path& path() const { return path_; }
+  const Metadata& metadata() const { return metadata_; }
+
+  // Reads `region` (global coordinates) of tensor `key` into `out`, row-major over
+  // region.sizes. Chunks of a checkpoint read whole have their checksum verified.
+  // Throws kNotFound for a key not here, kCorrupt naming file and key on bad data, and
+  // kInvalidArgument if the region is not wholly held (a lone shard's partial tensor).
+  virtual void ReadRegion(std::string_view key, const Box& region, void* out) = 0;
+  // The blob of a bytes entry.
+  virtual std::vector<uint8_t> ReadBytes(std::string_view key) = 0;
+  // Total payload bytes read so far.
+  virtual uint64_t bytes_read() const = 0;
+
+  // Whether the chunks of tensor `key` cover its whole shape (false only for a lone
+  // shard holding part of a tensor).
+  bool HoldsWhole(std::string_view key) const;
+
+ protected:
+  std::filesystem::path path_;
+  Metadata metadata_;
+};
+
+// The elements of a tensor entry: product of its shape.
+uint64_t NumElementsOf(const EntryMeta& entry);
+
+}  // namespace ckpt::ops

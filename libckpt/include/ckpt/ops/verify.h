@@ -1,0 +1,58 @@
+// ckpt/ops/verify.h: the CI gate behind ckpt-verify. Checks a checkpoint directory (or a
+// lone shard) and reports every problem found, each naming its file and key:
+//   metadata   metadata.json parses and validates against schemas/metadata.schema.json
+//   files      every listed file exists, is a regular file of the recorded size, is HDF5
+//   tiling     every tensor's chunks tile its shape: no gap, overlap or out-of-bounds chunk
+//   datasets   every chunk's dataset exists with the dtype and extent the metadata says
+//   checksums  every chunk's xxh3-64 recomputed from the data (skipped with `quick`)
+//   finite     no NaN/Inf in floating tensors (with `check_finite`)
+//   expect     key set, dtypes and shapes equal those of a reference (with `expect`)
+//
+// Thread-safety: Verify is reentrant; it reads data on `threads` threads of its own.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ckpt::ops {
+
+struct VerifyOptions {
+  bool quick = false;         // metadata, files, tiling and datasets only; no data read
+  bool check_finite = false;  // fail on NaN / Inf in floating tensors
+  // Another checkpoint, shard or safetensors file, or the JSON that `ckpt-inspect --json` wrote.
+  std::optional<std::filesystem::path> expect;
+  // Overrides the schema compiled into the library.
+  std::optional<std::filesystem::path> schema;
+  int threads = 4;            // data-reading threads
+  bool progress = false;
+};
+
+struct VerifyProblem {
+  std::string check;  // "metadata", "files", "tiling", "datasets", "checksums", "finite", "expect"
+  std::string file;   // may be empty
+  std::string key;    // may be empty
+  std::string message;
+};
+
+struct VerifyReport {
+  std::string path;
+  std::vector<VerifyProblem> problems;
+  std::size_t keys = 0, chunks = 0, files = 0;
+  uint64_t bytes_read = 0;
+  double seconds = 0;
+  bool quick = false;
+  bool ok() const { return problems.empty(); }
+};
+
+// Problems in the checkpoint are reported, not thrown. Throws (kNotFound, kIO) only when
+// `path` itself or the `expect` reference cannot be read.
+VerifyReport Verify(const std::filesystem::path& path, const VerifyOptions& options);
+
+std::string RenderVerifyText(const VerifyReport& report);
+std::string RenderVerifyJson(const VerifyReport& report);
+std::string RenderVerifyJUnit(const VerifyReport& report);
+
+}  // namespace ckpt::ops

@@ -1,0 +1,42 @@
+// ckpt/runtime/checkpoint_manager.h: periodic checkpoints, the last N kept, and resume.
+//
+// Layout under `root`: one checkpoint directory per save, "step-<8 digits>", and a file
+// "latest" naming the newest committed one (replaced atomically after each save). A
+// directory without metadata.json (a save that crashed) is never resumed from and never
+// counted among the N kept.
+//
+// Threading: one manager per rank; Save and Resume are COLLECTIVE.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <vector>
+
+#include "ckpt/runtime/accelerator.h"
+
+namespace ckpt::runtime {
+
+class CheckpointManager {
+ public:
+  CheckpointManager(Accelerator& accel, std::filesystem::path root, int keep_last = 3);
+
+  // COLLECTIVE. Saves the accelerator's state as root/step-<step>, marks it latest and
+  // removes the oldest committed checkpoints beyond keep_last. Returns its directory.
+  std::filesystem::path Save(int64_t step, const SaveStateOptions& options = {});
+  // COLLECTIVE. Loads the latest complete checkpoint; its step, or nullopt when none.
+  std::optional<int64_t> Resume(const LoadStateOptions& options = {});
+
+  // Committed checkpoints, oldest first (by step).
+  std::vector<std::pair<int64_t, std::filesystem::path>> Committed() const;
+  // The one "latest" names when it is committed, else the newest committed one.
+  std::optional<std::pair<int64_t, std::filesystem::path>> Latest() const;
+  static std::filesystem::path DirFor(const std::filesystem::path& root, int64_t step);
+
+ private:
+  Accelerator* accel_;
+  std::filesystem::path root_;
+  int keep_last_;
+};
+
+}  // namespace ckpt::runtime

@@ -1,0 +1,94 @@
+// ckpt/runtime/data.h: random numbers, a deterministic synthetic data set, and a data
+// loader whose position (epoch, index, shuffle seed) resumes exactly.
+//
+// Threading: one object per rank (thread).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ckpt/runtime/module.h"
+#include "ckpt/runtime/stateful.h"
+
+namespace ckpt::runtime {
+
+// A counter-based generator (SplitMix64 over seed and offset): its whole state is two
+// integers, saved as the bytes entry `<prefix>.state`. Ranks that construct it with the
+// same seed and draw the same numbers hold identical state, so the entry is a replica.
+class Generator final : public Stateful {
+ public:
+  explicit Generator(uint64_t seed = 0) : seed_(seed) {}
+  uint64_t NextU64();
+  double NextDouble();                 // [0, 1)
+  float Uniform(float lo, float hi);
+  float Normal();                      // standard normal (Box-Muller)
+  uint64_t seed() const { return seed_; }
+  uint64_t offset() const { return offset_; }
+
+  std::string Kind() const override { return "rng"; }
+  void CollectState(const std::string& prefix, StateDict& sd) override;
+  void RestoreState(const std::string& prefix, const StateDict& sd) override;
+
+ private:
+  uint64_t seed_;
+  uint64_t offset_ = 0;
+};
+
+// Stateless hash of (seed, a, b): deterministic per sample, independent of world size.
+uint64_t Mix(uint64_t seed, uint64_t a, uint64_t b = 0);
+
+// A classification task: sample i is `context` token ids; its label is the argmax of a
+// fixed random teacher over the bag of tokens. Same seed, same data, on every rank.
+class SyntheticDataset {
+ public:
+  SyntheticDataset(int64_t size, int64_t vocab, int64_t context, int64_t classes, uint64_t seed);
+  int64_t size() const { return size_; }
+  int64_t context() const { return context_; }
+  void Get(int64_t index, float* tokens, int32_t* label) const;
+
+ private:
+  int64_t size_, vocab_, context_, classes_;
+  uint64_t seed_;
+  std::vector<float> teacher_;  // [vocab, classes]
+};
+
+struct Batch {
+  Mat inputs;                   // [batch, context] token ids
+  std::vector<int32_t> labels;  // [batch]
+};
+
+// Draws global batches of `global_batch` samples from a shuffled epoch order; under data
+// parallelism each data-parallel rank takes its consecutive share of every global batch,
+// so the global batch is the same whatever the world size. The last partial batch of an
+// epoch is dropped. State: epoch, index (next sample of the epoch order), seed.
+class DataLoader final : public Stateful {
+ public:
+  DataLoader(const SyntheticDataset& data, int64_t global_batch, uint64_t seed);
+  // This rank's share of the next global batch. REQUIRES: global_batch divisible by
+  // the data-parallel size.
+  Batch Next();
+
+  // Set by Accelerator::Prepare.
+  void SetDataParallel(int rank, int size);
+  int64_t epoch() const { return epoch_; }
+  int64_t index() const { return index_; }
+  int64_t global_batch() const { return global_batch_; }
+
+  std::string Kind() const override { return "dataloader"; }
+  void CollectState(const std::string& prefix, StateDict& sd) override;
+  void RestoreState(const std::string& prefix, const StateDict& sd) override;
+
+ private:
+  void Shuffle();
+  const SyntheticDataset* data_;
+  int64_t global_batch_;
+  uint64_t seed_;
+  int64_t epoch_ = 0;
+  int64_t index_ = 0;
+  int dp_rank_ = 0, dp_size_ = 1;
+  std::vector<int64_t> order_;
+  int64_t order_epoch_ = -1;
+};
+
+}  // namespace ckpt::runtime

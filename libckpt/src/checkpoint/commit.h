@@ -1,0 +1,50 @@
+// checkpoint/commit.h: the commit protocol shared by Save and CheckpointWriter
+// (FORMAT.md §2): check the target, stage into a sibling temp dir, write metadata.json
+// last, rename into place.
+#pragma once
+
+#include <filesystem>
+#include <optional>
+#include <string>
+
+#include "ckpt/comm.h"
+#include "ckpt/error.h"
+#include "ckpt/metadata.h"
+
+namespace ckpt::internal {
+
+namespace fs = std::filesystem;
+
+// "shard-00003-of-00008.h5"
+std::string ShardFileName(int index, int count);
+
+// Throws kAlreadyExists unless `dir` is absent, an empty directory, or (with overwrite)
+// a committed checkpoint. Creates the parent directory if needed.
+void CheckTarget(const fs::path& dir, bool overwrite);
+// Creates and returns a fresh staging directory beside `dir`.
+fs::path MakeStagingDir(const fs::path& dir);
+// Fills library_version and created.
+void StampMetadata(Metadata& m);
+// Writes metadata.json into `staging`, fsyncs, and moves `staging` into place at `dir`
+// (atomically exchanging with a checkpoint already there, which is then removed).
+void CommitStaging(const fs::path& staging, const fs::path& dir, const Metadata& m);
+
+// Turns the exception in flight into a description "code\tmessage" (empty if none).
+std::string DescribeCurrentException();
+// COLLECTIVE. Every rank passes its own failure description (or ""); if any rank failed,
+// every rank throws one Error carrying the first failure's code and all messages.
+void AgreeOrThrow(Comm& comm, const std::string& my_failure);
+
+// Runs fn, catching any exception into a description; then agrees across ranks.
+template <typename Fn>
+void Phase(Comm& comm, Fn&& fn) {
+  std::string failure;
+  try {
+    fn();
+  } catch (...) {
+    failure = DescribeCurrentException();
+  }
+  AgreeOrThrow(comm, failure);
+}
+
+}  // namespace ckpt::internal

@@ -1,0 +1,140 @@
+// checkpoint/load.cc: the collective load, driven by the target.
+//
+// Each rank opens the checkpoint, checks its target against the metadata (keys, kinds,
+// dtypes, shapes, state-dict types), then reads for every chunk it wants exactly the
+// overlapping regions of the saved chunks. Ranks read independently; one agreement at
+// the end makes every rank succeed or every rank throw.
+#include <nlohmann/json.hpp>
+#include <unordered_set>
+
+#include "checkpoint/commit.h"
+#include "checkpoint/reader.h"
+#include "ckpt/checkpoint.h"
+
+namespace ckpt {
+namespace {
+
+std::string ShapeString(const Shape& s) { return Box::Full(s).ToString(); }
+
+void CheckTypes(const std::filesystem::path& dir, const Metadata& m, const LoadOptions& options, int world) {
+  const StateDictType saved = m.state_dict_type, wanted = options.state_dict_type;
+  const bool local_involved = saved == StateDictType::kLocal || wanted == StateDictType::kLocal;
+  if (local_involved && saved != wanted) {
+    throw Error(ErrorCode::kMismatch,
+                dir.string() + ": the checkpoint was saved as " + std::string(StateDictTypeName(saved)) +
+                    " and cannot be loaded as " + std::string(StateDictTypeName(wanted)) +
+                    " (a LOCAL state dict loads only into LOCAL with the identical layout)");
+  }
+  if (saved == StateDictType::kLocal && m.world_size != world) {
+    throw Error(ErrorCode::kMismatch, dir.string() + ": LOCAL checkpoint saved by " + std::to_string(m.world_size) +
+                                          " ranks cannot be loaded by " + std::to_string(world));
+  }
+}
+
+// Compares target and checkpoint; fills the report.
+void Match(const Metadata& m, const StateDict& target, bool local, LoadReport& report,
+           std::unordered_set<std::string>& bad) {
+  for (const auto& [key, entry] : target) {
+    const EntryMeta* e = m.Find(key);
+    if (!e) {
+      report.missing_keys.push_back(key);
+      continue;
+    }
+    const EntryKind kind = KindOf(entry);
+    if (kind != e->kind) {
+      report.mismatched.push_back(key + ": a " + std::string(EntryKindName(e->kind)) + " in the checkpoint, a " +
+                                  std::string(EntryKindName(kind)) + " in the target");
+      continue;
+    }
+    const std::size_t before = report.mismatched.size();
+    if (const auto* t = std::get_if<Tensor>(&entry)) {
+      if (t->dtype != e->dtype) {
+        report.mismatched.push_back(key + ": dtype " + std::string(DTypeName(e->dtype)) + " in the checkpoint, " +
+                                    std::string(DTypeName(t->dtype)) + " in the target");
+      } else if (t->shape != e->shape) {
+        report.mismatched.push_back(key + ": shape " + ShapeString(e->shape) + " in the checkpoint, " +
+                                    ShapeString(t->shape) + " in the target");
+      } else if (local) {
+        for (const Chunk& c : t->chunks) {
+          bool same = false;
+          for (const ChunkMeta& s : e->chunks) same = same || s.box == c.box;
+          if (!same) {
+            report.mismatched.push_back(key + ": LOCAL chunk " + c.box.ToString() +
+                                        " was not saved as such (a LOCAL layout must be identical)");
+          }
+        }
+      } else {
+        for (const Chunk& c : t->chunks) {
+          if (c.box.offsets.size() != t->shape.size() || !(c.box.NumElements() >= 0)) {
+            report.mismatched.push_back(key + ": target chunk " + c.box.ToString() + " has the wrong rank");
+          }
+        }
+      }
+    }
+    if (report.mismatched.size() != before) bad.insert(key);
+  }
+  for (const auto& [key, e] : m.entries) {
+    if (!target.Contains(key)) report.unexpected_keys.push_back(key);
+  }
+}
+
+std::string Summarize(const std::filesystem::path& dir, const LoadReport& r) {
+  std::string msg = dir.string() + ": the checkpoint does not match the target:";
+  int shown = 0;
+  auto list = [&](const char* what, const std::vector<std::string>& items) {
+    if (items.empty()) return;
+    msg += "\n  " + std::string(what) + " (" + std::to_string(items.size()) + "):";
+    for (const auto& s : items) {
+      if (shown++ >= 40) {
+        msg += " ...";
+        break;
+      }
+      msg += "\n    " + s;
+    }
+  };
+  list("missing keys", r.missing_keys);
+  list("unexpected keys", r.unexpected_keys);
+  list("mismatched", r.mismatched);
+  return msg;
+}
+
+Scalar ScalarFromJson(DType dtype, const std::string& text) {
+  const auto v = nlohmann::json::parse(text);
+  if (v.is_boolean()) return Scalar::Int(v.get<bool>() ? 1 : 0, dtype);
+  if (IsFloating(dtype)) return Scalar::Float(v.get<double>(), dtype);
+  if (v.is_number_integer()) return Scalar::Int(v.get<int64_t>(), dtype);
+  return Scalar::Int(static_cast<int64_t>(v.get<double>()), dtype);
+}
+
+}  // namespace
+
+LoadReport Load(const std::filesystem::path& dir, StateDict& target, Comm& comm, const LoadOptions& options) {
+  LoadReport report;
+  internal::Phase(comm, [&] {
+    internal::Reader reader(dir, ReadMetadata(dir));
+    const Metadata& m = reader.metadata();
+    CheckTypes(dir, m, options, comm.size());
+    std::unordered_set<std::string> skip;
+    Match(m, target, options.state_dict_type == StateDictType::kLocal, report, skip);
+    if (options.strict && !report.ok()) throw Error(ErrorCode::kMismatch, Summarize(dir, report));
+    for (auto& [key, entry] : target) {
+      const EntryMeta* e = m.Find(key);
+      if (!e || skip.count(key) || KindOf(entry) != e->kind) continue;
+      if (auto* t = std::get_if<Tensor>(&entry)) {
+        for (Chunk& c : t->chunks) {
+          reader.ReadRegionEx(key, c.box, c.data, options.verify_checksums, options.verify_partial_chunks);
+        }
+      } else if (auto* s = std::get_if<Scalar>(&entry)) {
+        *s = ScalarFromJson(e->dtype, e->value);
+      } else if (auto* b = std::get_if<Bytes>(&entry)) {
+        b->data = reader.ReadBytes(key, options.verify_checksums);
+      } else {
+        std::get<Json>(entry).text = e->value;
+      }
+    }
+    report.bytes_read = reader.bytes_read();
+  });
+  return report;
+}
+
+}  // namespace ckpt

@@ -1,0 +1,135 @@
+// checkpoint/reader.cc
+#include "checkpoint/reader.h"
+
+#include <cstring>
+
+#include "format/names.h"
+#include "layout/box.h"
+#include "storage/fs.h"
+
+namespace ckpt {
+
+Metadata ReadMetadata(const std::filesystem::path& dir) {
+  const std::filesystem::path path = dir / names::kMetadataFile;
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) {
+    if (!std::filesystem::exists(dir, ec)) throw Error(ErrorCode::kNotFound, dir.string() + ": no such checkpoint");
+    throw Error(ErrorCode::kNotFound,
+                dir.string() + ": not a checkpoint (no metadata.json; an interrupted save never commits one)");
+  }
+  const ParseLimits limits;
+  return ParseMetadata(storage::ReadFileLimited(path, limits.max_bytes), path.string(), limits);
+}
+
+std::unique_ptr<CheckpointReader> CheckpointReader::Open(const std::filesystem::path& dir) {
+  return std::make_unique<internal::Reader>(dir, ReadMetadata(dir));
+}
+
+namespace internal {
+
+Reader::Reader(std::filesystem::path dir, Metadata metadata) : dir_(std::move(dir)), metadata_(std::move(metadata)) {}
+
+const EntryMeta& Reader::TensorEntry(std::string_view key) {
+  const EntryMeta* e = metadata_.Find(key);
+  if (!e) throw Error(ErrorCode::kNotFound, dir_.string() + ": no key '" + std::string(key) + "'");
+  if (e->kind != EntryKind::kTensor) {
+    throw Error(ErrorCode::kMismatch, dir_.string() + ": key '" + std::string(key) + "' is a " +
+                                          std::string(EntryKindName(e->kind)) + ", not a tensor");
+  }
+  // A gap would leave part of the caller's buffer unwritten: refuse before reading.
+  if (!tiling_checked_.count(std::string(key))) {
+    const auto problems = CheckTiling(key, *e);
+    if (!problems.empty()) {
+      std::string msg = dir_.string() + "/metadata.json: ";
+      for (std::size_t i = 0; i < problems.size(); ++i) msg += (i ? "; " : "") + problems[i];
+      throw Error(ErrorCode::kCorrupt, msg);
+    }
+    tiling_checked_.insert(std::string(key));
+  }
+  return *e;
+}
+
+storage::ShardReader& Reader::Shard(const std::string& file) {
+  auto it = shards_.find(file);
+  if (it == shards_.end()) {
+    it = shards_.emplace(file, std::make_unique<storage::ShardReader>(dir_, file)).first;
+  }
+  return *it->second;
+}
+
+void Reader::VerifyDigest(const std::string& key, const ChunkMeta& chunk, const storage::Digest& digest) const {
+  const std::string got = digest.Checksum();
+  if (got != chunk.checksum) {
+    throw Error(ErrorCode::kCorrupt, (dir_ / chunk.file).string() + ": key '" + key + "' chunk " +
+                                         chunk.box.ToString() + " (dataset '" + chunk.dataset +
+                                         "'): checksum mismatch: metadata says " + chunk.checksum +
+                                         ", the data hashes to " + got);
+  }
+}
+
+void Reader::ReadRegion(std::string_view key, const Box& region, void* out, bool verify) {
+  ReadRegionEx(key, region, out, verify, false);
+}
+
+void Reader::ReadRegionEx(std::string_view key_view, const Box& region, void* out, bool verify, bool verify_partial) {
+  const std::string key(key_view);
+  const EntryMeta& e = TensorEntry(key);
+  if (!layout::Contains(Box::Full(e.shape), region) || region.offsets.size() != e.shape.size()) {
+    throw Error(ErrorCode::kInvalidArgument, "key '" + key + "': region " + region.ToString() +
+                                                 " is not inside the tensor " + Box::Full(e.shape).ToString());
+  }
+  const std::size_t item = DTypeSize(e.dtype);
+  for (const ChunkMeta& c : e.chunks) {
+    const auto inter = layout::Intersect(c.box, region);
+    if (!inter) continue;
+    const bool whole = *inter == c.box;
+    storage::ShardReader& shard = Shard(c.file);
+    if (whole || !verify || !verify_partial) {
+      storage::Digest digest(e.dtype, false);
+      bytes_read_ += shard.Read(key, e.dtype, c, *inter, out, region, whole && verify ? &digest : nullptr);
+      if (whole && verify) VerifyDigest(key, c, digest);
+      continue;
+    }
+    // Verify a partly needed chunk: read it whole, check it, copy the part.
+    std::vector<unsigned char> tmp(static_cast<std::size_t>(c.box.NumElements()) * item);
+    storage::Digest digest(e.dtype, false);
+    bytes_read_ += shard.Read(key, e.dtype, c, c.box, tmp.data(), c.box, &digest);
+    VerifyDigest(key, c, digest);
+    layout::ForEachRun(c.box, region, *inter, [&](const layout::Run& run) {
+      std::memcpy(static_cast<unsigned char*>(out) + run.dst * item, tmp.data() + run.src * item,
+                  static_cast<std::size_t>(run.count) * item);
+    });
+  }
+}
+
+void Reader::ReadChunk(std::string_view key_view, std::size_t chunk_index, void* out, bool verify) {
+  const std::string key(key_view);
+  const EntryMeta* e = metadata_.Find(key);
+  if (!e) throw Error(ErrorCode::kNotFound, dir_.string() + ": no key '" + key + "'");
+  if (chunk_index >= e->chunks.size()) {
+    throw Error(ErrorCode::kInvalidArgument, "key '" + key + "': no chunk " + std::to_string(chunk_index));
+  }
+  const ChunkMeta& c = e->chunks[chunk_index];
+  storage::Digest digest(e->dtype, false);
+  bytes_read_ += Shard(c.file).Read(key, e->dtype, c, c.box, out, c.box, verify ? &digest : nullptr);
+  if (verify) VerifyDigest(key, c, digest);
+}
+
+std::vector<uint8_t> Reader::ReadBytes(std::string_view key_view, bool verify) {
+  const std::string key(key_view);
+  const EntryMeta* e = metadata_.Find(key);
+  if (!e) throw Error(ErrorCode::kNotFound, dir_.string() + ": no key '" + key + "'");
+  if (e->kind != EntryKind::kBytes) {
+    throw Error(ErrorCode::kMismatch, "key '" + key + "' is a " + std::string(EntryKindName(e->kind)) + ", not bytes");
+  }
+  if (e->chunks.empty() || e->size > Shard(e->chunks[0].file).file_size()) {
+    throw Error(ErrorCode::kCorrupt, dir_.string() + ": bytes entry '" + key + "' claims " + std::to_string(e->size) +
+                                         " bytes, more than its file holds");
+  }
+  std::vector<uint8_t> out(e->size);
+  ReadChunk(key, 0, out.data(), verify);
+  return out;
+}
+
+}  // namespace internal
+}  // namespace ckpt

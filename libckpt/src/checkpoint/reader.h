@@ -1,0 +1,39 @@
+// checkpoint/reader.h: the CheckpointReader implementation, shared by Load and tools.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <unordered_set>
+
+#include "ckpt/checkpoint.h"
+#include "storage/shard_reader.h"
+
+namespace ckpt::internal {
+
+class Reader final : public CheckpointReader {
+ public:
+  Reader(std::filesystem::path dir, Metadata metadata);
+
+  const Metadata& metadata() const override { return metadata_; }
+  const std::filesystem::path& dir() const override { return dir_; }
+  void ReadRegion(std::string_view key, const Box& region, void* out, bool verify) override;
+  void ReadChunk(std::string_view key, std::size_t chunk_index, void* out, bool verify) override;
+  std::vector<uint8_t> ReadBytes(std::string_view key, bool verify) override;
+  uint64_t bytes_read() const override { return bytes_read_; }
+
+  // ReadRegion, with partial chunks verified too (reading them whole) when asked.
+  void ReadRegionEx(std::string_view key, const Box& region, void* out, bool verify, bool verify_partial);
+
+ private:
+  const EntryMeta& TensorEntry(std::string_view key);
+  storage::ShardReader& Shard(const std::string& file);
+  void VerifyDigest(const std::string& key, const ChunkMeta& chunk, const storage::Digest& digest) const;
+
+  std::filesystem::path dir_;
+  Metadata metadata_;
+  std::map<std::string, std::unique_ptr<storage::ShardReader>> shards_;
+  std::unordered_set<std::string> tiling_checked_;
+  uint64_t bytes_read_ = 0;
+};
+
+}  // namespace ckpt::internal

@@ -1,0 +1,181 @@
+// storage/fs.cc
+#include "storage/fs.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <random>
+
+#include "ckpt/error.h"
+
+#ifndef RENAME_EXCHANGE
+#define RENAME_EXCHANGE (1 << 1)
+#endif
+
+namespace ckpt::storage {
+namespace {
+
+[[noreturn]] void Fail(const fs::path& path, const std::string& what, int err) {
+  throw Error(ErrorCode::kIO, path.string() + ": " + what + ": " + std::strerror(err));
+}
+
+}  // namespace
+
+Fd& Fd::operator=(Fd&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = o.fd_;
+    o.fd_ = -1;
+  }
+  return *this;
+}
+
+Fd::~Fd() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void Fd::Close(const fs::path& path) {
+  if (fd_ < 0) return;
+  const int r = ::close(fd_);
+  fd_ = -1;
+  if (r != 0) Fail(path, "close", errno);
+}
+
+Fd OpenRegularFile(const fs::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == ENOENT) throw Error(ErrorCode::kNotFound, path.string() + ": no such file");
+    if (err == ELOOP) throw Error(ErrorCode::kCorrupt, path.string() + ": is a symbolic link, refusing to follow it");
+    Fail(path, "open", err);
+  }
+  Fd owned(fd);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) Fail(path, "fstat", errno);
+  if (!S_ISREG(st.st_mode)) {
+    throw Error(ErrorCode::kCorrupt, path.string() + ": not a regular file");
+  }
+  // O_NONBLOCK only kept a FIFO from blocking the open; clear it for normal reads.
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return owned;
+}
+
+uint64_t FileSize(int fd, const fs::path& path) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) Fail(path, "fstat", errno);
+  return static_cast<uint64_t>(st.st_size);
+}
+
+void ReadExact(int fd, void* buf, std::size_t n, uint64_t offset, const fs::path& path) {
+  auto* p = static_cast<char*>(buf);
+  while (n > 0) {
+    const ssize_t got = ::pread(fd, p, n, static_cast<off_t>(offset));
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      Fail(path, "read at offset " + std::to_string(offset), errno);
+    }
+    if (got == 0) {
+      throw Error(ErrorCode::kCorrupt, path.string() + ": unexpected end of file at offset " +
+                                           std::to_string(offset) + " (truncated?)");
+    }
+    p += got;
+    n -= static_cast<std::size_t>(got);
+    offset += static_cast<uint64_t>(got);
+  }
+}
+
+void WriteExact(int fd, const void* buf, std::size_t n, uint64_t offset, const fs::path& path) {
+  auto* p = static_cast<const char*>(buf);
+  while (n > 0) {
+    const ssize_t put = ::pwrite(fd, p, n, static_cast<off_t>(offset));
+    if (put < 0) {
+      if (errno == EINTR) continue;
+      Fail(path, "write at offset " + std::to_string(offset), errno);
+    }
+    p += put;
+    n -= static_cast<std::size_t>(put);
+    offset += static_cast<uint64_t>(put);
+  }
+}
+
+void FsyncFd(int fd, const fs::path& path) {
+  if (::fsync(fd) != 0) Fail(path, "fsync", errno);
+}
+
+void FsyncPath(const fs::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) Fail(path, "open for fsync", errno);
+  Fd owned(fd);
+  FsyncFd(fd, path);
+}
+
+std::string ReadFileLimited(const fs::path& path, uint64_t max_bytes) {
+  Fd fd = OpenRegularFile(path);
+  const uint64_t size = FileSize(fd.get(), path);
+  if (size > max_bytes) {
+    throw Error(ErrorCode::kCorrupt, path.string() + ": " + std::to_string(size) +
+                                         " bytes exceeds the limit of " + std::to_string(max_bytes));
+  }
+  std::string data(size, '\0');
+  ReadExact(fd.get(), data.data(), size, 0, path);
+  return data;
+}
+
+void WriteFileSynced(const fs::path& path, std::string_view data) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) Fail(path, "create", errno);
+  Fd owned(fd);
+  WriteExact(fd, data.data(), data.size(), 0, path);
+  FsyncFd(fd, path);
+  owned.Close(path);
+}
+
+fs::path SiblingPath(const fs::path& target, std::string_view infix) {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  fs::path t = target;
+  if (!t.has_filename()) t = t.parent_path();
+  char suffix[17];
+  std::snprintf(suffix, sizeof suffix, "%016llx", static_cast<unsigned long long>(rng()));
+  fs::path parent = t.parent_path();
+  if (parent.empty()) parent = ".";
+  return parent / ("." + t.filename().string() + std::string(infix) + suffix);
+}
+
+bool RenameIntoPlace(const fs::path& from, const fs::path& to) {
+  fs::path parent = to.parent_path();
+  if (parent.empty()) parent = ".";
+  bool exchanged = false;
+  struct stat st;
+  if (::lstat(to.c_str(), &st) == 0) {
+    if (::syscall(SYS_renameat2, AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_EXCHANGE) != 0) {
+      const int err = errno;
+      if (err != EINVAL && err != ENOSYS) Fail(to, "atomic exchange with " + from.string(), err);
+      // A file system without RENAME_EXCHANGE: move the old one aside first. There is a
+      // moment without a checkpoint at `to`, but never a half-written one.
+      const fs::path aside = SiblingPath(to, ".ckpt-aside-");
+      if (::rename(to.c_str(), aside.c_str()) != 0) Fail(to, "rename aside", errno);
+      if (::rename(from.c_str(), to.c_str()) != 0) {
+        const int e2 = errno;
+        ::rename(aside.c_str(), to.c_str());
+        Fail(to, "rename into place", e2);
+      }
+      if (::rename(aside.c_str(), from.c_str()) != 0) RemoveAllQuietly(aside);
+    }
+    exchanged = true;
+  } else if (::rename(from.c_str(), to.c_str()) != 0) {
+    Fail(to, "rename from " + from.string(), errno);
+  }
+  FsyncPath(parent);
+  return exchanged;
+}
+
+void RemoveAllQuietly(const fs::path& path) {
+  std::error_code ec;
+  fs::remove_all(path, ec);
+}
+
+}  // namespace ckpt::storage

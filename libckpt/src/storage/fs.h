@@ -1,0 +1,62 @@
+// storage/fs.h: the file-system steps of the commit protocol (FORMAT.md §2) and safe
+// opening of files named by metadata (§8). POSIX; errors name the path.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+namespace ckpt::storage {
+
+namespace fs = std::filesystem;
+
+// An open file descriptor, closed on destruction.
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  Fd(Fd&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  Fd& operator=(Fd&& o) noexcept;
+  ~Fd();
+  int get() const { return fd_; }
+  explicit operator bool() const { return fd_ >= 0; }
+  // Closes and reports failure as kIO naming `path`.
+  void Close(const fs::path& path);
+
+ private:
+  int fd_ = -1;
+};
+
+// Opens `path` for reading only if it is a regular file (not a symlink, FIFO or device).
+Fd OpenRegularFile(const fs::path& path);
+// Size of an open file.
+uint64_t FileSize(int fd, const fs::path& path);
+
+// pread/pwrite of exactly n bytes, retrying short transfers; kIO (or kCorrupt for a read
+// past the end of file) naming `path`.
+void ReadExact(int fd, void* buf, std::size_t n, uint64_t offset, const fs::path& path);
+void WriteExact(int fd, const void* buf, std::size_t n, uint64_t offset, const fs::path& path);
+
+void FsyncFd(int fd, const fs::path& path);
+void FsyncPath(const fs::path& path);  // a file or a directory
+
+// Reads a whole small file, refusing more than `max_bytes`.
+std::string ReadFileLimited(const fs::path& path, uint64_t max_bytes);
+// Writes `path` with `data` and fsyncs it.
+void WriteFileSynced(const fs::path& path, std::string_view data);
+
+// A unique sibling of `target`: "<parent>/.<name><infix><random>".
+fs::path SiblingPath(const fs::path& target, std::string_view infix);
+
+// Moves `from` into place at `to`. If `to` exists it is exchanged atomically
+// (renameat2 RENAME_EXCHANGE) and the old content ends up at `from`; returns true then.
+// The parent directory is fsynced.
+bool RenameIntoPlace(const fs::path& from, const fs::path& to);
+
+// Best-effort recursive removal (never throws).
+void RemoveAllQuietly(const fs::path& path);
+
+}  // namespace ckpt::storage

@@ -1,0 +1,96 @@
+// storage/h5.h: the thin layer over HDF5's C API. The only headers that include <hdf5.h>
+// live in storage/.
+//
+// Threading: Debian's HDF5 is thread-safe through one global lock; calls from several
+// threads are serialised by HDF5 itself. Data never goes through HDF5 on the fast path
+// (see shard_writer.cc), so the lock is held only for metadata work.
+#pragma once
+
+#include <hdf5.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ckpt/dtype.h"
+#include "ckpt/error.h"
+
+namespace ckpt::h5 {
+
+// Silences HDF5's automatic error printing and registers the zstd filter. Idempotent.
+void Init();
+
+// The innermost message of HDF5's current error stack ("" if none).
+std::string ErrorStack();
+
+// Throws kIO with `what` and HDF5's error stack if `status` is negative.
+template <typename T>
+T Check(T status, const std::string& what) {
+  if (status < 0) throw Error(ErrorCode::kIO, what + ErrorStack());
+  return status;
+}
+
+// One owner per hid_t, closed with the right function.
+class Handle {
+ public:
+  using Closer = herr_t (*)(hid_t);
+  Handle() = default;
+  Handle(hid_t id, Closer closer) : id_(id), closer_(closer) {}
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+  Handle(Handle&& o) noexcept : id_(std::exchange(o.id_, -1)), closer_(o.closer_) {}
+  Handle& operator=(Handle&& o) noexcept {
+    if (this != &o) {
+      Reset();
+      id_ = std::exchange(o.id_, -1);
+      closer_ = o.closer_;
+    }
+    return *this;
+  }
+  ~Handle() { Reset(); }
+  hid_t get() const { return id_; }
+  explicit operator bool() const { return id_ >= 0; }
+  // Closes now and reports failure (closing a file flushes it).
+  herr_t Close() {
+    herr_t r = 0;
+    if (id_ >= 0 && closer_) r = closer_(id_);
+    id_ = -1;
+    return r;
+  }
+
+ private:
+  void Reset() {
+    if (id_ >= 0 && closer_) closer_(id_);
+    id_ = -1;
+  }
+  hid_t id_ = -1;
+  Closer closer_ = nullptr;
+};
+
+inline Handle File(hid_t id) { return Handle(id, H5Fclose); }
+inline Handle Dataset(hid_t id) { return Handle(id, H5Dclose); }
+inline Handle Space(hid_t id) { return Handle(id, H5Sclose); }
+inline Handle Type(hid_t id) { return Handle(id, H5Tclose); }
+inline Handle Plist(hid_t id) { return Handle(id, H5Pclose); }
+inline Handle Attr(hid_t id) { return Handle(id, H5Aclose); }
+
+// The HDF5 file type of a ckpt dtype (FORMAT.md §4). bfloat16 and fp8 are unsigned
+// integers carrying a `dtype` attribute; float16 is a 2-byte IEEE float.
+Handle FileType(DType dtype);
+// True if `dtype` needs the `dtype` attribute to be recognised.
+bool NeedsDTypeAttr(DType dtype);
+// True if an HDF5 dataset type `type` stores elements of `dtype` as FileType(dtype) would.
+bool TypeMatches(hid_t type, DType dtype);
+
+// A dataspace of `dims` (scalar when empty).
+Handle MakeSpace(const std::vector<hsize_t>& dims);
+
+void WriteStringAttr(hid_t obj, const char* name, const std::string& value);
+// Empty if absent.
+std::string ReadStringAttr(hid_t obj, const char* name);
+
+// Dataset names (FORMAT.md §5): the key escaped, plus "@o0,o1,..." for a partial chunk.
+std::string EscapeKey(const std::string& key);
+std::string DatasetName(const std::string& key, const std::vector<int64_t>& offsets, bool whole);
+
+}  // namespace ckpt::h5

@@ -1,0 +1,154 @@
+// storage/shard_reader.cc
+#include "storage/shard_reader.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "format/checked.h"
+#include "layout/box.h"
+#include "storage/fs.h"
+#include "storage/h5.h"
+
+namespace ckpt::storage {
+namespace {
+
+constexpr std::size_t kDirectRunBytes = std::size_t{256} << 10;  // pread runs this big directly
+constexpr std::size_t kBounceBytes = std::size_t{16} << 20;      // else through a bounce buffer
+constexpr std::size_t kDigestBlock = std::size_t{8} << 20;
+
+std::string DimsString(const std::vector<hsize_t>& d) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+struct ShardReader::Impl {
+  std::filesystem::path path;
+  Fd fd;
+  uint64_t size = 0;
+  h5::Handle file;
+  std::vector<unsigned char> bounce;
+
+  std::string Where(const std::string& key, const ChunkMeta& c) const {
+    return path.filename().string() + ": tensor '" + key + "' chunk " + c.box.ToString() +
+           " (dataset '" + c.dataset + "')";
+  }
+};
+
+ShardReader::ShardReader(const std::filesystem::path& dir, const std::string& file_name)
+    : impl_(std::make_unique<Impl>()) {
+  h5::Init();
+  impl_->path = dir / file_name;
+  impl_->fd = OpenRegularFile(impl_->path);
+  impl_->size = FileSize(impl_->fd.get(), impl_->path);
+  const hid_t id = H5Fopen(impl_->path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  if (id < 0) {
+    throw Error(ErrorCode::kCorrupt, impl_->path.string() + ": not a readable HDF5 file" + h5::ErrorStack());
+  }
+  impl_->file = h5::File(id);
+}
+
+ShardReader::~ShardReader() = default;
+uint64_t ShardReader::file_size() const { return impl_->size; }
+const std::filesystem::path& ShardReader::path() const { return impl_->path; }
+
+uint64_t ShardReader::Read(const std::string& key, DType dtype, const ChunkMeta& chunk, const Box& region,
+                           void* dst, const Box& dst_box, Digest* digest) {
+  Impl& m = *impl_;
+  const hid_t ds_id = H5Dopen2(m.file.get(), chunk.dataset.c_str(), H5P_DEFAULT);
+  if (ds_id < 0) {
+    h5::ErrorStack();
+    throw Error(ErrorCode::kCorrupt, m.Where(key, chunk) + ": dataset not found in the file");
+  }
+  h5::Handle ds = h5::Dataset(ds_id);
+  h5::Handle type = h5::Type(h5::Check(H5Dget_type(ds.get()), m.Where(key, chunk)));
+  if (!h5::TypeMatches(type.get(), dtype)) {
+    throw Error(ErrorCode::kCorrupt, m.Where(key, chunk) + ": stored element type (" +
+                                         std::to_string(H5Tget_size(type.get())) +
+                                         " bytes) does not match dtype " + std::string(DTypeName(dtype)));
+  }
+  h5::Handle space = h5::Space(h5::Check(H5Dget_space(ds.get()), m.Where(key, chunk)));
+  const int rank = H5Sget_simple_extent_ndims(space.get());
+  std::vector<hsize_t> dims(rank > 0 ? rank : 0);
+  if (rank > 0) H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+  const std::vector<hsize_t> expected(chunk.box.sizes.begin(), chunk.box.sizes.end());
+  if (dims != expected) {
+    throw Error(ErrorCode::kCorrupt, m.Where(key, chunk) + ": dataset has shape " + DimsString(dims) +
+                                         ", metadata says " + DimsString(expected));
+  }
+  const std::size_t item = DTypeSize(dtype);
+  const int64_t chunk_bytes = internal::CheckedMul(chunk.box.NumElements(), static_cast<int64_t>(item),
+                                                   m.Where(key, chunk));
+  if (chunk_bytes == 0 || region.NumElements() == 0) return 0;
+  auto* out = static_cast<unsigned char*>(dst);
+
+  h5::Handle dcpl = h5::Plist(H5Dget_create_plist(ds.get()));
+  const bool contiguous = H5Pget_layout(dcpl.get()) == H5D_CONTIGUOUS && H5Pget_nfilters(dcpl.get()) == 0;
+  if (!contiguous) {
+    // Chunked / filtered: HDF5 selects and decompresses.
+    const int r = static_cast<int>(region.sizes.size());
+    h5::Handle fspace = h5::Space(H5Scopy(space.get()));
+    std::vector<hsize_t> count(region.sizes.begin(), region.sizes.end());
+    std::vector<hsize_t> fstart(r), mstart(r);
+    for (int d = 0; d < r; ++d) {
+      fstart[d] = static_cast<hsize_t>(region.offsets[d] - chunk.box.offsets[d]);
+      mstart[d] = static_cast<hsize_t>(region.offsets[d] - dst_box.offsets[d]);
+    }
+    h5::Handle mspace = h5::MakeSpace(std::vector<hsize_t>(dst_box.sizes.begin(), dst_box.sizes.end()));
+    if (r > 0) {
+      h5::Check(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, fstart.data(), nullptr, count.data(), nullptr),
+                "H5Sselect_hyperslab");
+      h5::Check(H5Sselect_hyperslab(mspace.get(), H5S_SELECT_SET, mstart.data(), nullptr, count.data(), nullptr),
+                "H5Sselect_hyperslab");
+    }
+    if (H5Dread(ds.get(), type.get(), mspace.get(), fspace.get(), H5P_DEFAULT, out) < 0) {
+      throw Error(ErrorCode::kCorrupt, m.Where(key, chunk) + ": cannot read data" + h5::ErrorStack());
+    }
+    if (digest) {
+      layout::ForEachRun(chunk.box, dst_box, region, [&](const layout::Run& run) {
+        digest->Update(out + run.dst * item, static_cast<std::size_t>(run.count) * item);
+      });
+    }
+    return H5Dget_storage_size(ds.get());
+  }
+
+  const haddr_t base = H5Dget_offset(ds.get());
+  if (base == HADDR_UNDEF || base > m.size || static_cast<uint64_t>(chunk_bytes) > m.size - base) {
+    throw Error(ErrorCode::kCorrupt, m.Where(key, chunk) + ": data lies past the end of the file (" +
+                                         std::to_string(m.size) + " bytes): truncated");
+  }
+  uint64_t bytes_read = 0;
+  // Bounce window over the chunk's bytes, for runs too small to pread one by one.
+  uint64_t win_begin = 0, win_end = 0;
+  const uint64_t chunk_end = static_cast<uint64_t>(chunk_bytes);
+  layout::ForEachRun(chunk.box, dst_box, region, [&](const layout::Run& run) {
+    const uint64_t src = static_cast<uint64_t>(run.src) * item;
+    const std::size_t len = static_cast<std::size_t>(run.count) * item;
+    unsigned char* to = out + run.dst * item;
+    if (len >= kDirectRunBytes) {
+      for (std::size_t pos = 0; pos < len; pos += kDigestBlock) {
+        const std::size_t n = std::min(kDigestBlock, len - pos);
+        ReadExact(m.fd.get(), to + pos, n, base + src + pos, m.path);
+        if (digest) digest->Update(to + pos, n);
+      }
+      bytes_read += len;
+      return;
+    }
+    if (src < win_begin || src + len > win_end) {
+      win_begin = src;
+      win_end = std::min<uint64_t>(chunk_end, src + std::max(kBounceBytes, len));
+      m.bounce.resize(static_cast<std::size_t>(win_end - win_begin));
+      ReadExact(m.fd.get(), m.bounce.data(), m.bounce.size(), base + win_begin, m.path);
+      bytes_read += m.bounce.size();
+    }
+    std::memcpy(to, m.bounce.data() + (src - win_begin), len);
+    if (digest) digest->Update(to, len);
+  });
+  if (m.bounce.capacity() > kBounceBytes * 2) std::vector<unsigned char>().swap(m.bounce);
+  return bytes_read;
+}
+
+}  // namespace ckpt::storage

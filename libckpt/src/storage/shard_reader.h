@@ -1,0 +1,44 @@
+// storage/shard_reader.h: reads regions of chunks from one shard file (FORMAT.md §5).
+//
+// Every dataset is checked against what metadata says before a byte is read: its type,
+// its shape, and (for contiguous datasets) that it lies inside the file. Contiguous,
+// unfiltered datasets are then read with pread straight into the destination; others
+// through HDF5 hyperslab selections (which run the zstd filter).
+//
+// Threading: one ShardReader per thread.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "ckpt/metadata.h"
+#include "storage/digest.h"
+
+namespace ckpt::storage {
+
+class ShardReader {
+ public:
+  // Opens `dir/file_name` read-only; it must be a regular file and readable HDF5.
+  ShardReader(const std::filesystem::path& dir, const std::string& file_name);
+  ~ShardReader();
+  ShardReader(const ShardReader&) = delete;
+  ShardReader& operator=(const ShardReader&) = delete;
+
+  // Reads `region` (global coordinates, inside chunk.box) of the chunk into `dst`, a
+  // row-major buffer over `dst_box` (which contains `region`). If `digest` is given,
+  // region must equal chunk.box and every byte of the chunk is fed to it in order.
+  // Returns the number of bytes read from the file.
+  uint64_t Read(const std::string& key, DType dtype, const ChunkMeta& chunk, const Box& region,
+                void* dst, const Box& dst_box, Digest* digest);
+
+  uint64_t file_size() const;
+  const std::filesystem::path& path() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ckpt::storage

@@ -1,0 +1,180 @@
+// storage/shard_writer.cc
+#include "storage/shard_writer.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <unordered_set>
+
+#include "format/names.h"
+#include "storage/digest.h"
+#include "storage/fs.h"
+#include "storage/h5.h"
+
+namespace ckpt::storage {
+namespace {
+
+constexpr std::size_t kStreamBlock = std::size_t{8} << 20;      // pwrite + digest block
+constexpr std::size_t kCompressChunkBytes = std::size_t{1} << 20;  // HDF5 chunk target
+
+std::vector<hsize_t> Dims(const Shape& s) { return std::vector<hsize_t>(s.begin(), s.end()); }
+
+// HDF5 chunk dims of about kCompressChunkBytes: whole trailing dims, a slab of dim 0
+// (or of later dims if one row is larger than the target).
+std::vector<hsize_t> CompressChunkDims(const Shape& sizes, std::size_t itemsize) {
+  std::vector<hsize_t> chunk = Dims(sizes);
+  int64_t target = static_cast<int64_t>(kCompressChunkBytes / itemsize);
+  for (std::size_t d = 0; d < chunk.size(); ++d) {
+    int64_t inner = 1;
+    for (std::size_t e = d + 1; e < chunk.size(); ++e) inner *= static_cast<int64_t>(chunk[e]);
+    if (inner <= target) {
+      chunk[d] = static_cast<hsize_t>(std::clamp<int64_t>(target / std::max<int64_t>(inner, 1), 1, sizes[d]));
+      break;
+    }
+    chunk[d] = 1;
+  }
+  return chunk;
+}
+
+}  // namespace
+
+struct ShardWriter::Impl {
+  std::filesystem::path path;
+  Compression compression;
+  h5::Handle file;
+  Fd fd;
+  nlohmann::json index = nlohmann::json::array();
+  std::unordered_set<std::string> datasets;
+
+  h5::Handle CreateDataset(const std::string& name, DType dtype, const Shape& sizes, bool compress,
+                           const std::string& key) {
+    if (!datasets.insert(name).second) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  path.filename().string() + ": key '" + key + "' writes dataset '" + name + "' twice");
+    }
+    h5::Handle type = h5::FileType(dtype);
+    h5::Handle space = h5::MakeSpace(Dims(sizes));
+    h5::Handle dcpl = h5::Plist(H5Pcreate(H5P_DATASET_CREATE));
+    if (compress) {
+      const auto chunk = CompressChunkDims(sizes, DTypeSize(dtype));
+      h5::Check(H5Pset_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data()), "H5Pset_chunk");
+      h5::Check(H5Pset_shuffle(dcpl.get()), "H5Pset_shuffle");
+      const unsigned level = static_cast<unsigned>(compression.level);
+      h5::Check(H5Pset_filter(dcpl.get(), names::kZstdFilterId, H5Z_FLAG_MANDATORY, 1, &level),
+                "H5Pset_filter(zstd)");
+    } else {
+      h5::Check(H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS), "H5Pset_layout");
+      h5::Check(H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY), "H5Pset_alloc_time");
+    }
+    h5::Check(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), "H5Pset_fill_time");
+    h5::Handle ds = h5::Dataset(h5::Check(
+        H5Dcreate2(file.get(), name.c_str(), type.get(), space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
+        path.filename().string() + ": key '" + key + "': creating dataset '" + name + "'"));
+    if (h5::NeedsDTypeAttr(dtype)) h5::WriteStringAttr(ds.get(), names::kDTypeAttr, std::string(DTypeName(dtype)));
+    return ds;
+  }
+
+  // Streams `n` bytes of `data` into the contiguous dataset `ds`, digesting each block.
+  void StreamContiguous(hid_t ds, const void* data, std::size_t n, Digest& digest, const std::string& key) {
+    if (n == 0) return;
+    const haddr_t offset = H5Dget_offset(ds);
+    if (offset == HADDR_UNDEF) {
+      throw Error(ErrorCode::kIO, path.string() + ": key '" + key + "': dataset has no file address" +
+                                      h5::ErrorStack());
+    }
+    const auto* p = static_cast<const unsigned char*>(data);
+    for (std::size_t pos = 0; pos < n; pos += kStreamBlock) {
+      const std::size_t len = std::min(kStreamBlock, n - pos);
+      digest.Update(p + pos, len);
+      WriteExact(fd.get(), p + pos, len, offset + pos, path);
+    }
+  }
+};
+
+ShardWriter::ShardWriter(const std::filesystem::path& dir, std::string file_name, Compression compression)
+    : impl_(std::make_unique<Impl>()), file_name_(std::move(file_name)) {
+  h5::Init();
+  impl_->path = dir / file_name_;
+  impl_->compression = compression;
+  h5::Handle fapl = h5::Plist(H5Pcreate(H5P_FILE_ACCESS));
+  // 1.8 object formats: compact/dense link storage, so a root group with many thousands
+  // of datasets stays fast, and large attributes (the shard index) are allowed.
+  h5::Check(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_V18), "H5Pset_libver_bounds");
+  impl_->file = h5::File(h5::Check(H5Fcreate(impl_->path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()),
+                                   impl_->path.string() + ": creating HDF5 file"));
+  const int fd = ::open(impl_->path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) throw Error(ErrorCode::kIO, impl_->path.string() + ": cannot open for writing data");
+  impl_->fd = Fd(fd);
+}
+
+ShardWriter::~ShardWriter() = default;
+
+ChunkMeta ShardWriter::WriteChunk(const std::string& key, DType dtype, const Shape& shape, const Box& box,
+                                  const void* data) {
+  const int64_t elements = box.NumElements();
+  const std::size_t nbytes = static_cast<std::size_t>(elements) * DTypeSize(dtype);
+  if (nbytes > 0 && data == nullptr) {
+    throw Error(ErrorCode::kInvalidArgument, "key '" + key + "' chunk " + box.ToString() + ": null data");
+  }
+  const bool whole = box == Box::Full(shape);
+  const bool compress = impl_->compression.codec == Compression::Codec::kZstd && !box.sizes.empty() &&
+                        elements > 0;
+  ChunkMeta meta;
+  meta.box = box;
+  meta.file = file_name_;
+  meta.dataset = h5::DatasetName(key, box.offsets, whole);
+  h5::Handle ds = impl_->CreateDataset(meta.dataset, dtype, box.sizes, compress, key);
+  Digest digest(dtype, /*with_stats=*/true);
+  if (compress) {
+    digest.Update(data, nbytes);
+    h5::Handle type = h5::FileType(dtype);
+    h5::Check(H5Dwrite(ds.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, data),
+              impl_->path.string() + ": key '" + key + "': writing compressed dataset");
+    meta.compression = impl_->compression;
+    meta.stored_bytes = H5Dget_storage_size(ds.get());
+  } else {
+    impl_->StreamContiguous(ds.get(), data, nbytes, digest, key);
+    meta.stored_bytes = nbytes;
+  }
+  meta.checksum = digest.Checksum();
+  meta.stats = digest.Stats();
+  impl_->index.push_back({{"key", key},
+                          {"dtype", DTypeName(dtype)},
+                          {"shape", shape},
+                          {"offsets", box.offsets},
+                          {"sizes", box.sizes},
+                          {"dataset", meta.dataset}});
+  return meta;
+}
+
+ChunkMeta ShardWriter::WriteBytes(const std::string& key, const void* data, std::size_t n) {
+  ChunkMeta meta;
+  meta.box = Box{{0}, {static_cast<int64_t>(n)}};
+  meta.file = file_name_;
+  meta.dataset = h5::EscapeKey(key);
+  h5::Handle ds = impl_->CreateDataset(meta.dataset, DType::kUInt8, meta.box.sizes, false, key);
+  Digest digest(DType::kUInt8, false);
+  impl_->StreamContiguous(ds.get(), data, n, digest, key);
+  meta.checksum = digest.Checksum();
+  meta.stored_bytes = n;
+  impl_->index.push_back({{"key", key}, {"dtype", "bytes"}, {"size", n}, {"dataset", meta.dataset}});
+  return meta;
+}
+
+uint64_t ShardWriter::Finish() {
+  const nlohmann::json index = {{"format", names::kShardIndexFormat},
+                                {"format_version", kFormatVersion},
+                                {"chunks", impl_->index}};
+  h5::WriteStringAttr(impl_->file.get(), names::kShardIndexAttr, index.dump());
+  if (impl_->file.Close() < 0) {
+    throw Error(ErrorCode::kIO, impl_->path.string() + ": closing HDF5 file" + h5::ErrorStack());
+  }
+  FsyncFd(impl_->fd.get(), impl_->path);
+  const uint64_t size = FileSize(impl_->fd.get(), impl_->path);
+  impl_->fd.Close(impl_->path);
+  return size;
+}
+
+}  // namespace ckpt::storage
