@@ -148,7 +148,7 @@ ChunkMeta ParseChunk(const Ctx& ctx, const json& c, bool tensor_chunk, int max_r
   if (!IsValidChecksum(m.checksum)) {
     ctx.Fail("checksum '" + m.checksum + "' is not of the form xxh3-64:<16 hex digits>");
   }
-  if (auto it = c.find(n::kStoredBytes); it != c.end()) m.stored_bytes = ctx.NonNeg(*it, "stored_bytes");
+  if (auto it = c.find(n::kStoredBytes); it != c.end()) m.stored_bytes = ctx.NonNeg(*it, std::string("stored_bytes"));
   if (auto it = c.find(n::kCompression); it != c.end() && !it->is_null()) {
     if (!it->is_object()) ctx.Fail("'compression' must be an object");
     const std::string codec = ctx.Str(*it, n::kCodec);
@@ -423,7 +423,8 @@ std::string SerializeMetadata(const Metadata& m) {
         break;
       case EntryKind::kBytes: {
         j[n::kSize] = e.size;
-        for (auto& [k, v] : ChunkJson(e.chunks.at(0), false).items()) j[k] = v;
+        const ojson chunk = ChunkJson(e.chunks.at(0), false);
+        for (auto& [k, v] : chunk.items()) j[k] = v;
         break;
       }
       case EntryKind::kJson: j[n::kValue] = ojson::parse(e.value); break;

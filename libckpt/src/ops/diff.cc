@@ -1,0 +1,304 @@
+// ops/diff.cc: see ckpt/ops/diff.h.
+#include "ckpt/ops/diff.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "ckpt/error.h"
+#include "ckpt/ops/source.h"
+#include "ops/util.h"
+#include "storage/digest.h"
+
+namespace ckpt::ops {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+struct ValueStats {
+  double max_abs = 0, max_rel = 0;
+  uint64_t different = 0;
+};
+
+// Compares one block of n elements.
+void CompareBlock(DType dtype, const uint8_t* a, const uint8_t* b, std::size_t n, const DiffOptions& o,
+                  ValueStats& s) {
+  const std::size_t item = DTypeSize(dtype);
+  const bool floating = IsFloating(dtype);
+  const bool exact = o.atol == 0 && o.rtol == 0;
+  if (std::memcmp(a, b, n * item) == 0) {
+    if (!floating || o.nan_equal) return;
+    // Equal bytes, but NaN is not equal to NaN unless asked.
+    for (std::size_t i = 0; i < n; ++i)
+      if (std::isnan(ElementToDouble(dtype, a + i * item))) ++s.different;
+    return;
+  }
+  auto one = [&](double x, double y, bool bytes_equal) {
+    if (std::isnan(x) || std::isnan(y)) {
+      if (!(std::isnan(x) && std::isnan(y) && o.nan_equal)) ++s.different;
+      return;
+    }
+    if (x == y) {
+      // Integers beyond 2^53 may convert equal: their bytes decide.
+      if (!bytes_equal && !floating && exact) ++s.different;
+      return;
+    }
+    const double d = std::fabs(x - y);
+    const double rel = y != 0 ? d / std::fabs(y) : INFINITY;
+    s.max_abs = std::max(s.max_abs, d);
+    s.max_rel = std::max(s.max_rel, rel);
+    if (!(d <= o.atol + o.rtol * std::fabs(y))) ++s.different;
+  };
+  if (dtype == DType::kFloat32) {
+    for (std::size_t i = 0; i < n; ++i) {
+      float x, y;
+      std::memcpy(&x, a + 4 * i, 4);
+      std::memcpy(&y, b + 4 * i, 4);
+      if (x == y && !std::isnan(x)) continue;
+      one(x, y, false);
+    }
+    return;
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    const bool eq = std::memcmp(a + i * item, b + i * item, item) == 0;
+    if (eq && !floating) continue;
+    one(ElementToDouble(dtype, a + i * item), ElementToDouble(dtype, b + i * item), eq);
+  }
+}
+
+std::string Describe(const EntryMeta& e) {
+  if (e.kind == EntryKind::kTensor)
+    return std::string(DTypeName(e.dtype)) + " " + detail::FormatShape(e.shape);
+  if (e.kind == EntryKind::kScalar) return "scalar " + std::string(DTypeName(e.dtype)) + " " + e.value;
+  return std::string(EntryKindName(e.kind));
+}
+
+std::string ContentHash(Source& src, const std::string& key, const EntryMeta& e, uint64_t budget,
+                        std::vector<uint8_t>& buf) {
+  storage::Digest d(e.dtype, false);
+  const std::size_t item = DTypeSize(e.dtype);
+  for (const Box& block : detail::SplitBox(Box::Full(e.shape), item, budget)) {
+    const auto bytes = static_cast<std::size_t>(block.NumElements()) * item;
+    buf.resize(std::max<std::size_t>(bytes, 8));
+    if (bytes) src.ReadRegion(key, block, buf.data());
+    d.Update(buf.data(), bytes);
+  }
+  return d.Checksum();
+}
+
+}  // namespace
+
+DiffReport Diff(const fs::path& a_path, const fs::path& b_path, const DiffOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto a = Source::Open(a_path);
+  auto b = Source::Open(b_path);
+  DiffReport r;
+  r.a = a_path.string();
+  r.b = b_path.string();
+  // safetensors holds tensors only: other entries cannot be compared against it.
+  const bool tensors_only = a->kind() == SourceKind::kSafetensors || b->kind() == SourceKind::kSafetensors;
+  std::size_t skipped = 0;
+  auto selected = [&](const std::string& key, const EntryMeta& e) {
+    if (detail::MatchesAny(o.exclude, key)) return false;
+    if (tensors_only && e.kind != EntryKind::kTensor) {
+      ++skipped;
+      return false;
+    }
+    return true;
+  };
+  std::vector<std::pair<const std::string*, const EntryMeta*>> only_a, only_b, both;
+  for (const auto& [k, e] : a->metadata().entries) {
+    if (!selected(k, e)) continue;
+    const EntryMeta* other = b->metadata().Find(k);
+    if (other && selected(k, *other)) both.emplace_back(&k, &e);
+    else if (!other) only_a.emplace_back(&k, &e);
+  }
+  for (const auto& [k, e] : b->metadata().entries)
+    if (selected(k, e) && !a->metadata().Find(k)) only_b.emplace_back(&k, &e);
+  if (skipped)
+    r.notes.push_back(std::to_string(skipped) +
+                      " non-tensor entries not compared (a safetensors file holds tensors only)");
+  for (const auto& [k, e] : both)
+    for (auto* src : {a.get(), b.get()})
+      if (e->kind == EntryKind::kTensor && !src->HoldsWhole(*k))
+        throw Error(ErrorCode::kInvalidArgument, src->path().string() + ": tensor '" + *k +
+                                                     "' is only partly in this shard; compare checkpoint directories");
+
+  const uint64_t budget = std::max<uint64_t>(o.max_memory / 8, uint64_t{1} << 20);
+  uint64_t total = 0;
+  if (!o.keys_only)
+    for (const auto& [k, e] : both)
+      if (e->kind == EntryKind::kTensor) total += e->TensorBytes();
+  detail::Progress progress("diff", total, o.progress);
+  std::vector<uint8_t> ba, bb;
+
+  // Renames: a key only in A and one only in B with the same dtype, shape and values.
+  std::vector<bool> renamed_a(only_a.size()), renamed_b(only_b.size());
+  std::vector<KeyDiff> renames;
+  if (!o.keys_only) {
+    std::map<std::string, std::vector<std::size_t>> b_by_sig;  // "dtype shape" -> indices in only_b
+    for (std::size_t j = 0; j < only_b.size(); ++j)
+      if (only_b[j].second->kind == EntryKind::kTensor) b_by_sig[Describe(*only_b[j].second)].push_back(j);
+    std::map<std::size_t, std::string> b_hash;
+    for (std::size_t i = 0; i < only_a.size(); ++i) {
+      const auto& [ka, ea] = only_a[i];
+      if (ea->kind != EntryKind::kTensor) continue;
+      auto it = b_by_sig.find(Describe(*ea));
+      if (it == b_by_sig.end()) continue;
+      const std::string ha = ContentHash(*a, *ka, *ea, budget, ba);
+      for (std::size_t j : it->second) {
+        if (renamed_b[j]) continue;
+        if (!b_hash.count(j)) b_hash[j] = ContentHash(*b, *only_b[j].first, *only_b[j].second, budget, bb);
+        if (b_hash[j] == ha) {
+          renamed_a[i] = renamed_b[j] = true;
+          KeyDiff d;
+          d.what = "renamed";
+          d.key = *ka;
+          d.other_key = *only_b[j].first;
+          d.a = d.b = Describe(*ea);
+          renames.push_back(std::move(d));
+          break;
+        }
+      }
+    }
+  }
+  for (std::size_t i = 0; i < only_a.size(); ++i)
+    if (!renamed_a[i]) {
+      KeyDiff d;
+      d.what = "only_in_a";
+      d.key = *only_a[i].first;
+      d.a = Describe(*only_a[i].second);
+      r.diffs.push_back(std::move(d));
+    }
+  for (std::size_t j = 0; j < only_b.size(); ++j)
+    if (!renamed_b[j]) {
+      KeyDiff d;
+      d.what = "only_in_b";
+      d.key = *only_b[j].first;
+      d.b = Describe(*only_b[j].second);
+      r.diffs.push_back(std::move(d));
+    }
+  for (auto& d : renames) r.diffs.push_back(std::move(d));
+
+  for (const auto& [kp, ea] : both) {
+    const std::string& key = *kp;
+    const EntryMeta& eb = *b->metadata().Find(key);
+    ++r.compared;
+    KeyDiff d;
+    d.key = key;
+    if (ea->kind != eb.kind) {
+      d.what = "kind";
+      d.a = std::string(EntryKindName(ea->kind));
+      d.b = std::string(EntryKindName(eb.kind));
+    } else if ((ea->kind == EntryKind::kTensor || ea->kind == EntryKind::kScalar) && ea->dtype != eb.dtype) {
+      d.what = "dtype";
+      d.a = std::string(DTypeName(ea->dtype));
+      d.b = std::string(DTypeName(eb.dtype));
+    } else if (ea->kind == EntryKind::kTensor && ea->shape != eb.shape) {
+      d.what = "shape";
+      d.a = detail::FormatShape(ea->shape);
+      d.b = detail::FormatShape(eb.shape);
+    } else if (o.keys_only) {
+      continue;
+    } else if (ea->kind == EntryKind::kScalar || ea->kind == EntryKind::kJson) {
+      if (json::parse(ea->value, nullptr, false) == json::parse(eb.value, nullptr, false)) continue;
+      d.what = "values";
+      d.a = ea->value;
+      d.b = eb.value;
+    } else if (ea->kind == EntryKind::kBytes) {
+      if (a->ReadBytes(key) == b->ReadBytes(key)) continue;
+      d.what = "values";
+      d.a = std::to_string(ea->size) + " bytes";
+      d.b = std::to_string(eb.size) + " bytes";
+    } else {
+      ValueStats s;
+      const std::size_t item = DTypeSize(ea->dtype);
+      for (const Box& block : detail::SplitBox(Box::Full(ea->shape), item, budget)) {
+        const auto n = static_cast<std::size_t>(block.NumElements());
+        ba.resize(std::max<std::size_t>(n * item, 8));
+        bb.resize(std::max<std::size_t>(n * item, 8));
+        if (n) {
+          a->ReadRegion(key, block, ba.data());
+          b->ReadRegion(key, block, bb.data());
+        }
+        CompareBlock(ea->dtype, ba.data(), bb.data(), n, o, s);
+        r.bytes_compared += n * item;
+        progress.Add(n * item);
+      }
+      if (s.different == 0) continue;
+      d.what = "values";
+      d.max_abs = s.max_abs;
+      d.max_rel = s.max_rel;
+      d.num_different = s.different;
+      d.num_elements = NumElementsOf(*ea);
+    }
+    r.diffs.push_back(std::move(d));
+  }
+  progress.Done();
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+std::string RenderDiffText(const DiffReport& r) {
+  std::ostringstream out;
+  std::map<std::string, std::size_t> counts;
+  for (const auto& d : r.diffs) {
+    ++counts[d.what];
+    if (d.what == "only_in_a") out << "only in A:  " << d.key << "  (" << d.a << ")\n";
+    else if (d.what == "only_in_b") out << "only in B:  " << d.key << "  (" << d.b << ")\n";
+    else if (d.what == "renamed") out << "renamed:    " << d.key << " -> " << d.other_key << "  (" << d.a << ", same values)\n";
+    else if (d.what == "values" && d.num_elements)
+      out << "values:     " << d.key << "  " << d.num_different << " of " << d.num_elements
+          << " elements differ, max abs diff " << detail::FormatDouble(d.max_abs) << ", max rel diff "
+          << detail::FormatDouble(d.max_rel) << "\n";
+    else out << d.what << ":" << std::string(d.what.size() < 11 ? 11 - d.what.size() : 1, ' ') << d.key << "  "
+             << d.a << " -> " << d.b << "\n";
+  }
+  for (const auto& n : r.notes) out << "note: " << n << "\n";
+  char tail[200];
+  std::snprintf(tail, sizeof tail, "%zu keys compared, %s of values in %.2f s", r.compared,
+                detail::FormatBytes(static_cast<double>(r.bytes_compared)).c_str(), r.seconds);
+  if (r.same()) {
+    out << "SAME: " << tail << "\n";
+  } else {
+    out << "DIFFERENT: " << r.diffs.size() << (r.diffs.size() == 1 ? " difference (" : " differences (");
+    bool first = true;
+    for (const auto& [what, n] : counts) out << (first ? "" : ", ") << n << " " << what, first = false;
+    out << "); " << tail << "\n";
+  }
+  return out.str();
+}
+
+std::string RenderDiffJson(const DiffReport& r) {
+  nlohmann::ordered_json j;
+  j["a"] = r.a;
+  j["b"] = r.b;
+  j["same"] = r.same();
+  j["compared"] = r.compared;
+  j["bytes_compared"] = r.bytes_compared;
+  j["seconds"] = r.seconds;
+  j["differences"] = nlohmann::ordered_json::array();
+  auto num = [](double v) { return std::isfinite(v) ? nlohmann::ordered_json(v) : nlohmann::ordered_json(nullptr); };
+  for (const auto& d : r.diffs) {
+    nlohmann::ordered_json x = {{"what", d.what}, {"key", d.key}};
+    if (!d.other_key.empty()) x["other_key"] = d.other_key;
+    if (!d.a.empty()) x["a"] = d.a;
+    if (!d.b.empty()) x["b"] = d.b;
+    if (d.num_elements) {
+      x["num_different"] = d.num_different;
+      x["num_elements"] = d.num_elements;
+      x["max_abs_diff"] = num(d.max_abs);
+      x["max_rel_diff"] = num(d.max_rel);
+    }
+    j["differences"].push_back(std::move(x));
+  }
+  j["notes"] = r.notes;
+  return j.dump(2) + "\n";
+}
+
+}  // namespace ckpt::ops

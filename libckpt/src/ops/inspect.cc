@@ -1,0 +1,353 @@
+// ops/inspect.cc: see ckpt/ops/inspect.h.
+#include "ckpt/ops/inspect.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "ckpt/error.h"
+#include "ckpt/ops/source.h"
+#include "ops/elements.h"
+#include "ops/table.h"
+#include "ops/util.h"
+
+namespace ckpt::ops {
+namespace {
+
+using detail::FormatBytes;
+using detail::FormatDouble;
+using detail::FormatShape;
+using nlohmann::ordered_json;
+
+std::optional<TensorStats> RecordedStats(const EntryMeta& e) {
+  detail::StatsAccumulator acc;
+  for (const auto& c : e.chunks) {
+    if (!c.stats) return std::nullopt;
+    acc.Merge(*c.stats);
+  }
+  TensorStats s{acc.min, acc.max, acc.mean(), acc.stddev(), acc.nan, acc.inf, acc.finite, false};
+  return s;
+}
+
+TensorStats StreamStats(Source& src, const std::string& key, const EntryMeta& e, uint64_t budget,
+                        detail::Progress& progress) {
+  detail::StatsAccumulator acc;
+  const std::size_t item = DTypeSize(e.dtype);
+  std::vector<uint8_t> buf;
+  for (const Box& block : detail::SplitBox(Box::Full(e.shape), item, budget)) {
+    const auto n = static_cast<std::size_t>(block.NumElements());
+    buf.resize(n * item);
+    src.ReadRegion(key, block, buf.data());
+    acc.Add(e.dtype, buf.data(), n);
+    progress.Add(n * item);
+  }
+  return TensorStats{acc.min, acc.max, acc.mean(), acc.stddev(), acc.nan, acc.inf, acc.finite, true};
+}
+
+}  // namespace
+
+std::string DescribeLayout(const EntryMeta& e, int world_size) {
+  if (e.chunks.size() == 1 && e.chunks[0].box == Box::Full(e.shape))
+    return world_size > 1 ? "replicated" : "full";
+  if (e.chunks.empty()) return "empty";
+  // Sharded along one dimension d: every chunk spans the whole of every other dimension.
+  const std::size_t rank = e.shape.size();
+  for (std::size_t d = 0; d < rank; ++d) {
+    bool only_d = true;
+    for (const auto& c : e.chunks) {
+      for (std::size_t o = 0; o < rank && only_d; ++o)
+        if (o != d && (c.box.offsets[o] != 0 || c.box.sizes[o] != e.shape[o])) only_d = false;
+      if (!only_d) break;
+    }
+    if (only_d) return "sharded dim " + std::to_string(d) + " / " + std::to_string(e.chunks.size());
+  }
+  return "irregular (" + std::to_string(e.chunks.size()) + " chunks)";
+}
+
+InspectReport Inspect(const std::filesystem::path& path, const InspectOptions& options) {
+  auto src = Source::Open(path);
+  const Metadata& md = src->metadata();
+  InspectReport r;
+  r.path = path.string();
+  r.kind = std::string(SourceKindName(src->kind()));
+  r.format_version = md.format_version;
+  r.state_dict_type = std::string(StateDictTypeName(md.state_dict_type));
+  r.world_size = md.world_size;
+  r.library_version = md.library_version;
+  r.created = md.created;
+  r.user = md.user;
+  const std::filesystem::path dir = src->kind() == SourceKind::kCheckpoint ? path : path.parent_path();
+  std::map<std::string, bool> file_ok;
+  for (const auto& f : md.files) {
+    FileInfo fi{f.name, f.rank, f.bytes, std::nullopt, ""};
+    struct stat st;
+    const std::filesystem::path p = dir / f.name;
+    if (::lstat(p.c_str(), &st) != 0) {
+      fi.problem = "missing";
+    } else if (!S_ISREG(st.st_mode)) {
+      fi.problem = "not a regular file";
+    } else {
+      fi.actual_bytes = static_cast<uint64_t>(st.st_size);
+      if (*fi.actual_bytes != f.bytes && src->kind() == SourceKind::kCheckpoint)
+        fi.problem = "size " + std::to_string(*fi.actual_bytes) + " bytes, metadata says " +
+                     std::to_string(f.bytes);
+    }
+    if (!fi.problem.empty()) r.problems.push_back(f.name + ": " + fi.problem);
+    file_ok[f.name] = fi.problem.empty();
+    r.files.push_back(std::move(fi));
+  }
+  r.total_keys = md.entries.size();
+  const uint64_t budget = std::max<uint64_t>(options.max_memory / 4, 1 << 20);
+  uint64_t stats_bytes = 0;
+  for (const auto& [key, e] : md.entries) {
+    if (!options.keys.empty() && !detail::MatchesAny(options.keys, key)) continue;
+    KeyInfo k;
+    k.key = key;
+    k.kind = e.kind;
+    switch (e.kind) {
+      case EntryKind::kTensor:
+        k.dtype = std::string(DTypeName(e.dtype));
+        k.shape = e.shape;
+        k.num_chunks = e.chunks.size();
+        k.bytes = e.TensorBytes();
+        for (const auto& c : e.chunks) {
+          k.stored_bytes += c.stored_bytes;
+          if (c.compression.codec != Compression::Codec::kNone) r.compressed = true;
+        }
+        k.layout = DescribeLayout(e, md.world_size);
+        if (options.stats && IsFloating(e.dtype)) {
+          k.stats = RecordedStats(e);
+          if (!k.stats) stats_bytes += k.bytes;
+        }
+        break;
+      case EntryKind::kScalar:
+        k.dtype = std::string(DTypeName(e.dtype));
+        k.value = e.value;
+        k.layout = "-";
+        break;
+      case EntryKind::kBytes:
+        k.bytes = e.size;
+        k.num_chunks = e.chunks.size();
+        for (const auto& c : e.chunks) k.stored_bytes += c.stored_bytes;
+        k.layout = "-";
+        break;
+      case EntryKind::kJson:
+        k.value = e.value;
+        k.layout = "-";
+        break;
+    }
+    r.tensor_bytes += e.kind == EntryKind::kTensor ? k.bytes : 0;
+    r.stored_bytes += e.kind == EntryKind::kTensor ? k.stored_bytes : 0;
+    r.keys.push_back(std::move(k));
+  }
+  if (options.stats && stats_bytes > 0) {
+    detail::Progress progress("stats", stats_bytes, options.progress);
+    for (auto& k : r.keys) {
+      if (k.kind != EntryKind::kTensor || k.stats || !IsFloating(*DTypeFromName(k.dtype))) continue;
+      const EntryMeta& e = *md.Find(k.key);
+      bool readable = true;
+      for (const auto& c : e.chunks) readable = readable && file_ok[c.file];
+      if (!readable) {
+        r.problems.push_back(k.key + ": statistics not computed, a file is missing");
+        continue;
+      }
+      try {
+        k.stats = StreamStats(*src, k.key, e, budget, progress);
+      } catch (const Error& err) {
+        r.problems.push_back(k.key + ": statistics not computed: " + err.what());
+      }
+    }
+  }
+  return r;
+}
+
+namespace {
+
+std::vector<std::string> RowCells(const KeyInfo& k, bool stats, const std::string& name) {
+  std::vector<std::string> row = {name,
+                                  k.kind == EntryKind::kTensor ? k.dtype : std::string(EntryKindName(k.kind)),
+                                  k.kind == EntryKind::kTensor ? FormatShape(k.shape) : k.value.size() <= 24 ? k.value : k.value.substr(0, 21) + "...",
+                                  k.kind == EntryKind::kTensor || k.kind == EntryKind::kBytes ? std::to_string(k.num_chunks) : "-",
+                                  k.kind == EntryKind::kTensor || k.kind == EntryKind::kBytes ? FormatBytes(static_cast<double>(k.bytes)) : "-",
+                                  k.layout};
+  if (k.kind == EntryKind::kScalar) row[1] = "scalar " + k.dtype;
+  if (stats) {
+    if (k.stats) {
+      for (double v : {k.stats->min, k.stats->max, k.stats->mean, k.stats->std})
+        row.push_back(k.stats->finite_count ? FormatDouble(v) : "-");
+      row.push_back(std::to_string(k.stats->nan_count));
+      row.push_back(std::to_string(k.stats->inf_count));
+    } else {
+      for (int i = 0; i < 6; ++i) row.push_back("-");
+    }
+  }
+  return row;
+}
+
+struct TreeNode {
+  std::map<std::string, TreeNode> children;  // ordered by name
+  const KeyInfo* leaf = nullptr;
+  std::size_t keys = 0;
+  uint64_t bytes = 0;
+  std::size_t first = 0;  // first appearance, to keep save order
+};
+
+void EmitTree(const TreeNode& node, const std::string& indent, bool stats, detail::Table& t) {
+  std::vector<std::pair<std::string, const TreeNode*>> kids;
+  for (const auto& [name, child] : node.children) kids.emplace_back(name, &child);
+  std::stable_sort(kids.begin(), kids.end(),
+                   [](const auto& a, const auto& b) { return a.second->first < b.second->first; });
+  for (auto [name, child] : kids) {
+    // Collapse chains of single-child groups: "attn.c_attn" rather than two levels.
+    while (!child->leaf && child->children.size() == 1) {
+      const auto& only = *child->children.begin();
+      name += "." + only.first;
+      child = &only.second;
+    }
+    if (child->leaf && child->children.empty()) {
+      t.AddRow(RowCells(*child->leaf, stats, indent + name));
+    } else {
+      std::vector<std::string> row = {indent + name + ".*", "", "", std::to_string(child->keys) + " keys",
+                                      FormatBytes(static_cast<double>(child->bytes)), ""};
+      if (stats) row.resize(row.size() + 6);
+      t.AddRow(std::move(row));
+      if (child->leaf) t.AddRow(RowCells(*child->leaf, stats, indent + "  " + name));
+      EmitTree(*child, indent + "  ", stats, t);
+    }
+  }
+}
+
+}  // namespace
+
+std::string RenderInspectText(const InspectReport& r, bool tree, bool stats) {
+  std::ostringstream out;
+  out << r.kind << "  " << r.path << "\n";
+  if (r.kind == "checkpoint")
+    out << "format      v" << r.format_version << ", " << r.state_dict_type << ", world size "
+        << r.world_size << "\n"
+        << "written by  ckpt " << r.library_version << " at " << r.created << "\n";
+  else if (r.kind == "shard")
+    out << "format      lone shard (its ckpt_shard_index); the checkpoint's metadata.json is authoritative\n";
+  uint64_t file_bytes = 0;
+  for (const auto& f : r.files) file_bytes += f.actual_bytes.value_or(0);
+  out << "files       " << r.files.size() << (r.files.size() == 1 ? " file, " : " files, ")
+      << FormatBytes(static_cast<double>(file_bytes)) << "\n";
+  for (const auto& f : r.files) {
+    out << "  " << f.name << "  rank " << f.rank << "  "
+        << (f.actual_bytes ? FormatBytes(static_cast<double>(*f.actual_bytes)) : std::string("-"));
+    if (!f.problem.empty()) out << "  PROBLEM: " << f.problem;
+    out << "\n";
+  }
+  std::size_t counts[4] = {0, 0, 0, 0};
+  for (const auto& k : r.keys) ++counts[static_cast<int>(k.kind)];
+  out << "keys        " << r.keys.size();
+  if (r.keys.size() != r.total_keys) out << " of " << r.total_keys;
+  out << " (" << counts[0] << " tensors, " << counts[1] << " scalars, " << counts[2] << " bytes, "
+      << counts[3] << " json)\n";
+  out << "tensors     " << FormatBytes(static_cast<double>(r.tensor_bytes));
+  if (r.compressed && r.stored_bytes > 0) {
+    char ratio[32];
+    std::snprintf(ratio, sizeof ratio, "%.2f", static_cast<double>(r.tensor_bytes) /
+                                                   static_cast<double>(r.stored_bytes));
+    out << ", stored " << FormatBytes(static_cast<double>(r.stored_bytes)) << " (compression ratio "
+        << ratio << ")";
+  }
+  out << "\n\n";
+  detail::Table t({"KEY", "DTYPE", "SHAPE", "CHUNKS", "BYTES", "LAYOUT"});
+  if (stats) {
+    for (const char* h : {"MIN", "MAX", "MEAN", "STD", "NAN", "INF"}) t.AddHeader(h);
+  }
+  if (tree) {
+    TreeNode root;
+    std::size_t order = 0;
+    for (const auto& k : r.keys) {
+      TreeNode* node = &root;
+      std::size_t start = 0;
+      for (;;) {
+        const std::size_t dot = k.key.find('.', start);
+        const std::string part = k.key.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+        auto [it, inserted] = node->children.try_emplace(part);
+        node = &it->second;
+        if (inserted) node->first = order;
+        node->keys += 1;
+        node->bytes += k.bytes;
+        if (dot == std::string::npos) break;
+        start = dot + 1;
+      }
+      node->leaf = &k;
+      ++order;
+    }
+    EmitTree(root, "", stats, t);
+  } else {
+    for (const auto& k : r.keys) t.AddRow(RowCells(k, stats, k.key));
+  }
+  out << t.Render();
+  if (!r.problems.empty()) {
+    out << "\nproblems:\n";
+    for (const auto& p : r.problems) out << "  " << p << "\n";
+  }
+  return out.str();
+}
+
+std::string RenderInspectJson(const InspectReport& r) {
+  ordered_json j;
+  j["path"] = r.path;
+  j["kind"] = r.kind;
+  j["format_version"] = r.format_version;
+  j["state_dict_type"] = r.state_dict_type;
+  j["world_size"] = r.world_size;
+  j["library_version"] = r.library_version;
+  j["created"] = r.created;
+  j["user"] = ordered_json::parse(r.user.empty() ? "{}" : r.user, nullptr, false);
+  j["files"] = ordered_json::array();
+  for (const auto& f : r.files) {
+    ordered_json fj = {{"name", f.name}, {"rank", f.rank}, {"bytes", f.bytes}};
+    fj["actual_bytes"] = f.actual_bytes ? ordered_json(*f.actual_bytes) : ordered_json(nullptr);
+    fj["problem"] = f.problem.empty() ? ordered_json(nullptr) : ordered_json(f.problem);
+    j["files"].push_back(fj);
+  }
+  j["num_keys"] = r.keys.size();
+  j["total_keys"] = r.total_keys;
+  j["tensor_bytes"] = r.tensor_bytes;
+  j["stored_bytes"] = r.stored_bytes;
+  j["compressed"] = r.compressed;
+  j["compression_ratio"] = r.compressed && r.stored_bytes
+                               ? ordered_json(static_cast<double>(r.tensor_bytes) / static_cast<double>(r.stored_bytes))
+                               : ordered_json(nullptr);
+  j["keys"] = ordered_json::array();
+  auto num = [](double v) { return std::isfinite(v) ? ordered_json(v) : ordered_json(nullptr); };
+  for (const auto& k : r.keys) {
+    ordered_json kj = {{"key", k.key}, {"type", std::string(EntryKindName(k.kind))}};
+    if (k.kind == EntryKind::kTensor || k.kind == EntryKind::kScalar) kj["dtype"] = k.dtype;
+    if (k.kind == EntryKind::kTensor) {
+      kj["shape"] = k.shape;
+      kj["layout"] = k.layout;
+    }
+    if (k.kind == EntryKind::kTensor || k.kind == EntryKind::kBytes) {
+      kj["chunks"] = k.num_chunks;
+      kj["bytes"] = k.bytes;
+      kj["stored_bytes"] = k.stored_bytes;
+    }
+    if (k.kind == EntryKind::kScalar || k.kind == EntryKind::kJson)
+      kj["value"] = ordered_json::parse(k.value, nullptr, false);
+    if (k.stats) {
+      const bool f = k.stats->finite_count > 0;
+      kj["stats"] = {{"min", f ? num(k.stats->min) : nullptr},
+                     {"max", f ? num(k.stats->max) : nullptr},
+                     {"mean", f ? num(k.stats->mean) : nullptr},
+                     {"std", f ? num(k.stats->std) : nullptr},
+                     {"nan_count", k.stats->nan_count},
+                     {"inf_count", k.stats->inf_count},
+                     {"finite_count", k.stats->finite_count},
+                     {"source", k.stats->recomputed ? "computed" : "recorded"}};
+    }
+    j["keys"].push_back(std::move(kj));
+  }
+  j["problems"] = r.problems;
+  return j.dump(2) + "\n";
+}
+
+}  // namespace ckpt::ops

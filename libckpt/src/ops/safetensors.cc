@@ -1,0 +1,304 @@
+// ops/safetensors.cc: see ckpt/ops/safetensors.h. nlohmann::json stays in this file.
+#include "ckpt/ops/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "ckpt/error.h"
+#include "layout/box.h"
+#include "ops/util.h"
+
+namespace ckpt::ops {
+namespace {
+
+using detail::FormatShape;
+using nlohmann::json;
+
+struct NameMap {
+  const char* st;
+  DType dtype;
+};
+constexpr NameMap kNames[] = {
+    {"F64", DType::kFloat64},       {"F32", DType::kFloat32},         {"F16", DType::kFloat16},
+    {"BF16", DType::kBFloat16},     {"F8_E4M3", DType::kFloat8E4M3FN}, {"F8_E5M2", DType::kFloat8E5M2},
+    {"I8", DType::kInt8},           {"I16", DType::kInt16},           {"I32", DType::kInt32},
+    {"I64", DType::kInt64},         {"U8", DType::kUInt8},            {"BOOL", DType::kBool},
+};
+
+[[noreturn]] void Corrupt(const std::filesystem::path& path, const std::string& msg) {
+  throw Error(ErrorCode::kCorrupt, path.string() + ": " + msg);
+}
+
+// Parses JSON and rejects duplicate keys in any object (nlohmann keeps the last one).
+json ParseStrict(const std::string& text, const std::filesystem::path& path) {
+  std::vector<std::set<std::string>> seen;
+  std::string dup;
+  json::parser_callback_t cb = [&](int /*depth*/, json::parse_event_t event, json& parsed) {
+    if (event == json::parse_event_t::object_start) {
+      seen.emplace_back();
+    } else if (event == json::parse_event_t::object_end) {
+      seen.pop_back();
+    } else if (event == json::parse_event_t::key) {
+      const auto& k = parsed.get_ref<const std::string&>();
+      if (!seen.back().insert(k).second && dup.empty()) dup = k;
+    }
+    return true;
+  };
+  json j;
+  try {
+    j = json::parse(text, cb);
+  } catch (const json::exception& e) {
+    Corrupt(path, std::string("header is not valid JSON: ") + e.what());
+  }
+  if (!dup.empty()) Corrupt(path, "header has duplicate key '" + dup + "'");
+  return j;
+}
+
+}  // namespace
+
+std::optional<DType> DTypeFromSafetensors(std::string_view name) {
+  for (const auto& n : kNames)
+    if (name == n.st) return n.dtype;
+  return std::nullopt;
+}
+
+std::string_view SafetensorsDTypeName(DType dtype) {
+  for (const auto& n : kNames)
+    if (n.dtype == dtype) return n.st;
+  return "?";
+}
+
+SafetensorsReader::~SafetensorsReader() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+std::unique_ptr<SafetensorsReader> SafetensorsReader::Open(const std::filesystem::path& path) {
+  std::unique_ptr<SafetensorsReader> r(new SafetensorsReader());
+  r->path_ = path;
+  r->fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (r->fd_ < 0)
+    throw Error(errno == ENOENT ? ErrorCode::kNotFound : ErrorCode::kIO,
+                path.string() + ": cannot open: " + std::strerror(errno));
+  struct stat st;
+  if (::fstat(r->fd_, &st) != 0 || !S_ISREG(st.st_mode))
+    throw Error(ErrorCode::kIO, path.string() + ": not a regular file");
+  r->file_size_ = static_cast<uint64_t>(st.st_size);
+  if (r->file_size_ < 8)
+    Corrupt(path, "file is " + std::to_string(r->file_size_) +
+                      " bytes, too short for the 8-byte header length");
+  uint8_t len_bytes[8];
+  detail::PreadAll(r->fd_, len_bytes, 8, 0, path);
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | len_bytes[i];
+  if (n > kSafetensorsMaxHeaderBytes)
+    Corrupt(path, "header length " + std::to_string(n) + " exceeds the limit of " +
+                      std::to_string(kSafetensorsMaxHeaderBytes) + " bytes");
+  if (n > r->file_size_ - 8)
+    Corrupt(path, "header length " + std::to_string(n) + " runs past the end of the file (" +
+                      std::to_string(r->file_size_) + " bytes)");
+  std::string text(n, '\0');
+  detail::PreadAll(r->fd_, text.data(), n, 8, path);
+  r->data_start_ = 8 + n;
+  const uint64_t buffer_len = r->file_size_ - r->data_start_;
+
+  const json header = ParseStrict(text, path);
+  if (!header.is_object()) Corrupt(path, "header is not a JSON object");
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    const std::string& name = it.key();
+    const json& v = it.value();
+    if (name == "__metadata__") {
+      if (!v.is_object()) Corrupt(path, "__metadata__ is not an object");
+      for (auto m = v.begin(); m != v.end(); ++m) {
+        if (!m.value().is_string())
+          Corrupt(path, "__metadata__ value '" + m.key() + "' is not a string");
+        r->metadata_.emplace_back(m.key(), m.value().get<std::string>());
+      }
+      continue;
+    }
+    const std::string where = "tensor '" + name + "'";
+    if (name.empty()) Corrupt(path, "a tensor has an empty name");
+    if (!v.is_object()) Corrupt(path, where + ": entry is not an object");
+    for (auto f = v.begin(); f != v.end(); ++f)
+      if (f.key() != "dtype" && f.key() != "shape" && f.key() != "data_offsets")
+        Corrupt(path, where + ": unknown field '" + f.key() + "'");
+    if (!v.contains("dtype") || !v["dtype"].is_string())
+      Corrupt(path, where + ": missing or non-string dtype");
+    if (!v.contains("shape") || !v["shape"].is_array())
+      Corrupt(path, where + ": missing or non-array shape");
+    if (!v.contains("data_offsets") || !v["data_offsets"].is_array() ||
+        v["data_offsets"].size() != 2 || !v["data_offsets"][0].is_number_unsigned() ||
+        !v["data_offsets"][1].is_number_unsigned())
+      Corrupt(path, where + ": data_offsets must be two non-negative integers");
+    SafetensorsTensor t;
+    t.name = name;
+    const std::string dt = v["dtype"].get<std::string>();
+    auto dtype = DTypeFromSafetensors(dt);
+    if (!dtype)
+      throw Error(ErrorCode::kUnsupported,
+                  path.string() + ": " + where + ": unknown or unsupported dtype '" + dt + "'");
+    t.dtype = *dtype;
+    if (v["shape"].size() > static_cast<std::size_t>(kSafetensorsMaxRank))
+      Corrupt(path, where + ": shape has " + std::to_string(v["shape"].size()) +
+                        " dimensions, more than the limit of " + std::to_string(kSafetensorsMaxRank));
+    for (const auto& d : v["shape"]) {
+      if (!d.is_number_unsigned() || d.get<uint64_t>() > uint64_t{1} << 62)
+        Corrupt(path, where + ": shape must hold non-negative integers, found " + v["shape"].dump());
+      t.shape.push_back(d.get<int64_t>());
+    }
+    t.begin = v["data_offsets"][0].get<uint64_t>();
+    t.end = v["data_offsets"][1].get<uint64_t>();
+    const uint64_t expect =
+        detail::TensorBytes(t.shape, DTypeSize(t.dtype), path.string() + ": " + where);
+    if (t.end < t.begin)
+      Corrupt(path, where + ": data_offsets [" + std::to_string(t.begin) + ", " +
+                        std::to_string(t.end) + "] end before they begin");
+    if (t.end > buffer_len)
+      Corrupt(path, where + ": data_offsets [" + std::to_string(t.begin) + ", " +
+                        std::to_string(t.end) + "] run past the data buffer (" +
+                        std::to_string(buffer_len) + " bytes)");
+    if (t.end - t.begin != expect)
+      Corrupt(path, where + ": shape " + FormatShape(t.shape) + " x " +
+                        std::to_string(DTypeSize(t.dtype)) + " bytes = " + std::to_string(expect) +
+                        " bytes, but data_offsets span " + std::to_string(t.end - t.begin));
+    r->tensors_.push_back(std::move(t));
+  }
+  std::stable_sort(r->tensors_.begin(), r->tensors_.end(),
+                   [](const auto& a, const auto& b) {
+                     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+                   });
+  // The tensors must cover the buffer exactly, back to back (as upstream requires).
+  uint64_t pos = 0;
+  const SafetensorsTensor* prev = nullptr;
+  for (const auto& t : r->tensors_) {
+    if (t.begin < pos)
+      Corrupt(path, "tensor '" + t.name + "' data_offsets [" + std::to_string(t.begin) + ", " +
+                        std::to_string(t.end) + "] overlap tensor '" + prev->name + "'");
+    if (t.begin > pos)
+      Corrupt(path, "tensor '" + t.name + "' starts at byte " + std::to_string(t.begin) +
+                        " of the data buffer, leaving a gap after byte " + std::to_string(pos));
+    pos = t.end;
+    prev = &t;
+  }
+  if (pos != buffer_len)
+    Corrupt(path, "tensors cover " + std::to_string(pos) + " bytes of the data buffer, which has " +
+                      std::to_string(buffer_len));
+  return r;
+}
+
+const SafetensorsTensor* SafetensorsReader::Find(std::string_view name) const {
+  for (const auto& t : tensors_)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+void SafetensorsReader::ReadRange(const SafetensorsTensor& t, uint64_t offset, uint64_t length,
+                                  void* out) const {
+  if (offset > t.end - t.begin || length > t.end - t.begin - offset)
+    throw Error(ErrorCode::kInvalidArgument, path_.string() + ": tensor '" + t.name +
+                                                 "': read outside its bytes");
+  detail::PreadAll(fd_, out, length, data_start_ + t.begin + offset, path_);
+}
+
+void SafetensorsReader::ReadRegion(const SafetensorsTensor& t, const Box& box, void* out) const {
+  auto* dst = static_cast<uint8_t*>(out);
+  const std::size_t item = DTypeSize(t.dtype);
+  if (box.sizes.empty()) {
+    ReadRange(t, 0, item, dst);
+    return;
+  }
+  layout::ForEachRun(Box::Full(t.shape), box, box, [&](const layout::Run& run) {
+    ReadRange(t, static_cast<uint64_t>(run.src) * item, static_cast<uint64_t>(run.count) * item,
+              dst + run.dst * item);
+  });
+}
+
+SafetensorsWriter::SafetensorsWriter(const std::filesystem::path& path,
+                                     std::vector<TensorSpec> tensors,
+                                     const std::vector<std::pair<std::string, std::string>>& metadata,
+                                     bool overwrite)
+    : path_(path), overwrite_(overwrite) {
+  std::error_code ec;
+  if (!overwrite && std::filesystem::exists(path, ec))
+    throw Error(ErrorCode::kAlreadyExists, path.string() + ": already exists");
+  json header = json::object();
+  if (!metadata.empty()) {
+    json m = json::object();
+    for (const auto& [k, v] : metadata) m[k] = v;
+    header["__metadata__"] = m;
+  }
+  std::set<std::string> names;
+  uint64_t off = 0;
+  for (const auto& t : tensors) {
+    if (t.name == "__metadata__" || t.name.empty() || !names.insert(t.name).second)
+      throw Error(ErrorCode::kInvalidArgument,
+                  path.string() + ": invalid or duplicate tensor name '" + t.name + "'");
+    const uint64_t n = detail::TensorBytes(t.shape, DTypeSize(t.dtype), t.name);
+    header[t.name] = {{"dtype", SafetensorsDTypeName(t.dtype)},
+                      {"shape", t.shape},
+                      {"data_offsets", {off, off + n}}};
+    off += n;
+  }
+  data_total_ = off;
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // align the buffer to 8 bytes, as upstream
+  tmp_path_ = path;
+  tmp_path_ += ".tmp-" + std::to_string(::getpid());
+  fd_ = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0)
+    throw Error(ErrorCode::kIO, tmp_path_.string() + ": cannot create: " + std::strerror(errno));
+  uint8_t len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(text.size() >> (8 * i));
+  detail::PwriteAll(fd_, len, 8, 0, tmp_path_);
+  detail::PwriteAll(fd_, text.data(), text.size(), 8, tmp_path_);
+  file_pos_ = 8 + text.size();
+}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    std::error_code ec;
+    std::filesystem::remove(tmp_path_, ec);
+  }
+}
+
+void SafetensorsWriter::Append(const void* data, uint64_t bytes) {
+  if (fd_ < 0) throw Error(ErrorCode::kInvalidArgument, path_.string() + ": writer is closed");
+  if (bytes > data_total_ - written_)
+    throw Error(ErrorCode::kInvalidArgument,
+                path_.string() + ": more bytes appended than the header declares");
+  detail::PwriteAll(fd_, data, bytes, file_pos_, tmp_path_);
+  file_pos_ += bytes, written_ += bytes;
+}
+
+void SafetensorsWriter::Commit() {
+  if (fd_ < 0) throw Error(ErrorCode::kInvalidArgument, path_.string() + ": writer is closed");
+  if (written_ != data_total_)
+    throw Error(ErrorCode::kInvalidArgument,
+                path_.string() + ": " + std::to_string(written_) + " data bytes written, header declares " +
+                    std::to_string(data_total_));
+  if (::fsync(fd_) != 0 || ::close(fd_) != 0) {
+    fd_ = -1;
+    throw Error(ErrorCode::kIO, tmp_path_.string() + ": cannot flush: " + std::strerror(errno));
+  }
+  fd_ = -1;
+  std::error_code ec;
+  if (!overwrite_ && std::filesystem::exists(path_, ec)) {
+    std::filesystem::remove(tmp_path_, ec);
+    throw Error(ErrorCode::kAlreadyExists, path_.string() + ": already exists");
+  }
+  std::filesystem::rename(tmp_path_, path_, ec);
+  if (ec) {
+    std::error_code ignored;
+    std::filesystem::remove(tmp_path_, ignored);
+    throw Error(ErrorCode::kIO, path_.string() + ": cannot rename into place: " + ec.message());
+  }
+}
+
+}  // namespace ckpt::ops

@@ -1,0 +1,258 @@
+// ops/source.cc: see ckpt/ops/source.h.
+#include "ckpt/ops/source.h"
+
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "ckpt/checkpoint.h"
+#include "ckpt/error.h"
+#include "ckpt/ops/safetensors.h"
+#include "format/names.h"
+#include "layout/box.h"
+#include "storage/h5.h"
+#include "storage/shard_reader.h"
+#include "ops/util.h"
+
+namespace ckpt::ops {
+namespace {
+
+using nlohmann::json;
+
+class CheckpointSource final : public Source {
+ public:
+  explicit CheckpointSource(const std::filesystem::path& dir) {
+    path_ = dir;
+    metadata_ = ReadMetadata(dir);
+    metadata_.BuildIndex();
+  }
+  SourceKind kind() const override { return SourceKind::kCheckpoint; }
+  void ReadRegion(std::string_view key, const Box& region, void* out) override {
+    Reader().ReadRegion(key, region, out, /*verify=*/true);
+  }
+  std::vector<uint8_t> ReadBytes(std::string_view key) override {
+    return Reader().ReadBytes(key, /*verify=*/true);
+  }
+  uint64_t bytes_read() const override { return reader_ ? reader_->bytes_read() : 0; }
+
+ private:
+  CheckpointReader& Reader() {
+    if (!reader_) reader_ = CheckpointReader::Open(path_);
+    return *reader_;
+  }
+  std::unique_ptr<CheckpointReader> reader_;
+};
+
+class SafetensorsSource final : public Source {
+ public:
+  explicit SafetensorsSource(const std::filesystem::path& file) {
+    path_ = file;
+    reader_ = SafetensorsReader::Open(file);
+    metadata_.state_dict_type = StateDictType::kFull;
+    metadata_.world_size = 1;
+    metadata_.library_version = "safetensors";
+    metadata_.mesh = "null";
+    json user = json::object();
+    for (const auto& [k, v] : reader_->metadata()) user[k] = v;
+    metadata_.user = user.dump();
+    const std::string name = file.filename().string();
+    metadata_.files.push_back(FileMeta{name, 0, reader_->file_size()});
+    for (const auto& t : reader_->tensors()) {
+      EntryMeta e;
+      e.kind = EntryKind::kTensor;
+      e.dtype = t.dtype;
+      e.shape = t.shape;
+      ChunkMeta c;
+      c.box = Box::Full(t.shape);
+      c.file = name;
+      c.dataset = t.name;
+      c.stored_bytes = t.end - t.begin;
+      e.chunks.push_back(std::move(c));
+      metadata_.entries.emplace_back(t.name, std::move(e));
+    }
+    metadata_.BuildIndex();
+  }
+  SourceKind kind() const override { return SourceKind::kSafetensors; }
+  void ReadRegion(std::string_view key, const Box& region, void* out) override {
+    const SafetensorsTensor* t = reader_->Find(key);
+    if (!t)
+      throw Error(ErrorCode::kNotFound, path_.string() + ": no tensor '" + std::string(key) + "'");
+    reader_->ReadRegion(*t, region, out);
+    read_ += static_cast<uint64_t>(region.NumElements()) * DTypeSize(t->dtype);
+  }
+  std::vector<uint8_t> ReadBytes(std::string_view key) override {
+    throw Error(ErrorCode::kNotFound, path_.string() + ": no bytes entry '" + std::string(key) +
+                                          "' (safetensors holds tensors only)");
+  }
+  uint64_t bytes_read() const override { return read_; }
+
+ private:
+  std::unique_ptr<SafetensorsReader> reader_;
+  uint64_t read_ = 0;
+};
+
+// A lone shard: tensors as listed by its ckpt_shard_index attribute (FORMAT.md §5.5).
+class ShardSource final : public Source {
+ public:
+  explicit ShardSource(const std::filesystem::path& file) {
+    path_ = file;
+    reader_ = std::make_unique<storage::ShardReader>(file.parent_path(), file.filename().string());
+    std::string text;
+    {
+      h5::Handle f = h5::File(H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+      if (!f) throw Error(ErrorCode::kCorrupt, file.string() + ": not a readable HDF5 file" + h5::ErrorStack());
+      text = h5::ReadStringAttr(f.get(), names::kShardIndexAttr);
+    }
+    if (text.empty())
+      throw Error(ErrorCode::kCorrupt, file.string() + ": HDF5 file without a " +
+                                           names::kShardIndexAttr + " attribute; not a ckpt shard");
+    ParseIndex(text);
+  }
+  SourceKind kind() const override { return SourceKind::kShard; }
+  void ReadRegion(std::string_view key, const Box& region, void* out) override {
+    const EntryMeta* e = metadata_.Find(key);
+    if (!e || e->kind != EntryKind::kTensor)
+      throw Error(ErrorCode::kNotFound, path_.string() + ": no tensor '" + std::string(key) + "'");
+    int64_t covered = 0;
+    const std::string k(key);
+    for (const auto& c : e->chunks) {
+      auto common = layout::Intersect(c.box, region);
+      if (!common) continue;
+      read_ += reader_->Read(k, e->dtype, c, *common, out, region, nullptr);
+      covered += common->NumElements();
+    }
+    if (covered != region.NumElements())
+      throw Error(ErrorCode::kInvalidArgument,
+                  path_.string() + ": tensor '" + k + "' region " + region.ToString() +
+                      " is not wholly in this shard (it holds part of the tensor; use the "
+                      "checkpoint directory)");
+  }
+  std::vector<uint8_t> ReadBytes(std::string_view key) override {
+    throw Error(ErrorCode::kNotFound, path_.string() + ": bytes entry '" + std::string(key) +
+                                          "' is not listed in a lone shard; use the checkpoint directory");
+  }
+  uint64_t bytes_read() const override { return read_; }
+
+ private:
+  void ParseIndex(const std::string& text) {
+    const std::string where = path_.string() + ": ckpt_shard_index";
+    json j;
+    try {
+      j = json::parse(text);
+      if (!j.is_object() || j.value("format", "") != "ckpt-shard")
+        throw Error(ErrorCode::kCorrupt, where + ": not a ckpt-shard index");
+      if (j.value("format_version", 0) > kFormatVersion)
+        throw Error(ErrorCode::kUnsupported,
+                    where + ": format_version " + std::to_string(j.value("format_version", 0)) +
+                        " is newer than this reader supports (" + std::to_string(kFormatVersion) + ")");
+      const std::string name = path_.filename().string();
+      std::error_code ec;
+      const uint64_t size = std::filesystem::file_size(path_, ec);
+      metadata_.files.push_back(FileMeta{name, 0, ec ? 0 : size});
+      metadata_.library_version = "";
+      metadata_.state_dict_type = StateDictType::kSharded;
+      metadata_.mesh = "null";
+      metadata_.user = "{}";
+      for (const auto& c : j.at("chunks")) {
+        const std::string key = c.at("key").get<std::string>();
+        auto dtype = DTypeFromName(c.at("dtype").get<std::string>());
+        if (!dtype)
+          throw Error(ErrorCode::kUnsupported, where + ": tensor '" + key + "': unknown dtype " +
+                                                   c.at("dtype").dump());
+        ChunkMeta chunk;
+        chunk.box.offsets = c.at("offsets").get<Shape>();
+        chunk.box.sizes = c.at("sizes").get<Shape>();
+        chunk.file = name;
+        chunk.dataset = c.at("dataset").get<std::string>();
+        const Shape shape = c.at("shape").get<Shape>();
+        if (shape.size() > 32 || chunk.box.offsets.size() != shape.size() ||
+            chunk.box.sizes.size() != shape.size())
+          throw Error(ErrorCode::kCorrupt, where + ": tensor '" + key + "': bad rank");
+        detail::TensorBytes(shape, DTypeSize(*dtype), where + ": tensor '" + key + "'");
+        for (std::size_t d = 0; d < shape.size(); ++d)
+          if (chunk.box.offsets[d] < 0 || chunk.box.sizes[d] < 0 ||
+              chunk.box.offsets[d] > shape[d] - chunk.box.sizes[d])
+            throw Error(ErrorCode::kCorrupt, where + ": tensor '" + key + "' chunk " +
+                                                 chunk.box.ToString() + " lies outside shape " +
+                                                 detail::FormatShape(shape));
+        EntryMeta* e = nullptr;
+        for (auto& [k, v] : metadata_.entries)
+          if (k == key) e = &v;
+        if (!e) {
+          metadata_.entries.emplace_back(key, EntryMeta{});
+          e = &metadata_.entries.back().second;
+          e->kind = EntryKind::kTensor;
+          e->dtype = *dtype;
+          e->shape = shape;
+        } else if (e->dtype != *dtype || e->shape != shape) {
+          throw Error(ErrorCode::kCorrupt, where + ": tensor '" + key + "' listed with different dtypes or shapes");
+        }
+        e->chunks.push_back(std::move(chunk));
+      }
+    } catch (const json::exception& e) {
+      throw Error(ErrorCode::kCorrupt, where + ": " + e.what());
+    }
+    metadata_.BuildIndex();
+  }
+
+  std::unique_ptr<storage::ShardReader> reader_;
+  uint64_t read_ = 0;
+};
+
+bool StartsWith(const std::filesystem::path& p, const char* magic, std::size_t n) {
+  std::ifstream in(p, std::ios::binary);
+  std::string head(n, '\0');
+  in.read(head.data(), static_cast<std::streamsize>(n));
+  return in && std::memcmp(head.data(), magic, n) == 0;
+}
+
+}  // namespace
+
+std::string_view SourceKindName(SourceKind kind) {
+  switch (kind) {
+    case SourceKind::kCheckpoint: return "checkpoint";
+    case SourceKind::kShard: return "shard";
+    case SourceKind::kSafetensors: return "safetensors";
+  }
+  return "?";
+}
+
+uint64_t NumElementsOf(const EntryMeta& entry) {
+  uint64_t n = 1;
+  for (int64_t s : entry.shape) n *= static_cast<uint64_t>(s);
+  return n;
+}
+
+bool Source::HoldsWhole(std::string_view key) const {
+  const EntryMeta* e = metadata_.Find(key);
+  if (!e || e->kind != EntryKind::kTensor) return e != nullptr;
+  if (kind() != SourceKind::kShard) return true;
+  uint64_t n = 0;
+  for (const auto& c : e->chunks) n += static_cast<uint64_t>(c.box.NumElements());
+  return n == NumElementsOf(*e);
+}
+
+std::unique_ptr<Source> Source::Open(const std::filesystem::path& path) {
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);
+  if (ec || !std::filesystem::exists(st))
+    throw Error(ErrorCode::kNotFound, path.string() + ": no such file or directory");
+  if (std::filesystem::is_directory(st)) {
+    if (!std::filesystem::exists(path / kMetadataFileName, ec))
+      throw Error(ErrorCode::kNotFound,
+                  path.string() + ": not a checkpoint (no metadata.json; an uncommitted save?)");
+    return std::make_unique<CheckpointSource>(path);
+  }
+  if (path.extension() == ".safetensors") return std::make_unique<SafetensorsSource>(path);
+  if (StartsWith(path, "\x89HDF\r\n\x1a\n", 8)) return std::make_unique<ShardSource>(path);
+  if (path.filename() == kMetadataFileName) return Open(path.parent_path());
+  // A safetensors file under another name: its header starts after 8 bytes with '{'.
+  std::ifstream in(path, std::ios::binary);
+  char head[9] = {};
+  in.read(head, 9);
+  if (in && head[8] == '{') return std::make_unique<SafetensorsSource>(path);
+  throw Error(ErrorCode::kUnsupported,
+              path.string() + ": neither a checkpoint directory, an HDF5 shard nor a safetensors file");
+}
+
+}  // namespace ckpt::ops

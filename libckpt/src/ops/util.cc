@@ -1,0 +1,216 @@
+// ops/util.cc: see util.h.
+#include "ops/util.h"
+
+#include <fcntl.h>
+#include <fnmatch.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+namespace ckpt::ops::detail {
+
+std::vector<Box> SplitBox(const Box& box, std::size_t itemsize, uint64_t max_bytes) {
+  const std::size_t rank = box.sizes.size();
+  uint64_t total = itemsize;
+  for (int64_t s : box.sizes) total *= static_cast<uint64_t>(s);
+  if (rank == 0 || total <= max_bytes || total == 0) return {box};
+  // Find the outermost dim d whose slab (one index along d, all of the dims after it)
+  // fits in max_bytes; cut along d, iterating single indices over the dims before it.
+  std::vector<uint64_t> slab(rank);
+  uint64_t s = itemsize;
+  for (std::size_t d = rank; d-- > 0;) {
+    slab[d] = s;
+    s *= static_cast<uint64_t>(box.sizes[d]);
+  }
+  std::size_t d = 0;
+  while (d + 1 < rank && slab[d] > max_bytes) ++d;
+  const int64_t per = static_cast<int64_t>(std::max<uint64_t>(1, max_bytes / slab[d]));
+  std::vector<Box> out;
+  std::vector<int64_t> idx(d, 0);
+  for (;;) {
+    for (int64_t b = 0; b < box.sizes[d]; b += per) {
+      Box piece = box;
+      for (std::size_t o = 0; o < d; ++o) {
+        piece.offsets[o] = box.offsets[o] + idx[o];
+        piece.sizes[o] = 1;
+      }
+      piece.offsets[d] = box.offsets[d] + b;
+      piece.sizes[d] = std::min(per, box.sizes[d] - b);
+      out.push_back(std::move(piece));
+    }
+    std::size_t o = d;
+    bool done = true;
+    while (o > 0) {
+      --o;
+      if (++idx[o] < box.sizes[o]) {
+        done = false;
+        break;
+      }
+      idx[o] = 0;
+    }
+    if (done) break;
+  }
+  return out;
+}
+
+bool GlobMatch(std::string_view pattern, std::string_view text) {
+  const std::string p(pattern), t(text);
+  return ::fnmatch(p.c_str(), t.c_str(), 0) == 0;
+}
+
+bool MatchesAny(const std::vector<std::string>& patterns, std::string_view text) {
+  for (const auto& p : patterns)
+    if (GlobMatch(p, text)) return true;
+  return false;
+}
+
+std::string FormatBytes(double bytes) {
+  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 5) bytes /= 1024, ++u;
+  char buf[32];
+  if (u == 0)
+    std::snprintf(buf, sizeof buf, "%.0f B", bytes);
+  else
+    std::snprintf(buf, sizeof buf, "%.2f %s", bytes, kUnits[u]);
+  return buf;
+}
+
+std::string FormatShape(const Shape& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+std::string FormatDouble(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
+}
+
+uint64_t TensorBytes(const Shape& shape, std::size_t itemsize, std::string_view what) {
+  uint64_t n = itemsize;
+  for (int64_t s : shape) {
+    if (s < 0)
+      throw Error(ErrorCode::kCorrupt,
+                  std::string(what) + ": negative extent in shape " + FormatShape(shape));
+    if (__builtin_mul_overflow(n, static_cast<uint64_t>(s), &n) || n > (uint64_t{1} << 62))
+      throw Error(ErrorCode::kCorrupt, std::string(what) + ": shape " + FormatShape(shape) +
+                                           " is absurd: its byte size overflows 64 bits");
+  }
+  return n;
+}
+
+Progress::Progress(std::string label, uint64_t total, bool enabled)
+    : label_(std::move(label)), total_(total), active_(enabled && ::isatty(2)) {
+  start_ = last_ = std::chrono::steady_clock::now();
+}
+
+Progress::~Progress() { Done(); }
+
+void Progress::Add(uint64_t bytes) {
+  done_ += bytes;
+  if (active_) Draw(false);
+}
+
+void Progress::Draw(bool force) {
+  const auto now = std::chrono::steady_clock::now();
+  if (!force && now - last_ < std::chrono::milliseconds(200)) return;
+  last_ = now;
+  const double secs = std::chrono::duration<double>(now - start_).count();
+  const double rate = secs > 0 ? static_cast<double>(done_) / secs : 0;
+  std::string eta = "--:--";
+  if (rate > 0 && total_ >= done_) {
+    const auto left = static_cast<long>(static_cast<double>(total_ - done_) / rate);
+    char b[32];
+    std::snprintf(b, sizeof b, "%ld:%02ld", left / 60, left % 60);
+    eta = b;
+  }
+  std::fprintf(stderr, "\r%s %s / %s  %s/s  ETA %s\033[K", label_.c_str(),
+               FormatBytes(static_cast<double>(done_)).c_str(),
+               FormatBytes(static_cast<double>(total_)).c_str(), FormatBytes(rate).c_str(),
+               eta.c_str());
+  std::fflush(stderr);
+}
+
+void Progress::Done() {
+  if (!active_) return;
+  std::fprintf(stderr, "\r\033[K");
+  std::fflush(stderr);
+  active_ = false;
+}
+
+std::string ReadFileText(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    std::error_code ec;
+    const bool exists = std::filesystem::exists(path, ec);
+    throw Error(exists ? ErrorCode::kIO : ErrorCode::kNotFound,
+                path.string() + (exists ? ": cannot read" : ": no such file"));
+  }
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void WriteFileText(const std::filesystem::path& path, std::string_view text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  if (!out) throw Error(ErrorCode::kIO, path.string() + ": cannot write");
+}
+
+Fd::~Fd() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Fd& Fd::operator=(Fd&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = o.fd_;
+    o.fd_ = -1;
+  }
+  return *this;
+}
+
+void PreadAll(int fd, void* out, uint64_t n, uint64_t offset, const std::filesystem::path& path) {
+  auto* p = static_cast<uint8_t*>(out);
+  while (n > 0) {
+    const ssize_t r = ::pread(fd, p, std::min<uint64_t>(n, uint64_t{1} << 30),
+                              static_cast<off_t>(offset));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      throw Error(ErrorCode::kIO, path.string() + ": read failed: " + std::strerror(errno));
+    }
+    if (r == 0)
+      throw Error(ErrorCode::kCorrupt, path.string() + ": unexpected end of file at byte " +
+                                           std::to_string(offset));
+    p += r, n -= static_cast<uint64_t>(r), offset += static_cast<uint64_t>(r);
+  }
+}
+
+void PwriteAll(int fd, const void* data, uint64_t n, uint64_t offset,
+               const std::filesystem::path& path) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  while (n > 0) {
+    const ssize_t r = ::pwrite(fd, p, std::min<uint64_t>(n, uint64_t{1} << 30),
+                               static_cast<off_t>(offset));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      throw Error(ErrorCode::kIO, path.string() + ": write failed: " + std::strerror(errno));
+    }
+    p += r, n -= static_cast<uint64_t>(r), offset += static_cast<uint64_t>(r);
+  }
+}
+
+}  // namespace ckpt::ops::detail

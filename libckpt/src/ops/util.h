@@ -1,0 +1,80 @@
+// ops/util.h (internal): helpers shared by the tools' library: splitting boxes into memory-bounded blocks, glob matching, number
+// formatting, a terminal progress line and small file helpers.
+//
+// Thread-safety: free functions are reentrant; a Progress belongs to one thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ckpt/error.h"
+#include "ckpt/tensor.h"
+
+namespace ckpt::ops::detail {
+
+// Splits `box` into boxes of at most `max_bytes` (at least one element each), cutting
+// along the outermost dimensions first, so each block is a run of whole rows when it can be.
+std::vector<Box> SplitBox(const Box& box, std::size_t itemsize, uint64_t max_bytes);
+
+// fnmatch(3) without FNM_PATHNAME: '*' matches dots too ("optimizer.*").
+bool GlobMatch(std::string_view pattern, std::string_view text);
+bool MatchesAny(const std::vector<std::string>& patterns, std::string_view text);
+
+// "1.50 GiB", "512 B".
+std::string FormatBytes(double bytes);
+// "[768, 2304]", "[]" for a scalar.
+std::string FormatShape(const Shape& shape);
+// Shortest round-trip text of a double ("nan", "inf" spelled out).
+std::string FormatDouble(double v);
+
+// Logical bytes of a tensor; throws kCorrupt naming `what` on overflow or a negative extent.
+uint64_t TensorBytes(const Shape& shape, std::size_t itemsize, std::string_view what);
+
+// A progress line on stderr ("\r  1.20 GiB / 1.50 GiB  850 MiB/s  ETA 0:01"), drawn only
+// when stderr is a terminal and `enabled`; at most five times a second; erased by Done().
+class Progress {
+ public:
+  Progress(std::string label, uint64_t total, bool enabled);
+  ~Progress();
+  void Add(uint64_t bytes);
+  void Done();
+
+ private:
+  void Draw(bool force);
+  std::string label_;
+  uint64_t total_, done_ = 0;
+  bool active_;
+  std::chrono::steady_clock::time_point start_, last_;
+};
+
+// Reads a whole small file; throws kNotFound / kIO naming it.
+std::string ReadFileText(const std::filesystem::path& path);
+// Writes `text` to `path` (plain write, used for reports).
+void WriteFileText(const std::filesystem::path& path, std::string_view text);
+
+// A file descriptor owned by one object.
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd();
+  Fd(Fd&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  Fd& operator=(Fd&& o) noexcept;
+  int get() const { return fd_; }
+  explicit operator bool() const { return fd_ >= 0; }
+
+ private:
+  int fd_ = -1;
+};
+
+// pread of exactly `n` bytes; throws kIO (or kCorrupt on a short read) naming `path`.
+void PreadAll(int fd, void* out, uint64_t n, uint64_t offset, const std::filesystem::path& path);
+void PwriteAll(int fd, const void* data, uint64_t n, uint64_t offset,
+               const std::filesystem::path& path);
+
+}  // namespace ckpt::ops::detail

@@ -1,0 +1,525 @@
+// Save/load round trips over random layouts, world sizes and dtypes; replicas; commit.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <fstream>
+#include <random>
+
+#include "ckpt/ckpt.h"
+#include "test_util.h"
+
+namespace fs = std::filesystem;
+using namespace ckpt;
+using ckpt_test::TempDir;
+
+namespace {
+
+// A global tensor with deterministic bytes, and helpers to cut it into boxes.
+struct Global {
+  std::string key;
+  DType dtype;
+  Shape shape;
+  std::vector<uint8_t> bytes;
+};
+
+std::vector<uint8_t> Extract(const Global& g, const Box& box) {
+  const std::size_t item = DTypeSize(g.dtype);
+  std::vector<uint8_t> out(static_cast<std::size_t>(box.NumElements()) * item);
+  // Element-by-element reference copy (deliberately not the library's run logic).
+  const std::size_t rank = g.shape.size();
+  std::vector<int64_t> idx(rank, 0);
+  for (int64_t n = 0; n < box.NumElements(); ++n) {
+    int64_t rem = n, src = 0, stride = 1;
+    for (std::size_t d = rank; d-- > 0;) {
+      idx[d] = rem % box.sizes[d];
+      rem /= box.sizes[d];
+    }
+    for (std::size_t d = rank; d-- > 0;) {
+      src += (idx[d] + box.offsets[d]) * stride;
+      stride *= g.shape[d];
+    }
+    std::memcpy(out.data() + n * item, g.bytes.data() + src * item, item);
+  }
+  return out;
+}
+
+// Splits `shape` into `parts` boxes: along one dim (uneven), or a 2-D grid.
+std::vector<Box> Split(const Shape& shape, int parts, std::mt19937& rng) {
+  std::vector<Box> boxes;
+  if (shape.empty()) {
+    boxes.push_back(Box{});  // a 0-D tensor: every rank holds it (replicated)
+    return boxes;
+  }
+  auto cut = [&](int64_t extent, int n) {
+    std::vector<int64_t> points{0, extent};
+    for (int i = 1; i < n; ++i) points.push_back(std::uniform_int_distribution<int64_t>(0, extent)(rng));
+    std::sort(points.begin(), points.end());
+    return points;
+  };
+  const bool grid = shape.size() >= 2 && parts >= 4 && parts % 2 == 0 && rng() % 2;
+  if (grid) {
+    const auto a = cut(shape[0], parts / 2), b = cut(shape[1], 2);
+    for (std::size_t i = 0; i + 1 < a.size(); ++i) {
+      for (std::size_t j = 0; j + 1 < b.size(); ++j) {
+        Box box = Box::Full(shape);
+        box.offsets[0] = a[i];
+        box.sizes[0] = a[i + 1] - a[i];
+        box.offsets[1] = b[j];
+        box.sizes[1] = b[j + 1] - b[j];
+        boxes.push_back(box);
+      }
+    }
+    return boxes;
+  }
+  const int dim = static_cast<int>(rng() % shape.size());
+  const auto p = cut(shape[dim], parts);
+  for (std::size_t i = 0; i + 1 < p.size(); ++i) {
+    Box box = Box::Full(shape);
+    box.offsets[dim] = p[i];
+    box.sizes[dim] = p[i + 1] - p[i];
+    boxes.push_back(box);
+  }
+  return boxes;
+}
+
+std::vector<Global> MakeTensors(std::mt19937& rng, int count) {
+  std::vector<Global> out;
+  for (int i = 0; i < count; ++i) {
+    Global g;
+    g.key = "model.layers." + std::to_string(i) + ".w";
+    g.dtype = kAllDTypes[rng() % std::size(kAllDTypes)];
+    const int rank = static_cast<int>(rng() % 5);
+    for (int d = 0; d < rank; ++d) g.shape.push_back(static_cast<int64_t>(rng() % 7));  // includes 0 extents
+    if (rng() % 4 == 0 && rank > 0) g.shape[0] = 37;
+    g.bytes = ckpt_test::RandomBytes(static_cast<std::size_t>(NumElements(g.shape)) * DTypeSize(g.dtype), rng());
+    out.push_back(std::move(g));
+  }
+  return out;
+}
+
+// Assigns each box to a rank (round robin) and builds that rank's state dict.
+struct Layout {
+  std::map<std::string, std::vector<Box>> boxes;  // per key, box i goes to rank i % world
+};
+
+Layout MakeLayout(const std::vector<Global>& ts, int world, std::mt19937& rng) {
+  Layout l;
+  for (const auto& g : ts) l.boxes[g.key] = Split(g.shape, world, rng);
+  return l;
+}
+
+// Save `ts` with `world` ranks in layout `l`.
+void SaveAll(const fs::path& dir, const std::vector<Global>& ts, const Layout& l, int world, SaveOptions opts = {}) {
+  RunThreads(world, [&](Comm& comm) {
+    std::vector<std::vector<uint8_t>> keep;
+    keep.reserve(64);
+    StateDict sd;
+    for (const auto& g : ts) {
+      std::vector<Chunk> chunks;
+      const auto& boxes = l.boxes.at(g.key);
+      for (std::size_t i = 0; i < boxes.size(); ++i) {
+        // 0-D tensors are held by every rank (replicas); others round robin.
+        if (!g.shape.empty() && static_cast<int>(i % world) != comm.rank()) continue;
+        keep.push_back(Extract(g, boxes[i]));
+        chunks.push_back(Chunk{boxes[i], keep.back().data()});
+      }
+      sd.Add(g.key, Tensor::Sharded(g.dtype, g.shape, std::move(chunks)));
+    }
+    sd.Add("step", Scalar::Int(1234));
+    sd.Add("lr", Scalar::Float(3e-4, DType::kFloat32));
+    sd.Add("config", Json{R"({"layers": 3, "name": "tiny"})"});
+    sd.Add("rng.rank" + std::to_string(comm.rank()), Bytes{ckpt_test::RandomBytes(100 + comm.rank(), comm.rank())});
+    Save(dir, sd, comm, opts);
+  });
+}
+
+// Load with `world` ranks in layout `l` and compare every byte.
+void LoadAndCheck(const fs::path& dir, const std::vector<Global>& ts, const Layout& l, int world, int saved_world) {
+  RunThreads(world, [&](Comm& comm) {
+    std::vector<std::vector<uint8_t>> bufs;
+    bufs.reserve(1024);
+    std::vector<std::pair<const Global*, Box>> expect;
+    StateDict sd;
+    for (const auto& g : ts) {
+      std::vector<Chunk> chunks;
+      const auto& boxes = l.boxes.at(g.key);
+      for (std::size_t i = 0; i < boxes.size(); ++i) {
+        if (static_cast<int>(i % world) != comm.rank()) continue;
+        bufs.emplace_back(static_cast<std::size_t>(boxes[i].NumElements()) * DTypeSize(g.dtype), 0xEE);
+        chunks.push_back(Chunk{boxes[i], bufs.back().data()});
+        expect.emplace_back(&g, boxes[i]);
+      }
+      sd.Add(g.key, Tensor::Sharded(g.dtype, g.shape, std::move(chunks)));
+    }
+    sd.Add("step", Scalar{});
+    sd.Add("lr", Scalar{});
+    sd.Add("config", Json{});
+    for (int r = 0; r < saved_world; ++r) sd.Add("rng.rank" + std::to_string(r), Bytes{});
+    Load(dir, sd, comm);
+    for (std::size_t i = 0; i < expect.size(); ++i) {
+      const auto want = Extract(*expect[i].first, expect[i].second);
+      CHECK_MESSAGE(bufs[i] == want, expect[i].first->key, " ", expect[i].second.ToString());
+    }
+    CHECK(std::get<Scalar>(sd.At("step")).AsInt() == 1234);
+    CHECK(std::get<Scalar>(sd.At("lr")).AsDouble() == doctest::Approx(3e-4));
+    CHECK(std::get<Json>(sd.At("config")).text.find("tiny") != std::string::npos);
+    CHECK(std::get<Bytes>(sd.At("rng.rank0")).data == ckpt_test::RandomBytes(100, 0));
+  });
+}
+
+}  // namespace
+
+TEST_CASE("round trip: saved by W ranks, loaded by M ranks in another layout, bit-identical") {
+  std::mt19937 rng(42);
+  for (int w : {1, 2, 3, 4, 8}) {
+    for (int m : {1, 2, 3, 5}) {
+      CAPTURE(w);
+      CAPTURE(m);
+      TempDir tmp("rt");
+      const auto ts = MakeTensors(rng, 14);
+      const Layout saved = MakeLayout(ts, w, rng);
+      const Layout loaded = MakeLayout(ts, m, rng);
+      SaveAll(tmp / "ck", ts, saved, w);
+      LoadAndCheck(tmp / "ck", ts, loaded, m, w);
+      // The metadata records what was saved.
+      const Metadata md = ReadMetadata(tmp / "ck");
+      CHECK(md.world_size == w);
+      CHECK(md.state_dict_type == StateDictType::kSharded);
+      for (const auto& g : ts) {
+        const EntryMeta* e = md.Find(g.key);
+        REQUIRE(e);
+        CHECK(e->shape == g.shape);
+        CHECK(e->dtype == g.dtype);
+        CHECK(CheckTiling(g.key, *e).empty());
+      }
+    }
+  }
+}
+
+TEST_CASE("every dtype round-trips as a full tensor, with statistics for floating dtypes") {
+  TempDir tmp("dt");
+  std::vector<std::vector<uint8_t>> data;
+  StateDict sd;
+  for (DType dt : kAllDTypes) {
+    data.push_back(ckpt_test::RandomBytes(6 * 5 * DTypeSize(dt), static_cast<uint64_t>(dt)));
+    sd.Add(std::string("t.") + std::string(DTypeName(dt)), Tensor::Full(dt, {6, 5}, data.back().data()));
+  }
+  SingleComm comm;
+  Save(tmp / "ck", sd, comm);
+  const Metadata md = ReadMetadata(tmp / "ck");
+  auto reader = CheckpointReader::Open(tmp / "ck");
+  std::size_t i = 0;
+  for (DType dt : kAllDTypes) {
+    const std::string key = std::string("t.") + std::string(DTypeName(dt));
+    std::vector<uint8_t> back(data[i].size());
+    reader->ReadRegion(key, Box::Full({6, 5}), back.data());
+    CHECK(back == data[i]);
+    const EntryMeta* e = md.Find(key);
+    REQUIRE(e);
+    CHECK(e->chunks[0].stats.has_value() == IsFloating(dt));
+    ++i;
+  }
+}
+
+TEST_CASE("statistics are exact for float32 with NaN and Inf") {
+  TempDir tmp("st");
+  std::vector<float> v(10000);
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i % 100) - 50.0f;
+  v[17] = std::numeric_limits<float>::quiet_NaN();
+  v[9000] = std::numeric_limits<float>::infinity();
+  double sum = 0, sumsq = 0;
+  int64_t finite = 0;
+  for (float x : v) {
+    if (std::isfinite(x)) {
+      sum += x;
+      sumsq += double(x) * x;
+      ++finite;
+    }
+  }
+  StateDict sd;
+  sd.Add("w", Tensor::Full(DType::kFloat32, {10000}, v.data()));
+  SingleComm comm;
+  Save(tmp / "ck", sd, comm);
+  const auto s = *ReadMetadata(tmp / "ck").Find("w")->chunks[0].stats;
+  CHECK(s.nan_count == 1);
+  CHECK(s.inf_count == 1);
+  CHECK(s.finite_count == finite);
+  CHECK(s.min == -50.0);
+  CHECK(s.max == 49.0);
+  CHECK(s.mean == doctest::Approx(sum / finite));
+  CHECK(s.l2 == doctest::Approx(std::sqrt(sumsq)));
+}
+
+TEST_CASE("a replicated tensor is stored once, by one rank, after its copies are compared") {
+  TempDir tmp("rep");
+  std::vector<float> w(1000, 1.5f);
+  RunThreads(4, [&](Comm& comm) {
+    std::vector<float> mine = w;  // each rank its own copy
+    StateDict sd;
+    sd.Add("model.w", Tensor::Full(DType::kFloat32, {10, 100}, mine.data()));
+    Save(tmp / "ck", sd, comm);
+  });
+  const Metadata md = ReadMetadata(tmp / "ck");
+  REQUIRE(md.Find("model.w")->chunks.size() == 1);
+  CHECK(md.files.size() == 1);
+  // Count datasets in all shard files: exactly one for the tensor.
+  int shards = 0;
+  for (const auto& f : fs::directory_iterator(tmp / "ck")) shards += f.path().extension() == ".h5";
+  CHECK(shards == 1);
+
+  SUBCASE("replicas that differ are an error naming the key and ranks") {
+    CHECK_THROWS_WITH_AS(RunThreads(3,
+                                    [&](Comm& comm) {
+                                      std::vector<float> mine = w;
+                                      if (comm.rank() == 2) mine[5] = 7.0f;
+                                      StateDict sd;
+                                      sd.Add("model.w", Tensor::Full(DType::kFloat32, {10, 100}, mine.data()));
+                                      Save(tmp / "ck2", sd, comm);
+                                    }),
+                         doctest::Contains("model.w"), Error);
+    CHECK_FALSE(fs::exists(tmp / "ck2"));
+  }
+}
+
+TEST_CASE("replicated regions are spread over ranks to balance bytes") {
+  TempDir tmp("bal");
+  std::vector<std::vector<float>> ws(8, std::vector<float>(256, 2.0f));
+  RunThreads(4, [&](Comm& comm) {
+    StateDict sd;
+    for (int i = 0; i < 8; ++i) sd.Add("w" + std::to_string(i), Tensor::Full(DType::kFloat32, {256}, ws[i].data()));
+    Save(tmp / "ck", sd, comm);
+  });
+  CHECK(ReadMetadata(tmp / "ck").files.size() == 4);
+}
+
+TEST_CASE("overlapping claims and disagreeing ranks are rejected before anything is written") {
+  TempDir tmp("ov");
+  std::vector<float> buf(100, 1.0f);
+  CHECK_THROWS_WITH_AS(RunThreads(2,
+                                  [&](Comm& comm) {
+                                    StateDict sd;
+                                    // rank 0 rows [0,6), rank 1 rows [4,10): overlap
+                                    const int64_t begin = comm.rank() == 0 ? 0 : 4;
+                                    sd.Add("w", Tensor::Slice(DType::kFloat32, {10, 10}, 0, begin, 6, buf.data()));
+                                    Save(tmp / "ck", sd, comm);
+                                  }),
+                       doctest::Contains("overlap"), Error);
+  CHECK_THROWS_WITH_AS(RunThreads(2,
+                                  [&](Comm& comm) {
+                                    StateDict sd;
+                                    const DType dt = comm.rank() == 0 ? DType::kFloat32 : DType::kInt32;
+                                    sd.Add("w", Tensor::Slice(dt, {10, 10}, 0, comm.rank() * 5, 5, buf.data()));
+                                    Save(tmp / "ck", sd, comm);
+                                  }),
+                       doctest::Contains("int32"), Error);
+  CHECK_THROWS_WITH_AS(RunThreads(2,
+                                  [&](Comm& comm) {
+                                    StateDict sd;  // rows [0,3) and [5,10): a gap
+                                    const int64_t begin = comm.rank() == 0 ? 0 : 5;
+                                    const int64_t count = comm.rank() == 0 ? 3 : 5;
+                                    sd.Add("w", Tensor::Slice(DType::kFloat32, {10, 10}, 0, begin, count, buf.data()));
+                                    Save(tmp / "ck", sd, comm);
+                                  }),
+                       doctest::Contains("gap"), Error);
+  CHECK_FALSE(fs::exists(tmp / "ck"));
+  for (const auto& f : fs::directory_iterator(tmp.path())) FAIL("left behind: " << f.path());
+}
+
+TEST_CASE("a rank failing mid-save: no commit, every rank throws, the previous checkpoint is intact") {
+  TempDir tmp("fail");
+  std::vector<float> v1(64, 1.0f), v2(64, 2.0f);
+  RunThreads(3, [&](Comm& comm) {
+    StateDict sd;
+    sd.Add("w", Tensor::Full(DType::kFloat32, {64}, v1.data()));
+    Save(tmp / "ck", sd, comm);
+  });
+  const std::string before = ReadMetadata(tmp / "ck").entries[0].second.chunks[0].checksum;
+  std::atomic<int> threw{0};
+  CHECK_THROWS_WITH_AS(RunThreads(3,
+                                  [&](Comm& comm) {
+                                    StateDict sd;
+                                    sd.Add("w", Tensor::Slice(DType::kFloat32, {64}, 0, comm.rank() * 20,
+                                                              comm.rank() == 2 ? 24 : 20, v2.data()));
+                                    SaveOptions o;
+                                    o.overwrite = true;
+                                    o.before_commit = [](int rank) {
+                                      if (rank == 1) throw std::runtime_error("disk full (injected)");
+                                    };
+                                    try {
+                                      Save(tmp / "ck", sd, comm, o);
+                                    } catch (const Error&) {
+                                      ++threw;
+                                      throw;
+                                    }
+                                  }),
+                       doctest::Contains("injected"), Error);
+  CHECK(threw == 3);
+  CHECK(ReadMetadata(tmp / "ck").entries[0].second.chunks[0].checksum == before);
+  std::vector<float> back(64);
+  CheckpointReader::Open(tmp / "ck")->ReadRegion("w", Box::Full({64}), back.data());
+  CHECK(back == v1);
+  int entries = 0;
+  for (const auto& f : fs::directory_iterator(tmp.path())) {
+    (void)f;
+    ++entries;
+  }
+  CHECK(entries == 1);  // no staging directory left behind
+}
+
+TEST_CASE("saving over a checkpoint needs overwrite, which swaps atomically") {
+  TempDir tmp("ow");
+  std::vector<int32_t> a(8, 1), b(8, 2);
+  SingleComm comm;
+  StateDict sa, sb;
+  sa.Add("x", Tensor::Full(DType::kInt32, {8}, a.data()));
+  sb.Add("x", Tensor::Full(DType::kInt32, {8}, b.data()));
+  Save(tmp / "ck", sa, comm);
+  CHECK_THROWS_AS(Save(tmp / "ck", sb, comm), Error);
+  SaveOptions o;
+  o.overwrite = true;
+  Save(tmp / "ck", sb, comm, o);
+  std::vector<int32_t> back(8);
+  CheckpointReader::Open(tmp / "ck")->ReadRegion("x", Box::Full({8}), back.data());
+  CHECK(back == b);
+  // A directory that is not a checkpoint is never replaced.
+  fs::create_directories(tmp / "other");
+  std::ofstream(tmp / "other" / "keep.txt") << "precious";
+  CHECK_THROWS_WITH_AS(Save(tmp / "other", sb, comm, o), doctest::Contains("neither empty nor a checkpoint"), Error);
+  CHECK(fs::exists(tmp / "other" / "keep.txt"));
+}
+
+TEST_CASE("load reports missing, unexpected and mismatched keys together; non-strict loads the rest") {
+  TempDir tmp("keys");
+  std::vector<float> a(4, 1.0f), b(4, 2.0f);
+  SingleComm comm;
+  StateDict sd;
+  sd.Add("a", Tensor::Full(DType::kFloat32, {4}, a.data()));
+  sd.Add("b", Tensor::Full(DType::kFloat32, {4}, b.data()));
+  sd.Add("old", Scalar::Int(1));
+  Save(tmp / "ck", sd, comm);
+
+  std::vector<float> ra(4, 0.0f), rb(2, 0.0f), rc(4, 0.0f);
+  StateDict target;
+  target.Add("a", Tensor::Full(DType::kFloat32, {4}, ra.data()));
+  target.Add("b", Tensor::Full(DType::kFloat32, {2}, rb.data()));
+  target.Add("c", Tensor::Full(DType::kFloat32, {4}, rc.data()));
+  try {
+    Load(tmp / "ck", target, comm);
+    FAIL("expected a mismatch");
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    CHECK(e.code() == ErrorCode::kMismatch);
+    CHECK(m.find("missing keys (1)") != std::string::npos);
+    CHECK(m.find("c") != std::string::npos);
+    CHECK(m.find("unexpected keys (1)") != std::string::npos);
+    CHECK(m.find("shape [0:4] in the checkpoint, [0:2] in the target") != std::string::npos);
+  }
+  CHECK(ra == std::vector<float>(4, 0.0f));  // strict: nothing read
+  LoadOptions lo;
+  lo.strict = false;
+  const LoadReport r = Load(tmp / "ck", target, comm, lo);
+  CHECK(r.missing_keys == std::vector<std::string>{"c"});
+  CHECK(r.unexpected_keys == std::vector<std::string>{"old"});
+  CHECK(r.mismatched.size() == 1);
+  CHECK(ra == a);
+}
+
+TEST_CASE("LOCAL loads only into LOCAL with the identical layout; the error names both types") {
+  TempDir tmp("local");
+  std::vector<float> flat(12, 3.0f);
+  RunThreads(2, [&](Comm& comm) {
+    StateDict sd;
+    sd.Add("flat_param", Tensor::Slice(DType::kFloat32, {24}, 0, comm.rank() * 12, 12, flat.data()));
+    SaveOptions o;
+    o.state_dict_type = StateDictType::kLocal;
+    Save(tmp / "local", sd, comm, o);
+    Save(tmp / "sharded", sd, comm);
+  });
+  RunThreads(2, [&](Comm& comm) {
+    std::vector<float> back(12);
+    StateDict sd;
+    sd.Add("flat_param", Tensor::Slice(DType::kFloat32, {24}, 0, comm.rank() * 12, 12, back.data()));
+    CHECK_THROWS_WITH_AS(Load(tmp / "local", sd, comm), doctest::Contains("saved as LOCAL and cannot be loaded as SHARDED"),
+                         Error);
+    LoadOptions lo;
+    lo.state_dict_type = StateDictType::kLocal;
+    CHECK_THROWS_WITH_AS(Load(tmp / "sharded", sd, comm, lo),
+                         doctest::Contains("saved as SHARDED and cannot be loaded as LOCAL"), Error);
+    Load(tmp / "local", sd, comm, lo);
+    CHECK(back == flat);
+  });
+  RunThreads(3, [&](Comm& comm) {
+    std::vector<float> back(8);
+    StateDict sd;
+    sd.Add("flat_param", Tensor::Slice(DType::kFloat32, {24}, 0, comm.rank() * 8, 8, back.data()));
+    LoadOptions lo;
+    lo.state_dict_type = StateDictType::kLocal;
+    CHECK_THROWS_WITH_AS(Load(tmp / "local", sd, comm, lo), doctest::Contains("LOCAL"), Error);
+  });
+}
+
+TEST_CASE("zstd compression round-trips and stores fewer bytes for compressible data") {
+  TempDir tmp("z");
+  std::vector<float> v(1 << 18);
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i % 7);
+  RunThreads(2, [&](Comm& comm) {
+    StateDict sd;
+    sd.Add("w", Tensor::Slice(DType::kFloat32, {1 << 18}, 0, comm.rank() * (1 << 17), 1 << 17,
+                              v.data() + comm.rank() * (1 << 17)));
+    SaveOptions o;
+    o.compression.codec = Compression::Codec::kZstd;
+    o.compression.level = 3;
+    Save(tmp / "ck", sd, comm, o);
+  });
+  const Metadata md = ReadMetadata(tmp / "ck");
+  for (const auto& c : md.Find("w")->chunks) {
+    CHECK(c.compression.codec == Compression::Codec::kZstd);
+    CHECK(c.stored_bytes < (1u << 17) * 4 / 4);
+  }
+  std::vector<float> back(v.size());
+  CheckpointReader::Open(tmp / "ck")->ReadRegion("w", Box::Full({1 << 18}), back.data());
+  CHECK(back == v);
+  std::vector<float> part(1000);
+  CheckpointReader::Open(tmp / "ck")->ReadRegion("w", Box{{130000}, {1000}}, part.data());
+  CHECK(std::equal(part.begin(), part.end(), v.begin() + 130000));
+}
+
+TEST_CASE("CheckpointWriter streams chunks into several files and commits atomically") {
+  TempDir tmp("w");
+  std::vector<int64_t> v(100);
+  for (int i = 0; i < 100; ++i) v[i] = i * 3;
+  {
+    CheckpointWriter::Options o;
+    o.num_files = 2;
+    auto w = CheckpointWriter::Create(tmp / "ck", o);
+    w->WriteChunk("x", DType::kInt64, {10, 10}, Box{{0, 0}, {5, 10}}, v.data(), 0);
+    w->WriteChunk("x", DType::kInt64, {10, 10}, Box{{5, 0}, {5, 10}}, v.data() + 50, 1);
+    w->WriteScalar("step", Scalar::Int(7));
+    w->WriteJson("cfg", R"({"a": [1, 2]})");
+    const uint8_t blob[3] = {1, 2, 3};
+    w->WriteBytes("blob", blob, 1);
+    CHECK_FALSE(fs::exists(tmp / "ck"));
+    w->Commit();
+  }
+  const Metadata md = ReadMetadata(tmp / "ck");
+  CHECK(md.files.size() == 2);
+  CHECK(md.state_dict_type == StateDictType::kFull);
+  std::vector<int64_t> back(100);
+  auto r = CheckpointReader::Open(tmp / "ck");
+  r->ReadRegion("x", Box::Full({10, 10}), back.data());
+  CHECK(back == v);
+  CHECK(r->ReadBytes("blob") == std::vector<uint8_t>{1, 2, 3});
+
+  // A writer whose chunks leave a gap refuses to commit and leaves nothing behind.
+  {
+    auto w = CheckpointWriter::Create(tmp / "gap", {});
+    w->WriteChunk("x", DType::kInt64, {10, 10}, Box{{0, 0}, {5, 10}}, v.data());
+    CHECK_THROWS_WITH_AS(w->Commit(), doctest::Contains("gap"), Error);
+  }
+  CHECK_FALSE(fs::exists(tmp / "gap"));
+}
