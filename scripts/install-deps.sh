@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs the Debian packages ckpt needs to build and test, if any are missing.
+set -euo pipefail
+packages=(
+  build-essential cmake pkg-config
+  libhdf5-dev hdf5-tools nlohmann-json3-dev libzstd-dev libxxhash-dev doctest-dev libcli11-dev
+  libopenblas-dev libopenmpi-dev openmpi-bin
+  python3-h5py python3-numpy python3-jsonschema
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "install-deps: installing ${missing[*]}" >&2
+  SUDO=""
+  [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
