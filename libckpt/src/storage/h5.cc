@@ -11,9 +11,15 @@ void Init() {
   static std::once_flag once;
   std::call_once(once, [] {
     H5open();
-    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
     RegisterZstdFilter();
   });
+  // The thread-safe HDF5 keeps the error-printing switch per thread: silence every
+  // thread that calls in (errors are captured into messages by ErrorStack()).
+  thread_local bool silenced = false;
+  if (!silenced) {
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+    silenced = true;
+  }
 }
 
 std::string ErrorStack() {
