@@ -156,6 +156,23 @@ void StreamFull(Comm& comm, StateDict& sd, uint64_t max_buffer_bytes, SaveFullRe
   }
 }
 
+// Agrees on the outcome across `comm` and throws on every rank if any rank failed. One
+// message when every failing rank says the same thing, else "rank R: ..." lines.
+void AgreeOrThrow(Comm& comm, const std::string& my_error, ErrorCode code) {
+  if (comm.size() == 1) {
+    if (!my_error.empty()) throw Error(code, my_error);
+    return;
+  }
+  auto all = comm.AllGather(std::span<const uint8_t>(
+      reinterpret_cast<const uint8_t*>(my_error.data()), my_error.size()));
+  std::set<std::string> distinct;
+  for (const auto& b : all)
+    if (!b.empty()) distinct.emplace(b.begin(), b.end());
+  if (distinct.empty()) return;
+  if (distinct.size() == 1) throw Error(code, *distinct.begin());
+  throw Error(code, comm.AgreeOnErrors(my_error));
+}
+
 }  // namespace
 
 std::string_view StrategyName(Strategy s) {
@@ -513,6 +530,11 @@ StateDict Accelerator::CollectState(StateDictType type) {
   return sd;
 }
 
+std::string Accelerator::LayoutName() const {
+  return std::string(StrategyName(options_.strategy)) + ", world " + std::to_string(world_->size()) +
+         " (dp " + std::to_string(dp_size()) + " x tp " + std::to_string(tp_size()) + ")";
+}
+
 std::string Accelerator::LayoutFingerprint() {
   std::string s = MeshJson();
   for (auto& m : models_)
@@ -561,9 +583,15 @@ LoadReport Accelerator::LoadState(const std::filesystem::path& dir, const LoadSt
                                       ? user["ckpt_runtime"].value("layout", std::string("?"))
                                       : std::string("?");
         if (saved != LayoutFingerprint()) {
-          const std::string saved_mesh = md.mesh;
-          error = dir.string() + ": LOCAL checkpoint saved by layout " + saved_mesh +
-                  " cannot load into LOCAL layout " + MeshJson() +
+          std::string was = "another layout";
+          if (user.contains("ckpt_runtime")) {
+            const json& r = user["ckpt_runtime"];
+            was = r.value("strategy", std::string("?")) + ", world " +
+                  std::to_string(r.value("world", 0)) + " (dp " +
+                  std::to_string(r.value("dp", 0)) + " x tp " + std::to_string(r.value("tp", 0)) + ")";
+          }
+          error = dir.string() + ": the LOCAL checkpoint was saved by " + was +
+                  " and cannot be loaded as LOCAL by " + LayoutName() +
                   ": LOCAL state loads only into the identical layout (save SHARDED to change "
                   "strategy or world size)";
         }
@@ -572,8 +600,7 @@ LoadReport Accelerator::LoadState(const std::filesystem::path& dir, const LoadSt
       error = e.what();
     }
   }
-  const std::string agreed = world_->AgreeOnErrors(error);
-  if (!agreed.empty()) throw Error(ErrorCode::kMismatch, agreed);
+  AgreeOrThrow(*world_, error, ErrorCode::kMismatch);
   LoadOptions lo;
   lo.state_dict_type = options.state_dict_type;
   lo.strict = options.strict;
@@ -584,8 +611,7 @@ LoadReport Accelerator::LoadState(const std::filesystem::path& dir, const LoadSt
   } catch (const std::exception& e) {
     error = e.what();
   }
-  const std::string agreed2 = world_->AgreeOnErrors(error);
-  if (!agreed2.empty()) throw Error(ErrorCode::kMismatch, agreed2);
+  AgreeOrThrow(*world_, error, ErrorCode::kMismatch);
   return report;
 }
 
@@ -607,8 +633,7 @@ SaveFullReport Accelerator::SaveFull(const std::filesystem::path& dir, const Sav
       error = e.what();
     }
   }
-  std::string agreed = world_->AgreeOnErrors(error);
-  if (!agreed.empty()) throw Error(ErrorCode::kIO, agreed);
+  AgreeOrThrow(*world_, error, ErrorCode::kIO);
   auto guard = [&](auto&& fn) {
     if (!error.empty()) return;
     try {
@@ -634,8 +659,7 @@ SaveFullReport Accelerator::SaveFull(const std::filesystem::path& dir, const Sav
     if (error.empty()) error = e.what();
   }
   if (world_->rank() == 0) guard([&] { writer->Commit(); });
-  agreed = world_->AgreeOnErrors(error);
-  if (!agreed.empty()) throw Error(ErrorCode::kIO, agreed);
+  AgreeOrThrow(*world_, error, ErrorCode::kIO);
   return report;
 }
 

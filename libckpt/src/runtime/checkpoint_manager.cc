@@ -73,8 +73,7 @@ fs::path CheckpointManager::Save(int64_t step, const SaveStateOptions& options) 
     fs::create_directories(root_, ec);
     if (ec) error = root_.string() + ": " + ec.message();
   }
-  std::string agreed = comm.AgreeOnErrors(error);
-  if (!agreed.empty()) throw Error(ErrorCode::kIO, agreed);
+  if (!comm.AllOk(error.empty())) throw Error(ErrorCode::kIO, "checkpoint manager: cannot create " + root_.string() + (error.empty() ? "" : ": " + error));
   SaveStateOptions so = options;
   so.overwrite = true;  // a re-run of the same step replaces it atomically
   accel_->SaveState(dir, so);
@@ -95,7 +94,7 @@ fs::path CheckpointManager::Save(int64_t step, const SaveStateOptions& options) 
       error = e.what();
     }
   }
-  agreed = comm.AgreeOnErrors(error);
+  const std::string agreed = comm.AgreeOnErrors(error);
   if (!agreed.empty()) throw Error(ErrorCode::kIO, agreed);
   return dir;
 }

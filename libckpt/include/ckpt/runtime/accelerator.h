@@ -169,6 +169,8 @@ class Accelerator {
   bool shards_parameters() const;
   // JSON: {"strategy":..,"world":..,"mesh":{"dp":..,"tp":..}}
   std::string MeshJson() const;
+  // "fsdp, world 4 (dp 4 x tp 1)"
+  std::string LayoutName() const;
 
  private:
   friend class DistributedModel;

@@ -1,0 +1,132 @@
+// Modules, gradients and strategies: the math is right before any checkpoint is taken.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <set>
+
+#include "runtime_helpers.h"
+
+using namespace ckpt::runtime;
+using rt_test::SmallConfig;
+
+TEST_CASE("SplitRange is balanced and tiles the range") {
+  for (int64_t n : {0, 1, 5, 12, 20, 30})
+    for (int parts : {1, 2, 3, 4, 7}) {
+      int64_t next = 0;
+      for (int p = 0; p < parts; ++p) {
+        auto [b, c] = SplitRange(n, parts, p);
+        CHECK(b == next);
+        CHECK(c >= n / parts);
+        CHECK(c <= n / parts + 1);
+        next = b + c;
+      }
+      CHECK(next == n);
+    }
+}
+
+TEST_CASE("backward matches finite differences") {
+  Generator gen(3);
+  ClassifierConfig cfg;
+  cfg.vocab = 10;
+  cfg.context = 3;
+  cfg.dim = 6;
+  cfg.hidden = 8;
+  cfg.layers = 2;
+  cfg.classes = 4;
+  Classifier model(cfg, gen);
+  SyntheticDataset data(64, cfg.vocab, cfg.context, cfg.classes, 5);
+  DataLoader loader(data, 8, 5);
+  Batch b = loader.Next();
+  auto loss_of = [&] { return static_cast<double>(CrossEntropy(model.Call(b.inputs), b.labels, nullptr)); };
+  Mat d;
+  CrossEntropy(model.Call(b.inputs), b.labels, &d);
+  model.ZeroGrad();
+  model.CallBackward(d);
+  int checked = 0;
+  for (auto& [name, p] : model.NamedParameters()) {
+    for (std::size_t j = 0; j < p->data.size(); j += 7) {
+      const float saved = p->data[j];
+      const float h = 1e-2f;
+      p->data[j] = saved + h;
+      const double up = loss_of();
+      p->data[j] = saved - h;
+      const double down = loss_of();
+      p->data[j] = saved;
+      const double numeric = (up - down) / (2.0 * h);
+      INFO(name << "[" << j << "] numeric " << numeric << " analytic " << p->grad[j]);
+      CHECK(std::abs(numeric - p->grad[j]) <= 2e-3 + 2e-2 * std::abs(numeric));
+      ++checked;
+    }
+  }
+  CHECK(checked > 50);
+}
+
+TEST_CASE("data loader: the global batch does not depend on the data-parallel size") {
+  SyntheticDataset data(100, 10, 3, 4, 9);
+  DataLoader one(data, 12, 9);
+  std::multiset<float> whole;
+  for (int step = 0; step < 10; ++step) {  // crosses an epoch boundary (8 batches per epoch)
+    Batch b1 = one.Next();
+    std::multiset<float> split;
+    for (int r = 0; r < 3; ++r) {
+      DataLoader part(data, 12, 9);
+      part.SetDataParallel(r, 3);
+      for (int s = 0; s < step; ++s) part.Next();
+      Batch b = part.Next();
+      CHECK(b.inputs.rows == 4);
+      split.insert(b.inputs.v.begin(), b.inputs.v.end());
+    }
+    CHECK(split == std::multiset<float>(b1.inputs.v.begin(), b1.inputs.v.end()));
+  }
+  CHECK(one.epoch() == 1);
+  CHECK_THROWS_AS(one.SetDataParallel(0, 5), ckpt::Error);
+}
+
+TEST_CASE("every strategy trains the same model as one rank") {
+  struct Case { Strategy s; int world; int tp; };
+  std::vector<float> base_losses;
+  rt_test::FullState base;
+  ckpt::RunThreads(1, [&](ckpt::Comm& c) {
+    Trainer t(c, SmallConfig(Strategy::kDdp));
+    for (int i = 0; i < 4; ++i) base_losses.push_back(t.Step());
+    base = rt_test::Gather(t.accelerator());
+  });
+  for (Case k : {Case{Strategy::kDdp, 2, 0}, Case{Strategy::kFsdp, 4, 0}, Case{Strategy::kTp, 3, 0},
+                 Case{Strategy::kFsdpTp, 4, 2}, Case{Strategy::kFsdpTp, 6, 3}}) {
+    CAPTURE(StrategyName(k.s));
+    CAPTURE(k.world);
+    std::vector<float> losses;
+    rt_test::FullState state;
+    ckpt::RunThreads(k.world, [&](ckpt::Comm& c) {
+      Trainer t(c, SmallConfig(k.s, k.tp));
+      std::vector<float> mine;
+      for (int i = 0; i < 4; ++i) mine.push_back(t.Step());
+      auto full = rt_test::Gather(t.accelerator());
+      if (c.rank() == 0) {
+        losses = mine;
+        state = std::move(full);
+      }
+    });
+    for (int i = 0; i < 4; ++i) CHECK(losses[i] == doctest::Approx(base_losses[i]).epsilon(1e-4));
+    REQUIRE(state.size() == base.size());
+    for (auto& [key, v] : base) {
+      CAPTURE(key);
+      REQUIRE(state.count(key) == 1);
+      // Same global batch, same math: only the summation order of reductions differs.
+      CHECK(rt_test::MaxAbsDiff(v, state[key]) < 1e-4);
+    }
+  }
+}
+
+TEST_CASE("the loss falls") {
+  ckpt::RunThreads(2, [&](ckpt::Comm& c) {
+    Trainer t(c, SmallConfig(Strategy::kFsdp));
+    float first = 0, last = 0;
+    for (int i = 0; i < 60; ++i) {
+      const float l = t.Step();
+      if (i < 5) first += l;
+      if (i >= 55) last += l;
+    }
+    CHECK(last < 0.8f * first);
+  });
+}
