@@ -117,7 +117,9 @@ InspectReport Inspect(const std::filesystem::path& path, const InspectOptions& o
           k.stored_bytes += c.stored_bytes;
           if (c.compression.codec != Compression::Codec::kNone) r.compressed = true;
         }
-        k.layout = DescribeLayout(e, md.world_size);
+        k.layout = src->HoldsWhole(key) ? DescribeLayout(e, md.world_size) : "part:";
+        if (!src->HoldsWhole(key))
+          for (const auto& c : e.chunks) k.layout += " " + c.box.ToString();
         if (options.stats && IsFloating(e.dtype)) {
           k.stats = RecordedStats(e);
           if (!k.stats) stats_bytes += k.bytes;

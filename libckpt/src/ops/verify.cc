@@ -41,7 +41,7 @@ struct Ref {
 // A chunk whose data is read: its checksum recomputed and/or its elements checked.
 struct DataJob {
   std::string key, file;
-  DType dtype;
+  DType dtype = DType::kUInt8;
   ChunkMeta chunk;  // a copy: bytes entries get a 1-D box here
   bool hash = true, finite = false;
   std::string problem_check, problem;  // filled by the worker
@@ -325,7 +325,11 @@ VerifyReport Verify(const fs::path& path, const VerifyOptions& o) {
     for (const auto& chunk : e.chunks) {
       ++r.chunks;
       if (!file_ok[chunk.file]) continue;  // already reported under "files"
-      DataJob job{key, chunk.file, e.dtype, chunk};
+      DataJob job;
+      job.key = key;
+      job.file = chunk.file;
+      job.dtype = e.dtype;
+      job.chunk = chunk;
       if (e.kind == EntryKind::kBytes) {
         job.dtype = DType::kUInt8;
         job.chunk.box = Box{{0}, {static_cast<int64_t>(e.size)}};
