@@ -3,6 +3,9 @@
 // save_state report: sharded state must round-trip into any layout).
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <tuple>
+
 #include "ckpt/checkpoint.h"
 #include "runtime_helpers.h"
 #include "test_util.h"
@@ -106,4 +109,58 @@ TEST_CASE("DDP replicas are written once") {
   CHECK(md.world_size == 3);
   for (const auto& [key, e] : md.entries)
     if (e.kind == ckpt::EntryKind::kTensor) CHECK(e.chunks.size() == 1);
+}
+
+namespace {
+// A module with a buffer: state without a gradient, replicated under every strategy.
+class WithBuffer final : public ckpt::runtime::Module {
+ public:
+  WithBuffer() : Module("WithBuffer") {
+    weight_ = Parameter::Make({6, 2});
+    count_ = Parameter::Make({3});
+    count_.is_buffer = true;
+    count_.grad.clear();
+    for (std::size_t i = 0; i < weight_.data.size(); ++i) weight_.data[i] = static_cast<float>(i);
+  }
+  std::unique_ptr<Module> Clone() const override { return std::make_unique<WithBuffer>(*this); }
+  std::vector<NamedParam> OwnParameters() override { return {{"weight", &weight_}, {"count", &count_}}; }
+  WithBuffer(const WithBuffer&) = default;
+  Parameter weight_, count_;
+
+ protected:
+  Mat Forward(const Mat& x) override { return x; }
+  Mat Backward(const Mat& dy) override { return dy; }
+};
+}  // namespace
+
+TEST_CASE("buffers are replicated, saved once and restored; keys do not depend on the strategy") {
+  ckpt_test::TempDir tmp("buf");
+  ckpt::RunThreads(3, [&](ckpt::Comm& c) {
+    WithBuffer m;
+    Accelerator a(c, {Strategy::kFsdp});
+    a.Prepare(m, "net");
+    CHECK(m.weight_.data.size() == 4);  // 6 rows over 3 ranks
+    CHECK(m.count_.data.size() == 3);   // the buffer stays whole
+    m.count_.data = {1.f, 2.f, 3.f};
+    a.SaveState(tmp / "b");
+    m.count_.data = {0.f, 0.f, 0.f};
+    a.LoadState(tmp / "b");
+    CHECK(m.count_.data == std::vector<float>{1.f, 2.f, 3.f});
+  });
+  const ckpt::Metadata md = ckpt::ReadMetadata(tmp / "b");
+  REQUIRE(md.Find("net.count") != nullptr);
+  CHECK(md.Find("net.count")->chunks.size() == 1);
+  CHECK(md.Find("net.weight")->chunks.size() == 3);
+
+  std::vector<std::vector<std::string>> key_sets;
+  for (auto [s, world, tp] : {std::tuple{Strategy::kDdp, 1, 0}, std::tuple{Strategy::kFsdp, 3, 0},
+                              std::tuple{Strategy::kTp, 2, 0}, std::tuple{Strategy::kFsdpTp, 4, 2}}) {
+    const auto dir = tmp / std::string(StrategyName(s));
+    TrainAndSave(s, world, tp, dir, {});
+    std::vector<std::string> keys;
+    for (const auto& [k, e] : ckpt::ReadMetadata(dir).entries) keys.push_back(k);
+    std::sort(keys.begin(), keys.end());
+    key_sets.push_back(keys);
+  }
+  for (const auto& k : key_sets) CHECK(k == key_sets[0]);
 }
