@@ -1,0 +1,405 @@
+// tests/tools/ops_test.cc: the tools' library (ckpt::ops) without the command line:
+// safetensors parsing of hostile files, block splitting, casts, the schema validator,
+// and merge / reshard / diff / verify round trips over checkpoints saved by libckpt.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "ckpt/ckpt.h"
+#include "ckpt/ops/diff.h"
+#include "ckpt/ops/inspect.h"
+#include "ckpt/ops/merge.h"
+#include "ckpt/ops/safetensors.h"
+#include "ckpt/ops/source.h"
+#include "ckpt/ops/verify.h"
+#include "ops/elements.h"
+#include "ops/json_schema.h"
+#include "ops/util.h"
+#include "test_util.h"
+
+namespace fs = std::filesystem;
+using namespace ckpt;
+using nlohmann::json;
+
+namespace {
+
+// A safetensors file from a header (as JSON text) and a data buffer, written raw.
+void WriteRawSafetensors(const fs::path& p, const std::string& header, std::size_t data_len,
+                         uint64_t claimed_len = 0) {
+  std::ofstream out(p, std::ios::binary);
+  uint64_t n = claimed_len ? claimed_len : header.size();
+  for (int i = 0; i < 8; ++i) out.put(static_cast<char>(n >> (8 * i)));
+  out << header << std::string(data_len, '\x01');
+}
+
+std::string OpenError(const fs::path& p) {
+  try {
+    ops::SafetensorsReader::Open(p);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Saves a 2-rank checkpoint: w [6, 4] float32 split by rows, b [4] replicated, step scalar,
+// rng bytes, config json.
+void SaveSample(const fs::path& dir, float scale = 1.0f) {
+  RunThreads(2, [&](Comm& comm) {
+    std::vector<float> w(12), b(4);
+    for (int i = 0; i < 12; ++i) w[i] = scale * static_cast<float>(comm.rank() * 12 + i) * 0.5f;
+    for (int i = 0; i < 4; ++i) b[i] = static_cast<float>(i) - 1.5f;
+    StateDict sd;
+    sd.Add("model.w", Tensor::Slice(DType::kFloat32, {6, 4}, 0, comm.rank() * 3, 3, w.data()));
+    sd.Add("model.b", Tensor::Full(DType::kFloat32, {4}, b.data()));
+    sd.Add("step", Scalar::Int(42));
+    sd.Add("rng", Bytes{{1, 2, 3, 4, 5}});
+    sd.Add("config", Json{R"({"lr": 0.1})"});
+    Save(dir, sd, comm);
+  });
+}
+
+std::vector<float> ReadAll(ops::Source& s, const std::string& key) {
+  const EntryMeta* e = s.metadata().Find(key);
+  REQUIRE(e);
+  std::vector<float> v(ops::NumElementsOf(*e));
+  s.ReadRegion(key, Box::Full(e->shape), v.data());
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("safetensors: write then read back, bit for bit, with metadata") {
+  ckpt_test::TempDir tmp("st");
+  const fs::path p = tmp / "a.safetensors";
+  std::vector<uint16_t> bf = {0x3f80, 0x7fc0, 0x0001};
+  std::vector<double> f64 = {1.5, -2.25};
+  {
+    ops::SafetensorsWriter w(p, {{"x", DType::kBFloat16, {3}}, {"y", DType::kFloat64, {2, 1}}},
+                             {{"format", "pt"}});
+    w.Append(bf.data(), 2);  // in pieces
+    w.Append(reinterpret_cast<uint8_t*>(bf.data()) + 2, 4);
+    w.Append(f64.data(), 16);
+    CHECK(!fs::exists(p));
+    w.Commit();
+  }
+  auto r = ops::SafetensorsReader::Open(p);
+  REQUIRE(r->tensors().size() == 2);
+  CHECK(r->metadata() == std::vector<std::pair<std::string, std::string>>{{"format", "pt"}});
+  const auto* y = r->Find("y");
+  REQUIRE(y);
+  CHECK(y->shape == Shape{2, 1});
+  double back[2];
+  r->ReadRegion(*y, Box::Full(y->shape), back);
+  CHECK(back[0] == 1.5);
+  CHECK(back[1] == -2.25);
+  uint16_t bb[2];
+  r->ReadRegion(*r->Find("x"), Box{{1}, {2}}, bb);
+  CHECK(bb[0] == 0x7fc0);
+  CHECK(bb[1] == 0x0001);
+  for (DType d : kAllDTypes) CHECK(ops::DTypeFromSafetensors(ops::SafetensorsDTypeName(d)) == d);
+}
+
+TEST_CASE("safetensors: an uncommitted writer leaves nothing, and an incomplete one cannot commit") {
+  ckpt_test::TempDir tmp("st");
+  const fs::path p = tmp / "b.safetensors";
+  {
+    ops::SafetensorsWriter w(p, {{"x", DType::kFloat32, {4}}}, {});
+    float v[2] = {1, 2};
+    w.Append(v, 8);
+    CHECK_THROWS_AS(w.Commit(), Error);
+  }
+  CHECK(!fs::exists(p));
+  CHECK(std::distance(fs::directory_iterator(tmp.path()), fs::directory_iterator()) == 0);
+}
+
+TEST_CASE("safetensors: hostile headers are clear errors") {
+  ckpt_test::TempDir tmp("st");
+  const fs::path p = tmp / "bad.safetensors";
+  auto check = [&](const std::string& header, std::size_t data, const std::string& expect, uint64_t claim = 0) {
+    WriteRawSafetensors(p, header, data, claim);
+    const std::string err = OpenError(p);
+    INFO("header: " << header << " error: " << err);
+    CHECK(err.find(expect) != std::string::npos);
+    CHECK(err.find("bad.safetensors") != std::string::npos);
+  };
+  check(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 8, "runs past the end", 1 << 20);
+  check(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+        12, "overlap");
+  check(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 4, "run past the data buffer");
+  check(R"({"a":{"dtype":"Q4","shape":[2],"data_offsets":[0,8]}})", 8, "unknown or unsupported dtype 'Q4'");
+  check(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8, "data_offsets span 8");
+  check(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+        8, "duplicate key 'a'");
+  check(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8, "gap");
+  check(R"({"a":{"dtype":"F32","shape":[4611686018427387904,4611686018427387904],"data_offsets":[0,8]}})", 8,
+        "overflows");
+  check(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", 8, "end before they begin");
+  check(R"([1,2])", 0, "not a JSON object");
+  check(R"({"a":)", 0, "not valid JSON");
+  // Too short for the length field.
+  {
+    std::ofstream(p, std::ios::binary) << "abc";
+  }
+  CHECK(OpenError(p).find("too short") != std::string::npos);
+}
+
+TEST_CASE("SplitBox: bounded blocks, in row-major order, covering the box exactly") {
+  const Box whole = Box::Full({7, 5, 3});
+  for (uint64_t budget : {4ull, 12ull, 60ull, 100ull, 1000ull, 100000ull}) {
+    const auto blocks = ops::detail::SplitBox(whole, 4, budget);
+    int64_t expect_next = 0, total = 0;
+    for (const Box& b : blocks) {
+      CHECK((static_cast<uint64_t>(b.NumElements()) * 4 <= budget || b.NumElements() == 1));
+      // Each block is a contiguous row-major range starting where the previous ended.
+      const int64_t start = (b.offsets[0] * 5 + b.offsets[1]) * 3 + b.offsets[2];
+      CHECK(start == expect_next);
+      expect_next = start + b.NumElements();
+      total += b.NumElements();
+    }
+    CHECK(total == whole.NumElements());
+  }
+  CHECK(ops::detail::SplitBox(Box{}, 8, 1).size() == 1);  // 0-D
+}
+
+TEST_CASE("RowRange splits as FSDP does") {
+  CHECK(ops::RowRange(10, 4, 0) == std::pair<int64_t, int64_t>{0, 3});
+  CHECK(ops::RowRange(10, 4, 1) == std::pair<int64_t, int64_t>{3, 6});
+  CHECK(ops::RowRange(10, 4, 3) == std::pair<int64_t, int64_t>{8, 10});
+}
+
+TEST_CASE("casts round to nearest even and keep NaN") {
+  const float in[] = {1.0f, 1.00390625f /* 1 + 2^-8: tie -> even (1.0) */, 1.01171875f /* 1+3*2^-8: tie -> up */,
+                      -2.5f, NAN, INFINITY, 65504.0f, 1e6f};
+  uint16_t bf[8];
+  ops::detail::CastElements(DType::kFloat32, in, DType::kBFloat16, bf, 8);
+  CHECK(bf[0] == 0x3f80);
+  CHECK(bf[1] == 0x3f80);
+  CHECK(bf[2] == 0x3f82);
+  CHECK(bf[3] == 0xc020);
+  CHECK((bf[4] & 0x7f80) == 0x7f80);
+  CHECK((bf[4] & 0x7f) != 0);
+  CHECK(bf[5] == 0x7f80);
+  uint16_t h[8];
+  ops::detail::CastElements(DType::kFloat32, in, DType::kFloat16, h, 8);
+  CHECK(h[0] == 0x3c00);
+  CHECK(h[3] == 0xc100);
+  CHECK(h[5] == 0x7c00);
+  CHECK(h[6] == 0x7bff);  // largest half
+  CHECK(h[7] == 0x7c00);  // overflow to inf
+  // Every bf16 value survives bf16 -> f32 -> bf16 and f16 -> f64 -> f16 exactly.
+  for (uint32_t v = 0; v < 65536; ++v) {
+    const auto x = static_cast<uint16_t>(v);
+    for (DType d : {DType::kBFloat16, DType::kFloat16}) {
+      double wide;
+      ops::detail::CastElements(d, &x, DType::kFloat64, &wide, 1);
+      uint16_t back;
+      ops::detail::CastElements(DType::kFloat64, &wide, d, &back, 1);
+      if (std::isnan(wide)) continue;
+      REQUIRE(back == x);
+    }
+  }
+  for (uint32_t v = 0; v < 256; ++v) {
+    const auto x = static_cast<uint8_t>(v);
+    for (DType d : {DType::kFloat8E4M3FN, DType::kFloat8E5M2}) {
+      double wide;
+      ops::detail::CastElements(d, &x, DType::kFloat64, &wide, 1);
+      uint8_t back;
+      ops::detail::CastElements(DType::kFloat64, &wide, d, &back, 1);
+      if (std::isnan(wide)) continue;
+      REQUIRE(back == x);
+    }
+  }
+}
+
+TEST_CASE("schema validator: the rules metadata.schema.json uses") {
+  ops::detail::JsonSchema s(json::parse(R"({
+    "type": "object", "required": ["a"], "additionalProperties": false,
+    "properties": {"a": {"$ref": "#/$defs/n"}, "b": {"type": "string", "pattern": "^x[0-9]+$"},
+                   "c": {"type": "array", "maxItems": 2, "items": {"enum": [1, 2]}},
+                   "d": {"allOf": [{"if": {"properties": {"t": {"const": "k"}}}, "then": {"required": ["v"]}}]}},
+    "$defs": {"n": {"type": "integer", "minimum": 0}}})"));
+  CHECK(s.Validate(json::parse(R"({"a": 3, "b": "x12", "c": [1, 2], "d": {"t": "k", "v": 1}})")).empty());
+  const auto errs = s.Validate(json::parse(R"({"a": -1, "b": "y", "c": [1, 3, 2], "d": {"t": "k"}, "e": 0})"));
+  CHECK(errs.size() == 6);
+  const auto missing = s.Validate(json::parse(R"({})"));
+  REQUIRE(missing.size() == 1);
+  CHECK(missing[0].find("missing required member \"a\"") != std::string::npos);
+  // The embedded schema is the real one and accepts what libckpt writes.
+  ckpt_test::TempDir tmp("sc");
+  SaveSample(tmp / "c");
+  ops::detail::JsonSchema real(json::parse(ops::detail::EmbeddedMetadataSchema()));
+  CHECK(real.Validate(json::parse(ops::detail::ReadFileText(tmp / "c" / "metadata.json"))).empty());
+}
+
+TEST_CASE("merge: FULL, reshard along dims 0 and 1, safetensors; all read back the same") {
+  ckpt_test::TempDir tmp("mg");
+  SaveSample(tmp / "src");
+  auto src = ops::Source::Open(tmp / "src");
+  const auto w = ReadAll(*src, "model.w");
+
+  ops::MergeOptions full;
+  full.max_memory = 64;  // blocks of 8 bytes: many chunks, still exact
+  const auto r = ops::Merge(tmp / "src", tmp / "full", full);
+  CHECK(r.tensors == 2);
+  CHECK(r.other_entries == 3);
+  const Metadata md = ReadMetadata(tmp / "full");
+  CHECK(md.state_dict_type == StateDictType::kFull);
+  CHECK(md.files.size() == 1);
+  CHECK(md.Find("step")->value == "42");
+  CHECK(md.Find("rng")->size == 5);
+  CHECK(ops::Verify(tmp / "full", {}).ok());
+
+  for (int dim : {0, 1}) {
+    ops::MergeOptions re;
+    re.world = 3;
+    re.dim = dim;
+    const fs::path dst = tmp / ("re" + std::to_string(dim));
+    ops::Merge(tmp / "full", dst, re);
+    const Metadata m = ReadMetadata(dst);
+    CHECK(m.world_size == 3);
+    CHECK(m.Find("model.w")->chunks.size() == (dim == 0 ? 3u : 3u));
+    CHECK(ops::DescribeLayout(*m.Find("model.w"), 3) == "sharded dim " + std::to_string(dim) + " / 3");
+    auto back = ops::Source::Open(dst);
+    CHECK(ReadAll(*back, "model.w") == w);
+    CHECK(ops::Diff(tmp / "src", dst, {}).same());
+  }
+
+  ops::MergeOptions st;
+  st.exclude = {"rng"};
+  ops::Merge(tmp / "src", tmp / "m.safetensors", st);
+  auto sts = ops::Source::Open(tmp / "m.safetensors");
+  CHECK(sts->kind() == ops::SourceKind::kSafetensors);
+  CHECK(ReadAll(*sts, "model.w") == w);
+  const auto d = ops::Diff(tmp / "src", tmp / "m.safetensors", {});
+  CHECK(d.same());
+  CHECK(d.notes.size() == 1);  // non-tensor entries not compared
+
+  // An existing destination is kept unless forced.
+  CHECK_THROWS_AS(ops::Merge(tmp / "src", tmp / "full", {}), Error);
+  ops::MergeOptions force;
+  force.force = true;
+  force.keys = {"model.*"};
+  ops::Merge(tmp / "src", tmp / "full", force);
+  CHECK(ReadMetadata(tmp / "full").entries.size() == 2);
+}
+
+TEST_CASE("merge --dtype bfloat16 casts floating tensors only") {
+  ckpt_test::TempDir tmp("cast");
+  SaveSample(tmp / "src");
+  ops::MergeOptions o;
+  o.cast = DType::kBFloat16;
+  ops::Merge(tmp / "src", tmp / "bf", o);
+  auto s = ops::Source::Open(tmp / "bf");
+  const EntryMeta* e = s->metadata().Find("model.w");
+  CHECK(e->dtype == DType::kBFloat16);
+  std::vector<uint16_t> v(24);
+  s->ReadRegion("model.w", Box::Full(e->shape), v.data());
+  CHECK(v[3] == 0x3fc0);  // 1.5
+  CHECK(s->metadata().Find("step")->dtype == DType::kInt64);
+}
+
+TEST_CASE("diff: value drift, tolerance, renames, missing keys") {
+  ckpt_test::TempDir tmp("df");
+  SaveSample(tmp / "a");
+  SaveSample(tmp / "b", 1.0001f);
+  auto d = ops::Diff(tmp / "a", tmp / "b", {});
+  REQUIRE(d.diffs.size() == 1);
+  CHECK(d.diffs[0].what == "values");
+  CHECK(d.diffs[0].key == "model.w");
+  CHECK(d.diffs[0].num_different == 23);  // all but the 0
+  CHECK(d.diffs[0].max_rel == doctest::Approx(1e-4).epsilon(0.01));
+  ops::DiffOptions tol;
+  tol.rtol = 2e-4;
+  CHECK(ops::Diff(tmp / "a", tmp / "b", tol).same());
+  ops::DiffOptions keys;
+  keys.keys_only = true;
+  CHECK(ops::Diff(tmp / "a", tmp / "b", keys).same());
+
+  // Rename model.b -> model.bias, and drop rng.
+  ops::MergeOptions o;
+  o.exclude = {"rng", "model.b"};
+  ops::Merge(tmp / "a", tmp / "c", o);
+  {
+    auto w = CheckpointWriter::Create(tmp / "c2", {});
+    auto src = ops::Source::Open(tmp / "c");
+    for (const auto& [k, e] : src->metadata().entries) {
+      if (e.kind == EntryKind::kTensor) {
+        std::vector<float> v(ops::NumElementsOf(e));
+        src->ReadRegion(k, Box::Full(e.shape), v.data());
+        w->WriteChunk(k, e.dtype, e.shape, Box::Full(e.shape), v.data());
+      } else if (e.kind == EntryKind::kScalar) {
+        w->WriteScalar(k, Scalar::Int(42));
+      } else {
+        w->WriteJson(k, e.value);
+      }
+    }
+    float b[4] = {-1.5f, -0.5f, 0.5f, 1.5f};
+    w->WriteChunk("model.bias", DType::kFloat32, {4}, Box::Full({4}), b);
+    w->Commit();
+  }
+  d = ops::Diff(tmp / "a", tmp / "c2", {});
+  std::map<std::string, std::string> what;
+  for (const auto& x : d.diffs) what[x.key] = x.what + (x.other_key.empty() ? "" : ":" + x.other_key);
+  CHECK(what["model.b"] == "renamed:model.bias");
+  CHECK(what["rng"] == "only_in_a");
+  CHECK(what.size() == 2);
+}
+
+TEST_CASE("diff: NaN differs from NaN unless --nan-equal") {
+  ckpt_test::TempDir tmp("nan");
+  for (const char* name : {"a", "b"}) {
+    auto w = CheckpointWriter::Create(tmp / name, {});
+    float v[3] = {1, NAN, 3};
+    w->WriteChunk("x", DType::kFloat32, {3}, Box::Full({3}), v);
+    w->Commit();
+  }
+  auto d = ops::Diff(tmp / "a", tmp / "b", {});
+  REQUIRE(d.diffs.size() == 1);
+  CHECK(d.diffs[0].num_different == 1);
+  ops::DiffOptions o;
+  o.nan_equal = true;
+  CHECK(ops::Diff(tmp / "a", tmp / "b", o).same());
+  ops::VerifyOptions vo;
+  vo.check_finite = true;
+  const auto v = ops::Verify(tmp / "a", vo);
+  REQUIRE(v.problems.size() == 1);
+  CHECK(v.problems[0].check == "finite");
+  vo.quick = true;  // from the recorded statistics
+  CHECK(ops::Verify(tmp / "a", vo).problems.size() == 1);
+}
+
+TEST_CASE("inspect: layout, totals, statistics recorded and recomputed") {
+  ckpt_test::TempDir tmp("in");
+  SaveSample(tmp / "c");
+  ops::InspectOptions o;
+  o.stats = true;
+  const auto r = ops::Inspect(tmp / "c", o);
+  CHECK(r.total_keys == 5);
+  CHECK(r.tensor_bytes == 24 * 4 + 16);
+  std::map<std::string, ops::KeyInfo> by;
+  for (const auto& k : r.keys) by[k.key] = k;
+  CHECK(by["model.w"].layout == "sharded dim 0 / 2");
+  CHECK(by["model.b"].layout == "replicated");
+  REQUIRE(by["model.w"].stats);
+  CHECK(by["model.w"].stats->max == doctest::Approx(11.5));
+  CHECK(by["model.w"].stats->mean == doctest::Approx(5.75));
+  CHECK(!by["model.w"].stats->recomputed);
+  // The same numbers streamed from a safetensors copy (no recorded statistics).
+  ops::Merge(tmp / "c", tmp / "c.safetensors", {});
+  const auto s = ops::Inspect(tmp / "c.safetensors", o);
+  for (const auto& k : s.keys)
+    if (k.key == "model.w") {
+      REQUIRE(k.stats);
+      CHECK(k.stats->recomputed);
+      CHECK(k.stats->mean == doctest::Approx(5.75));
+      CHECK(k.stats->std == doctest::Approx(by["model.w"].stats->std));
+    }
+  // A missing shard is reported, not fatal.
+  fs::remove(tmp / "c" / r.files[1].name);
+  const auto m = ops::Inspect(tmp / "c", {});
+  CHECK(m.problems.size() == 1);
+  CHECK(m.keys.size() == 5);
+}
