@@ -163,10 +163,12 @@ def check_stats(err, where, dtype, raw, stats):
     for k, w in want.items():
         if stats.get(k) != w:
             err(f"{where}: stats.{k} is {stats.get(k)!r}, expected {w}")
-    if fin.size == 0:
-        for k in ("min", "max", "mean", "l2"):
+    if fin.size == 0:  # FORMAT.md §7.3
+        for k in ("min", "max", "mean"):
             if stats.get(k) is not None:
                 err(f"{where}: stats.{k} is {stats.get(k)!r} with no finite element, expected null")
+        if stats.get("l2") not in (0, None):
+            err(f"{where}: stats.l2 is {stats.get('l2')!r} with no finite element, expected 0 or null")
         return
     exp = {"min": float(fin.min()), "max": float(fin.max()), "mean": float(fin.mean()),
            "l2": float(np.sqrt(np.sum(fin * fin)))}
@@ -515,13 +517,26 @@ class Case:
                 continue
             if idx.get("format") != "ckpt-shard" or idx.get("format_version") != 1:
                 self.err(f"{name}: ckpt_shard_index header {idx.get('format')!r} v{idx.get('format_version')!r}")
-            got = sorted(json.dumps([c.get("key"), c.get("dtype"), c.get("shape"), c.get("offsets"),
-                                     c.get("sizes"), c.get("dataset")]) for c in idx.get("chunks", []))
-            exp = sorted(json.dumps([key, e["dtype"], e["shape"], c["offsets"], c["sizes"], c["dataset"]])
-                         for key, e, c in listed.get(name, {}).values() if c is not None)
+            got, exp = [], []  # FORMAT.md §5.5: tensor chunks and bytes entries
+            for c in idx.get("chunks", []):
+                fields = ("key", "dtype", "size", "dataset") if c.get("dtype") == "bytes" else \
+                         ("key", "dtype", "shape", "offsets", "sizes", "dataset")
+                got.append(json.dumps({f: c.get(f) for f in fields}, sort_keys=True))
+            for key, e, c in listed.get(name, {}).values():
+                if c is None:
+                    b = self.meta["entries"][key]
+                    exp.append(json.dumps({"key": key, "dtype": "bytes", "size": b["size"],
+                                           "dataset": b["dataset"]}, sort_keys=True))
+                else:
+                    exp.append(json.dumps({"key": key, "dtype": e["dtype"], "shape": e["shape"],
+                                           "offsets": c["offsets"], "sizes": c["sizes"],
+                                           "dataset": c["dataset"]}, sort_keys=True))
+            got.sort()
+            exp.sort()
             if got != exp:
+                diff = sorted(set(got) ^ set(exp))[:3]
                 self.err(f"{name}: ckpt_shard_index chunks differ from metadata "
-                         f"(index has {len(got)}, metadata {len(exp)})")
+                         f"(index has {len(got)}, metadata {len(exp)}; differing: {diff})")
         for t in self.man["tensors"]:
             if not t["replicated"]:
                 continue
