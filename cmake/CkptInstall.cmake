@@ -15,5 +15,7 @@ write_basic_package_version_file(${PROJECT_BINARY_DIR}/ckptConfigVersion.cmake
   COMPATIBILITY SameMinorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/ckptConfig.cmake ${PROJECT_BINARY_DIR}/ckptConfigVersion.cmake
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/ckpt)
+# Relocatable: the prefix is found relative to the .pc file itself.
+file(RELATIVE_PATH CKPT_PC_TO_PREFIX /x/${CMAKE_INSTALL_LIBDIR}/pkgconfig /x)
 configure_file(${PROJECT_SOURCE_DIR}/cmake/ckpt.pc.in ${PROJECT_BINARY_DIR}/ckpt.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/ckpt.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
