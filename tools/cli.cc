@@ -98,7 +98,10 @@ int Run(CLI::App& app, const Common& common, int argc, char** argv, const std::f
   } catch (const CLI::ParseError& e) {  // validation inside the body (sizes, dtypes)
     return Fail(common, tool, "usage", e.what(), kExitError);
   } catch (const Error& e) {
-    const bool corrupt = e.code() == ErrorCode::kCorrupt || e.code() == ErrorCode::kMismatch;
+    // Input found bad (corrupt, contradictory, of an unknown dtype or newer version) is a
+    // problem found; anything else (missing files, I/O, usage) an error.
+    const bool corrupt = e.code() == ErrorCode::kCorrupt || e.code() == ErrorCode::kMismatch ||
+                         e.code() == ErrorCode::kUnsupported;
     return Fail(common, tool, std::string(ErrorCodeName(e.code())), e.what(), corrupt ? corrupt_exit : kExitError);
   } catch (const std::exception& e) {
     return Fail(common, tool, "internal", e.what(), kExitError);

@@ -22,7 +22,7 @@ using nlohmann::json;
 
 struct ValueStats {
   double max_abs = 0, max_rel = 0;
-  uint64_t different = 0;
+  uint64_t different = 0, nan = 0;
 };
 
 // Compares one block of n elements.
@@ -35,12 +35,12 @@ void CompareBlock(DType dtype, const uint8_t* a, const uint8_t* b, std::size_t n
     if (!floating || o.nan_equal) return;
     // Equal bytes, but NaN is not equal to NaN unless asked.
     for (std::size_t i = 0; i < n; ++i)
-      if (std::isnan(ElementToDouble(dtype, a + i * item))) ++s.different;
+      if (std::isnan(ElementToDouble(dtype, a + i * item))) ++s.different, ++s.nan;
     return;
   }
   auto one = [&](double x, double y, bool bytes_equal) {
     if (std::isnan(x) || std::isnan(y)) {
-      if (!(std::isnan(x) && std::isnan(y) && o.nan_equal)) ++s.different;
+      if (!(std::isnan(x) && std::isnan(y) && o.nan_equal)) ++s.different, ++s.nan;
       return;
     }
     if (x == y) {
@@ -235,6 +235,7 @@ DiffReport Diff(const fs::path& a_path, const fs::path& b_path, const DiffOption
       d.max_abs = s.max_abs;
       d.max_rel = s.max_rel;
       d.num_different = s.different;
+      d.num_nan = s.nan;
       d.num_elements = NumElementsOf(*ea);
     }
     r.diffs.push_back(std::move(d));
@@ -254,7 +255,8 @@ std::string RenderDiffText(const DiffReport& r) {
     else if (d.what == "renamed") out << "renamed:    " << d.key << " -> " << d.other_key << "  (" << d.a << ", same values)\n";
     else if (d.what == "values" && d.num_elements)
       out << "values:     " << d.key << "  " << d.num_different << " of " << d.num_elements
-          << " elements differ, max abs diff " << detail::FormatDouble(d.max_abs) << ", max rel diff "
+          << " elements differ" << (d.num_nan ? " (" + std::to_string(d.num_nan) + " NaN, equal only with --nan-equal)" : "")
+          << ", max abs diff " << detail::FormatDouble(d.max_abs) << ", max rel diff "
           << detail::FormatDouble(d.max_rel) << "\n";
     else out << d.what << ":" << std::string(d.what.size() < 11 ? 11 - d.what.size() : 1, ' ') << d.key << "  "
              << d.a << " -> " << d.b << "\n";
@@ -292,6 +294,7 @@ std::string RenderDiffJson(const DiffReport& r) {
     if (d.num_elements) {
       x["num_different"] = d.num_different;
       x["num_elements"] = d.num_elements;
+      x["num_nan"] = d.num_nan;
       x["max_abs_diff"] = num(d.max_abs);
       x["max_rel_diff"] = num(d.max_rel);
     }

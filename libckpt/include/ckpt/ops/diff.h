@@ -33,6 +33,7 @@ struct KeyDiff {
   std::string a, b;         // kind / dtype / shape / scalar value on each side, as text
   double max_abs = 0, max_rel = 0;  // values
   uint64_t num_different = 0, num_elements = 0;
+  uint64_t num_nan = 0;  // of num_different: elements where a NaN is involved
 };
 
 struct DiffReport {
