@@ -207,7 +207,7 @@ class DistributedModel::FsdpHook final : public ModuleHook {
     const auto inv = 1.0f / static_cast<float>(dp_->size());
     for (auto& [name, p] : m.OwnParameters()) {
       if (p->is_buffer) continue;
-      if (!shard_) {
+      if (!shard_ || !p->fsdp_sharded) {  // replicated across dp (DDP, or a 0-D tensor)
         if (dp_->size() > 1) {
           AllReduceSum(*dp_, p->grad.data(), p->grad.size());
           ++model_->stats_.all_reduces;
@@ -215,7 +215,6 @@ class DistributedModel::FsdpHook final : public ModuleHook {
         }
         continue;
       }
-      if (!p->fsdp_sharded) continue;
       const auto [maxrows, row] = Rows(*p);
       const int n = dp_->size();
       std::vector<float> send(static_cast<std::size_t>(n * maxrows * row), 0.0f);

@@ -1,9 +1,17 @@
 // storage/digest.cc
 #include "storage/digest.h"
 
+// The XXH3 implementation is compiled into this file (the header's inline mode), so it is
+// optimised with the rest of the hot loop instead of called through the shared library.
+#define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 #include <cstdio>
 #include <cstring>
 #include <limits>
@@ -36,53 +44,144 @@ struct RunningStats {
   }
 };
 
+// Adds one block's partial results, or recounts the block element by element when its
+// sums show a NaN or Inf (rare, so the fast loops need no per-element branch).
 template <typename T>
-void AccumulateNative(const T* p, std::size_t n, RunningStats& s) {
-  // Fast path: per-block sums in kLanes independent accumulators (so the loop vectorises
-  // without reassociating floating-point adds); a block whose sums are not finite holds
-  // a NaN or Inf and is recounted element by element.
-  constexpr std::size_t kLanes = 8;
+void Commit(const T* p, std::size_t n, double sum, double sumsq, double lo, double hi, RunningStats& s) {
+  if (std::isfinite(sum) && std::isfinite(sumsq) && std::isfinite(lo) && std::isfinite(hi)) {
+    s.sum += sum;
+    s.sumsq += sumsq;
+    s.min = std::min(s.min, lo);
+    s.max = std::max(s.max, hi);
+    s.finite += static_cast<int64_t>(n);
+  } else {
+    for (std::size_t i = 0; i < n; ++i) s.Add(static_cast<double>(p[i]));
+  }
+}
+
+// float32 statistics of one block: sums in double, min/max in float.
+void FloatBlock(const float* p, std::size_t n, RunningStats& s) {
+  if (n == 0) return;
+  std::size_t i = 0;
+  double sum = 0, sumsq = 0, lo = p[0], hi = p[0];
+#if defined(__SSE2__)
+  __m128 vmin = _mm_set1_ps(p[0]), vmax = vmin;
+  __m128d s0 = _mm_setzero_pd(), s1 = s0, s2 = s0, s3 = s0, q0 = s0, q1 = s0, q2 = s0, q3 = s0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128 a = _mm_loadu_ps(p + i), b = _mm_loadu_ps(p + i + 4);
+    vmin = _mm_min_ps(vmin, _mm_min_ps(a, b));
+    vmax = _mm_max_ps(vmax, _mm_max_ps(a, b));
+    const __m128d a0 = _mm_cvtps_pd(a), a1 = _mm_cvtps_pd(_mm_movehl_ps(a, a));
+    const __m128d b0 = _mm_cvtps_pd(b), b1 = _mm_cvtps_pd(_mm_movehl_ps(b, b));
+    s0 = _mm_add_pd(s0, a0);
+    s1 = _mm_add_pd(s1, a1);
+    s2 = _mm_add_pd(s2, b0);
+    s3 = _mm_add_pd(s3, b1);
+    q0 = _mm_add_pd(q0, _mm_mul_pd(a0, a0));
+    q1 = _mm_add_pd(q1, _mm_mul_pd(a1, a1));
+    q2 = _mm_add_pd(q2, _mm_mul_pd(b0, b0));
+    q3 = _mm_add_pd(q3, _mm_mul_pd(b1, b1));
+  }
+  alignas(16) double d[2];
+  alignas(16) float f[4];
+  _mm_store_pd(d, _mm_add_pd(_mm_add_pd(s0, s1), _mm_add_pd(s2, s3)));
+  sum = d[0] + d[1];
+  _mm_store_pd(d, _mm_add_pd(_mm_add_pd(q0, q1), _mm_add_pd(q2, q3)));
+  sumsq = d[0] + d[1];
+  _mm_store_ps(f, vmin);
+  lo = std::min({f[0], f[1], f[2], f[3]});
+  _mm_store_ps(f, vmax);
+  hi = std::max({f[0], f[1], f[2], f[3]});
+#endif
+  for (; i < n; ++i) {
+    const double v = p[i];
+    sum += v;
+    sumsq += v * v;
+    lo = std::min(lo, v);
+    hi = std::max(hi, v);
+  }
+  Commit(p, n, sum, sumsq, lo, hi, s);
+}
+
+void DoubleBlock(const double* p, std::size_t n, RunningStats& s) {
+  if (n == 0) return;
+  double sum[4] = {}, sumsq[4] = {}, lo = p[0], hi = p[0];
+  std::size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    for (std::size_t j = 0; j < 4; ++j) {
+      sum[j] += p[i + j];
+      sumsq[j] += p[i + j] * p[i + j];
+      lo = p[i + j] < lo ? p[i + j] : lo;
+      hi = p[i + j] > hi ? p[i + j] : hi;
+    }
+  }
+  for (; i < n; ++i) {
+    sum[0] += p[i];
+    sumsq[0] += p[i] * p[i];
+    lo = std::min(lo, p[i]);
+    hi = std::max(hi, p[i]);
+  }
+  Commit(p, n, sum[0] + sum[1] + sum[2] + sum[3], sumsq[0] + sumsq[1] + sumsq[2] + sumsq[3], lo, hi, s);
+}
+
+// Lookup tables for the 8- and 16-bit float formats: element bits -> float.
+const std::vector<float>& Table(DType dtype) {
+  static const auto make = [](DType dt, std::size_t n) {
+    std::vector<float> t(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const uint16_t bits = static_cast<uint16_t>(i);
+      uint8_t byte = static_cast<uint8_t>(i);
+      t[i] = static_cast<float>(DTypeSize(dt) == 1 ? ElementToDouble(dt, &byte) : ElementToDouble(dt, &bits));
+    }
+    return t;
+  };
+  static const std::vector<float> half = make(DType::kFloat16, 65536);
+  static const std::vector<float> e4m3 = make(DType::kFloat8E4M3FN, 256);
+  static const std::vector<float> e5m2 = make(DType::kFloat8E5M2, 256);
+  return dtype == DType::kFloat16 ? half : dtype == DType::kFloat8E4M3FN ? e4m3 : e5m2;
+}
+
+// Statistics of `count` elements of any floating dtype: small formats are widened to
+// float32 a block at a time, then share the float32 kernel.
+void AccumulateBlock(DType dtype, const unsigned char* p, std::size_t count, RunningStats& s) {
   constexpr std::size_t kBlock = 4096;
-  for (std::size_t b = 0; b < n; b += kBlock) {
-    const std::size_t e = std::min(n, b + kBlock);
-    const std::size_t vec_end = b + (e - b) / kLanes * kLanes;
-    double sum[kLanes] = {}, sumsq[kLanes] = {};
-    T lo[kLanes], hi[kLanes];
-    for (std::size_t j = 0; j < kLanes; ++j) lo[j] = hi[j] = p[b];
-    for (std::size_t i = b; i < vec_end; i += kLanes) {
-      for (std::size_t j = 0; j < kLanes; ++j) {
-        const T x = p[i + j];
-        const double v = static_cast<double>(x);
-        sum[j] += v;
-        sumsq[j] += v * v;
-        lo[j] = x < lo[j] ? x : lo[j];
-        hi[j] = x > hi[j] ? x : hi[j];
+  alignas(64) float buf[kBlock];
+  for (std::size_t b = 0; b < count; b += kBlock) {
+    const std::size_t n = std::min(kBlock, count - b);
+    switch (dtype) {
+      case DType::kFloat32:
+        std::memcpy(buf, p + b * 4, n * 4);
+        break;
+      case DType::kFloat64: {
+        double tmp[kBlock];
+        std::memcpy(tmp, p + b * 8, n * 8);
+        DoubleBlock(tmp, n, s);
+        continue;
+      }
+      case DType::kBFloat16:
+        for (std::size_t i = 0; i < n; ++i) {
+          uint16_t v;
+          std::memcpy(&v, p + (b + i) * 2, 2);
+          const uint32_t bits = static_cast<uint32_t>(v) << 16;
+          std::memcpy(&buf[i], &bits, 4);
+        }
+        break;
+      case DType::kFloat16: {
+        const auto& t = Table(dtype);
+        for (std::size_t i = 0; i < n; ++i) {
+          uint16_t v;
+          std::memcpy(&v, p + (b + i) * 2, 2);
+          buf[i] = t[v];
+        }
+        break;
+      }
+      default: {
+        const auto& t = Table(dtype);
+        for (std::size_t i = 0; i < n; ++i) buf[i] = t[p[b + i]];
+        break;
       }
     }
-    double bsum = 0, bsumsq = 0;
-    double bmin = static_cast<double>(lo[0]), bmax = static_cast<double>(hi[0]);
-    for (std::size_t j = 0; j < kLanes; ++j) {
-      bsum += sum[j];
-      bsumsq += sumsq[j];
-      bmin = std::min(bmin, static_cast<double>(lo[j]));
-      bmax = std::max(bmax, static_cast<double>(hi[j]));
-    }
-    for (std::size_t i = vec_end; i < e; ++i) {
-      const double v = static_cast<double>(p[i]);
-      bsum += v;
-      bsumsq += v * v;
-      bmin = std::min(bmin, v);
-      bmax = std::max(bmax, v);
-    }
-    if (std::isfinite(bsum) && std::isfinite(bsumsq) && std::isfinite(bmin) && std::isfinite(bmax)) {
-      s.sum += bsum;
-      s.sumsq += bsumsq;
-      s.min = std::min(s.min, bmin);
-      s.max = std::max(s.max, bmax);
-      s.finite += static_cast<int64_t>(e - b);
-    } else {
-      for (std::size_t i = b; i < e; ++i) s.Add(static_cast<double>(p[i]));
-    }
+    FloatBlock(buf, n, s);
   }
 }
 
@@ -96,27 +195,7 @@ struct Digest::State {
   unsigned char carry[8];
   std::size_t carried = 0;
 
-  void AddElements(const unsigned char* p, std::size_t count) {
-    switch (dtype) {
-      case DType::kFloat64: {
-        if (reinterpret_cast<uintptr_t>(p) % alignof(double) == 0) {
-          AccumulateNative(reinterpret_cast<const double*>(p), count, stats);
-          return;
-        }
-        break;
-      }
-      case DType::kFloat32: {
-        if (reinterpret_cast<uintptr_t>(p) % alignof(float) == 0) {
-          AccumulateNative(reinterpret_cast<const float*>(p), count, stats);
-          return;
-        }
-        break;
-      }
-      default: break;
-    }
-    const std::size_t size = DTypeSize(dtype);
-    for (std::size_t i = 0; i < count; ++i) stats.Add(ElementToDouble(dtype, p + i * size));
-  }
+  void AddElements(const unsigned char* p, std::size_t count) { AccumulateBlock(dtype, p, count, stats); }
 };
 
 Digest::Digest(DType dtype, bool with_stats) : state_(std::make_unique<State>()) {

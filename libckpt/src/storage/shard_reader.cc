@@ -1,8 +1,11 @@
 // storage/shard_reader.cc
 #include "storage/shard_reader.h"
 
+#include <fcntl.h>
+
 #include <algorithm>
 #include <cstring>
+#include <future>
 #include <vector>
 
 #include "format/checked.h"
@@ -16,6 +19,9 @@ namespace {
 constexpr std::size_t kDirectRunBytes = std::size_t{256} << 10;  // pread runs this big directly
 constexpr std::size_t kBounceBytes = std::size_t{16} << 20;      // else through a bounce buffer
 constexpr std::size_t kDigestBlock = std::size_t{8} << 20;
+// How far ahead of the block being read the kernel is asked to fetch, so the disk stays
+// busy while a block is hashed and copied.
+constexpr uint64_t kReadAhead = uint64_t{64} << 20;
 
 std::string DimsString(const std::vector<hsize_t>& d) {
   std::string s = "[";
@@ -129,9 +135,23 @@ uint64_t ShardReader::Read(const std::string& key, DType dtype, const ChunkMeta&
     const std::size_t len = static_cast<std::size_t>(run.count) * item;
     unsigned char* to = out + run.dst * item;
     if (len >= kDirectRunBytes) {
+      // Block i+1 is read on a helper thread while block i is hashed here; the kernel is
+      // asked to fetch further ahead so the disk never waits for either.
+      uint64_t advised = 0;
+      auto read_block = [&m, to, base, src, len](std::size_t pos) {
+        ReadExact(m.fd.get(), to + pos, std::min(kDigestBlock, len - pos), base + src + pos, m.path);
+      };
+      std::future<void> reading = std::async(std::launch::async, read_block, 0);
       for (std::size_t pos = 0; pos < len; pos += kDigestBlock) {
         const std::size_t n = std::min(kDigestBlock, len - pos);
-        ReadExact(m.fd.get(), to + pos, n, base + src + pos, m.path);
+        if (advised < std::min<uint64_t>(len, pos + kReadAhead)) {
+          const uint64_t until = std::min<uint64_t>(len, pos + 2 * kReadAhead);
+          ::posix_fadvise(m.fd.get(), static_cast<off_t>(base + src + advised), static_cast<off_t>(until - advised),
+                          POSIX_FADV_WILLNEED);
+          advised = until;
+        }
+        reading.get();
+        if (pos + n < len) reading = std::async(std::launch::async, read_block, pos + n);
         if (digest) digest->Update(to + pos, n);
       }
       bytes_read += len;

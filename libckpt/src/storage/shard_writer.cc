@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <future>
 #include <nlohmann/json.hpp>
 #include <unordered_set>
 
@@ -84,12 +85,19 @@ struct ShardWriter::Impl {
       throw Error(ErrorCode::kIO, path.string() + ": key '" + key + "': dataset has no file address" +
                                       h5::ErrorStack());
     }
+    // Two-stage pipeline: block i is written on a helper thread while block i+1 is
+    // digested here, so hashing costs no time when a core is free.
     const auto* p = static_cast<const unsigned char*>(data);
+    std::future<void> writing;
     for (std::size_t pos = 0; pos < n; pos += kStreamBlock) {
       const std::size_t len = std::min(kStreamBlock, n - pos);
       digest.Update(p + pos, len);
-      WriteExact(fd.get(), p + pos, len, offset + pos, path);
+      if (writing.valid()) writing.get();
+      writing = std::async(std::launch::async, [this, p, pos, len, offset] {
+        WriteExact(fd.get(), p + pos, len, offset + pos, path);
+      });
     }
+    if (writing.valid()) writing.get();
   }
 };
 

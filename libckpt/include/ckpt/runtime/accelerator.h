@@ -63,6 +63,8 @@ class DistributedModel final : public Stateful {
   Mat Forward(const Mat& x);
   // Backpropagates d(loss)/d(output) and synchronises the gradients (all-reduce under
   // DDP, reduce-scatter under FSDP) so the optimizer can step.
+  // REQUIRES (DDP): one Backward per optimizer step (gradients zeroed in between); the
+  // all-reduce averages the whole accumulated gradient.
   void Backward(const Mat& dy);
   const CommStats& comm_stats() const { return stats_; }
   std::size_t num_hooks() const;
