@@ -8,7 +8,8 @@
 // Every load lands in the workload's own buffers (zeroed first) and is verified by hash, so
 // the process holds the workload once: peak RSS beyond it is libckpt's overhead.
 //
-// Usage: ckpt-bench-core --dir DIR [--keep]     (DIR on the disk to measure, ~4.5 GB free)
+// Usage: ckpt-bench-core --dir DIR [--repeat N] [--keep]
+//   DIR on the disk to measure (~4.5 GB free); each phase runs N times (default 3), median shown.
 #include <ckpt/ckpt.h>
 
 #include <dirent.h>
@@ -215,29 +216,28 @@ void VerifyAll(const std::vector<TensorBuf>& w, const std::string& what) {
   }
 }
 
-struct Result {
+// One measured phase: its times over the repetitions, and its peak RSS.
+struct Phase {
   std::string name;
-  double seconds = 0;
-  double gbps = 0;
-  double ratio = 0;  // to the raw baseline of the same direction
+  bool is_write = false;
+  std::vector<double> seconds;
   int64_t peak_rss_kib = -1;
+
+  double Median() const {
+    std::vector<double> v = seconds;
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0 : (v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2);
+  }
 };
 
-std::vector<Result> g_results;
 uint64_t g_total = 0;
 
-Result& Record(const std::string& name, double seconds, double raw_gbps) {
-  Result r;
-  r.name = name;
-  r.seconds = seconds;
-  r.gbps = static_cast<double>(g_total) / seconds / kGB;
-  r.ratio = raw_gbps > 0 ? r.gbps / raw_gbps : 1.0;
-  r.peak_rss_kib = VmHWMKiB();
-  g_results.push_back(r);
-  std::printf("  %-34s %7.2f s  %6.2f GB/s  %5.2fx raw  peak RSS %7.0f MiB\n", name.c_str(), seconds,
-              r.gbps, r.ratio, static_cast<double>(r.peak_rss_kib) / 1024.0);
+void Sample(Phase& p, double seconds) {
+  p.seconds.push_back(seconds);
+  p.peak_rss_kib = std::max(p.peak_rss_kib, VmHWMKiB());
+  std::printf("    %-34s %7.2f s  %6.2f GB/s\n", p.name.c_str(), seconds,
+              static_cast<double>(g_total) / seconds / kGB);
   std::fflush(stdout);
-  return g_results.back();
 }
 
 double RawWrite(const std::vector<TensorBuf>& w, const fs::path& dir) {
@@ -348,19 +348,22 @@ void PrintMachine(const fs::path& dir) {
 int main(int argc, char** argv) {
   fs::path base;
   bool keep = false;
+  int repeat = 3;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--dir" && i + 1 < argc) {
       base = argv[++i];
+    } else if (a == "--repeat" && i + 1 < argc) {
+      repeat = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--keep") {
       keep = true;
     } else {
-      std::fprintf(stderr, "usage: %s --dir DIR [--keep]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s --dir DIR [--repeat N] [--keep]\n", argv[0]);
       return 2;
     }
   }
   if (base.empty()) {
-    std::fprintf(stderr, "usage: %s --dir DIR [--keep]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s --dir DIR [--repeat N] [--keep]\n", argv[0]);
     return 2;
   }
   fs::create_directories(base);
@@ -370,6 +373,7 @@ int main(int argc, char** argv) {
 
   std::printf("ckpt %s bench/core: gpt2s (GPT-2 small + Adam state)\n", CKPT_VERSION_STRING);
   PrintMachine(run);
+  const std::string load_start = ReadFirstLine("/proc/loadavg");
   const int64_t rss_before = VmHWMKiB();
   std::vector<TensorBuf> w = MakeWorkload();
   g_total = TotalBytes(w);
@@ -383,56 +387,74 @@ int main(int argc, char** argv) {
               can_reset ? "(VmHWM reset before each phase)" : "(VmHWM cannot be reset: cumulative)");
   std::printf("load checks checksums (LoadOptions default); every load is verified against the source hash\n\n");
 
-  // Raw baseline.
-  ResetPeakRss();
-  const double raw_write_s = RawWrite(w, run / "raw");
-  const double raw_w = static_cast<double>(g_total) / raw_write_s / kGB;
-  Record("raw write (write + fsync)", raw_write_s, 0);
-  MakeCold(run / "raw");
-  ZeroAll(w);
-  ResetPeakRss();
-  const double raw_read_s = RawRead(w, run / "raw");
-  const double raw_r = static_cast<double>(g_total) / raw_read_s / kGB;
-  Record("raw read (cold)", raw_read_s, 0);
-  VerifyAll(w, "raw read");
-  fs::remove_all(run / "raw");
-
-  const fs::path d1 = run / "ckpt-w1", d4 = run / "ckpt-w4";
-  ResetPeakRss();
-  Record("ckpt save, 1 rank", CkptSave(w, d1, 1), raw_w);
-  ResetPeakRss();
-  Record("ckpt save, 4 ranks", CkptSave(w, d4, 4), raw_w);
-
+  const fs::path raw = run / "raw", d1 = run / "ckpt-w1", d4 = run / "ckpt-w4";
+  std::vector<Phase> phases = {{"raw write (write + fsync)", true, {}, -1},
+                               {"raw read (cold)", false, {}, -1},
+                               {"ckpt save, 1 rank", true, {}, -1},
+                               {"ckpt save, 4 ranks", true, {}, -1},
+                               {"ckpt load, 1 rank", false, {}, -1},
+                               {"ckpt load, 4 ranks", false, {}, -1},
+                               {"ckpt load, 4-rank save -> 1 rank", false, {}, -1},
+                               {"ckpt load, 1-rank save -> 3 ranks", false, {}, -1}};
   struct LoadCase {
-    const char* name;
+    std::size_t phase;
     fs::path dir;
     int world;
   };
-  const LoadCase loads[] = {{"ckpt load, 1 rank", d1, 1},
-                            {"ckpt load, 4 ranks", d4, 4},
-                            {"ckpt load, 4-rank save -> 1 rank", d4, 1},
-                            {"ckpt load, 1-rank save -> 3 ranks", d1, 3}};
-  for (const LoadCase& l : loads) {
-    ZeroAll(w);
-    MakeCold(l.dir);
+  const LoadCase loads[] = {{4, d1, 1}, {5, d4, 4}, {6, d4, 1}, {7, d1, 3}};
+  // Phases interleave within each repetition, so a slow patch of a shared machine hits ckpt
+  // and raw alike; the table reports medians.
+  for (int rep = 0; rep < repeat; ++rep) {
+    std::printf("  repetition %d of %d\n", rep + 1, repeat);
+    for (const fs::path& d : {raw, d1, d4}) fs::remove_all(d);
+    ::sync();
     ResetPeakRss();
-    Record(l.name, CkptLoad(w, l.dir, l.world), raw_r);
-    VerifyAll(w, l.name);
+    Sample(phases[0], RawWrite(w, raw));
+    MakeCold(raw);
+    ZeroAll(w);
+    ResetPeakRss();
+    Sample(phases[1], RawRead(w, raw));
+    VerifyAll(w, "raw read");
+    fs::remove_all(raw);
+    ::sync();
+    ResetPeakRss();
+    Sample(phases[2], CkptSave(w, d1, 1));
+    ResetPeakRss();
+    Sample(phases[3], CkptSave(w, d4, 4));
+    for (const LoadCase& l : loads) {
+      ZeroAll(w);
+      MakeCold(l.dir);
+      ResetPeakRss();
+      Sample(phases[l.phase], CkptLoad(w, l.dir, l.world));
+      VerifyAll(w, phases[l.phase].name);
+    }
+  }
+  const double raw_w = static_cast<double>(g_total) / phases[0].Median() / kGB;
+  const double raw_r = static_cast<double>(g_total) / phases[1].Median() / kGB;
+  std::printf("\nmedian of %d: %-24s %9s %9s %8s %13s %14s\n", repeat, "", "seconds", "GB/s", "vs raw",
+              "range GB/s", "peak RSS MiB");
+  double min_save = 1e9, min_load = 1e9;
+  int64_t worst = 0;
+  for (const Phase& p : phases) {
+    const double gbps = static_cast<double>(g_total) / p.Median() / kGB;
+    const double ratio = gbps / (p.is_write ? raw_w : raw_r);
+    const auto [lo, hi] = std::minmax_element(p.seconds.begin(), p.seconds.end());
+    std::printf("  %-36s %9.2f %9.2f %7.2fx %6.2f-%-6.2f %14.0f\n", p.name.c_str(), p.Median(), gbps,
+                ratio, static_cast<double>(g_total) / *hi / kGB, static_cast<double>(g_total) / *lo / kGB,
+                static_cast<double>(p.peak_rss_kib) / 1024.0);
+    if (p.name.rfind("ckpt save", 0) == 0) min_save = std::min(min_save, ratio);
+    if (p.name.rfind("ckpt load", 0) == 0) min_load = std::min(min_load, ratio);
+    worst = std::max(worst, p.peak_rss_kib);
   }
   std::printf("\ncold reads: %s\n", g_cold_method.c_str());
+  std::printf("load average: %s at start, %s at end\n", load_start.c_str(),
+              ReadFirstLine("/proc/loadavg").c_str());
   std::printf("on disk: 1-rank save %.3f GB, 4-rank save %.3f GB (logical %.3f GB)\n",
               static_cast<double>(DirBytes(d1)) / kGB, static_cast<double>(DirBytes(d4)) / kGB,
               static_cast<double>(g_total) / kGB);
-  int64_t worst = 0;
-  for (const Result& r : g_results) worst = std::max(worst, r.peak_rss_kib);
   std::printf("peak RSS over all phases %.0f MiB = workload %.0f MiB + %.0f MiB (target: + 256 MiB)\n",
               static_cast<double>(worst) / 1024.0, static_cast<double>(g_total) / kMiB,
               static_cast<double>(worst) / 1024.0 - static_cast<double>(g_total) / kMiB);
-  double min_save = 1e9, min_load = 1e9;
-  for (const Result& r : g_results) {
-    if (r.name.rfind("ckpt save", 0) == 0) min_save = std::min(min_save, r.ratio);
-    if (r.name.rfind("ckpt load", 0) == 0) min_load = std::min(min_load, r.ratio);
-  }
   std::printf("worst ratio to raw: save %.2fx (target >= 0.9x), load %.2fx (target >= 0.9x)\n", min_save,
               min_load);
   if (!keep) fs::remove_all(run);
