@@ -127,3 +127,45 @@ TEST_CASE("checkpoint manager: keeps the last N, marks the latest, ignores incom
     CHECK(t.step() == 4);
   });
 }
+
+TEST_CASE("a save that fails leaves the last good checkpoint as the one resumed") {
+  ckpt_test::TempDir tmp("crash");
+  ckpt::RunThreads(2, [&](ckpt::Comm& c) {
+    Trainer t(c, SmallConfig(Strategy::kFsdp));
+    CheckpointManager mgr(t.accelerator(), tmp.path(), 3);
+    t.Step();
+    mgr.Save(1);
+    t.Step();
+    SaveStateOptions crash;
+    crash.before_commit = [](int rank) {
+      if (rank == 1) throw std::runtime_error("injected: disk full");
+    };
+    try {
+      mgr.Save(2, crash);
+      FAIL("the injected failure must surface on every rank");
+    } catch (const std::exception& e) {
+      CHECK(std::string(e.what()).find("injected") != std::string::npos);
+    }
+    c.Barrier();
+    CHECK(mgr.Latest()->first == 1);
+    CHECK(mgr.Committed().size() == 1);
+    auto step = mgr.Resume();
+    REQUIRE(step.has_value());
+    CHECK(*step == 1);
+    CHECK(t.step() == 1);
+  });
+}
+
+TEST_CASE("loading a missing checkpoint fails on every rank, naming it") {
+  ckpt_test::TempDir tmp("missing");
+  ckpt::RunThreads(3, [&](ckpt::Comm& c) {
+    Trainer t(c, SmallConfig(Strategy::kDdp));
+    try {
+      t.accelerator().LoadState(tmp / "nope");
+      FAIL("expected an error");
+    } catch (const ckpt::Error& e) {
+      CHECK(std::string(e.what()).find("nope") != std::string::npos);
+    }
+    t.Step();  // the group is still usable: no rank was left in a collective
+  });
+}

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -100,6 +101,8 @@ struct SaveStateOptions {
   StateDictType state_dict_type = StateDictType::kSharded;
   bool overwrite = false;
   Compression compression;
+  // Passed to SaveOptions::before_commit: a test seam for failure injection.
+  std::function<void(int rank)> before_commit;
 };
 
 struct LoadStateOptions {
