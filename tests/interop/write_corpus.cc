@@ -306,6 +306,8 @@ std::vector<Case> MakeCases() {
     Case c = NewCase("zstd_w2", 2);
     c.compression = ckpt::Compression{ckpt::Compression::Codec::kZstd, 5};
     AddTensor(c, "model.w", DType::kFloat32, {64, 33}, SplitDim(0));
+    // Over 1 MiB per rank: several HDF5 chunks per dataset, the last one partial.
+    AddTensor(c, "model.big", DType::kFloat32, {1201, 520}, SplitDim(0));
     AddTensor(c, "model.b", DType::kBFloat16, {40}, SplitDim(0));
     AddTensor(c, "model.i", DType::kInt64, {3, 5, 7}, SplitDim(1));
     AddTensor(c, "model.r", DType::kFloat16, {12}, Replicated(), Fill::kNormal, true);
