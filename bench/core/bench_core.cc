@@ -20,6 +20,8 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "common/gpt2s.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -51,25 +53,6 @@ struct TensorBuf {
   uint64_t hash = 0;  // of the generated contents
 };
 
-// GPT-2 small parameter names and (Conv1D: in x out) shapes, as workloads.py.
-std::vector<std::pair<std::string, ckpt::Shape>> Gpt2sParams() {
-  const int64_t d = 768, vocab = 50257, ctx = 1024;
-  std::vector<std::pair<std::string, ckpt::Shape>> p = {{"transformer.wte.weight", {vocab, d}},
-                                                        {"transformer.wpe.weight", {ctx, d}}};
-  for (int i = 0; i < 12; ++i) {
-    const std::string h = "transformer.h." + std::to_string(i) + ".";
-    p.insert(p.end(), {{h + "ln_1.weight", {d}}, {h + "ln_1.bias", {d}},
-                       {h + "attn.c_attn.weight", {d, 3 * d}}, {h + "attn.c_attn.bias", {3 * d}},
-                       {h + "attn.c_proj.weight", {d, d}}, {h + "attn.c_proj.bias", {d}},
-                       {h + "ln_2.weight", {d}}, {h + "ln_2.bias", {d}},
-                       {h + "mlp.c_fc.weight", {d, 4 * d}}, {h + "mlp.c_fc.bias", {4 * d}},
-                       {h + "mlp.c_proj.weight", {4 * d, d}}, {h + "mlp.c_proj.bias", {d}}});
-  }
-  p.push_back({"transformer.ln_f.weight", {d}});
-  p.push_back({"transformer.ln_f.bias", {d}});
-  return p;
-}
-
 // Deterministic, hard-to-compress fill: small float32 values from a xorshift stream.
 void Fill(TensorBuf& t, uint64_t seed) {
   if (t.dtype == ckpt::DType::kInt64) {
@@ -98,7 +81,7 @@ std::vector<TensorBuf> MakeWorkload() {
     t.hash = XXH3_64bits(t.data.get(), t.bytes);
     w.push_back(std::move(t));
   };
-  const auto params = Gpt2sParams();
+  const auto params = ckpt_bench::Gpt2sParams();
   for (const auto& [name, shape] : params) add(name, ckpt::DType::kFloat32, shape);
   for (const auto& [name, shape] : params) {  // torch.optim.Adam state order
     const std::string st = "optimizer.state." + name + ".";
