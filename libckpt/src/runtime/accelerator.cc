@@ -217,13 +217,19 @@ class DistributedModel::FsdpHook final : public ModuleHook {
       }
       const auto [maxrows, row] = Rows(*p);
       const int n = dp_->size();
-      std::vector<float> send(static_cast<std::size_t>(n * maxrows * row), 0.0f);
-      for (int r = 0; r < n; ++r) {
-        const auto [b, c] = SplitRange(p->tp_box.sizes[0], n, r);
-        std::copy_n(p->work_grad.data() + b * row, c * row, send.data() + r * maxrows * row);
+      // Blocks of maxrows rows per rank; an even split is already laid out that way.
+      std::vector<float> padded;
+      const float* send = p->work_grad.data();
+      if (maxrows * n != p->tp_box.sizes[0]) {
+        padded.assign(static_cast<std::size_t>(n * maxrows * row), 0.0f);
+        for (int r = 0; r < n; ++r) {
+          const auto [b, c] = SplitRange(p->tp_box.sizes[0], n, r);
+          std::copy_n(p->work_grad.data() + b * row, c * row, padded.data() + r * maxrows * row);
+        }
+        send = padded.data();
       }
       std::vector<float> recv(static_cast<std::size_t>(maxrows * row));
-      dp_->ReduceScatter(send.data(), recv.data(), static_cast<std::size_t>(maxrows * row),
+      dp_->ReduceScatter(send, recv.data(), static_cast<std::size_t>(maxrows * row),
                          DType::kFloat32, ReduceOp::kSum);
       ++model_->stats_.reduce_scatters;
       for (std::size_t j = 0; j < p->grad.size(); ++j) p->grad[j] += recv[j] * inv;
@@ -245,16 +251,21 @@ class DistributedModel::FsdpHook final : public ModuleHook {
       if (!p->fsdp_sharded) continue;
       const auto [maxrows, row] = Rows(*p);
       const int n = dp_->size();
-      std::vector<float> send(static_cast<std::size_t>(maxrows * row), 0.0f);
-      std::copy(p->data.begin(), p->data.end(), send.begin());
-      std::vector<float> recv(static_cast<std::size_t>(n * maxrows * row));
-      dp_->AllGatherInto(send.data(), recv.data(), send.size() * sizeof(float));
-      ++model_->stats_.all_gathers;
-      p->work.assign(static_cast<std::size_t>(p->tp_numel()), 0.0f);
-      for (int r = 0; r < n; ++r) {
-        const auto [b, c] = SplitRange(p->tp_box.sizes[0], n, r);
-        std::copy_n(recv.data() + r * maxrows * row, c * row, p->work.data() + b * row);
+      const auto block = static_cast<std::size_t>(maxrows * row);
+      p->work.resize(static_cast<std::size_t>(p->tp_numel()));
+      if (maxrows * n == p->tp_box.sizes[0]) {  // even split: gather straight into place
+        dp_->AllGatherInto(p->data.data(), p->work.data(), block * sizeof(float));
+      } else {  // uneven: pad every block to maxrows rows, then drop the padding
+        std::vector<float> send(block, 0.0f);
+        std::copy(p->data.begin(), p->data.end(), send.begin());
+        std::vector<float> recv(block * static_cast<std::size_t>(n));
+        dp_->AllGatherInto(send.data(), recv.data(), block * sizeof(float));
+        for (int r = 0; r < n; ++r) {
+          const auto [b, c] = SplitRange(p->tp_box.sizes[0], n, r);
+          std::copy_n(recv.data() + r * maxrows * row, c * row, p->work.data() + b * row);
+        }
       }
+      ++model_->stats_.all_gathers;
       if (for_backward) p->work_grad.assign(p->work.size(), 0.0f);
     }
   }
