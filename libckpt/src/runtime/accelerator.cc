@@ -17,32 +17,11 @@ using json = nlohmann::json;
 // Copies `box` of a row-major tensor of `shape` between `full` and `part` (row-major
 // over box.sizes): to_full true writes part into full, false reads full into part.
 void CopyBox(const Shape& shape, const Box& box, float* full, float* part, bool to_full) {
-  const std::size_t nd = shape.size();
-  if (nd == 0) {
-    if (to_full) full[0] = part[0]; else part[0] = full[0];
-    return;
-  }
-  if (box.NumElements() == 0) return;
-  std::vector<int64_t> stride(nd, 1);
-  for (std::size_t d = nd - 1; d > 0; --d) stride[d - 1] = stride[d] * shape[d];
-  const int64_t run = box.sizes[nd - 1];
-  std::vector<int64_t> idx(nd, 0);  // over box.sizes, last dim fixed at 0
-  int64_t p = 0;
-  while (true) {
-    int64_t f = 0;
-    for (std::size_t d = 0; d < nd; ++d) f += (box.offsets[d] + idx[d]) * stride[d];
-    if (to_full) std::memcpy(full + f, part + p, static_cast<std::size_t>(run) * sizeof(float));
-    else std::memcpy(part + p, full + f, static_cast<std::size_t>(run) * sizeof(float));
-    p += run;
-    std::size_t d = nd - 1;
-    while (d > 0) {
-      --d;
-      if (++idx[d] < box.sizes[d]) break;
-      idx[d] = 0;
-      if (d == 0) return;
-    }
-    if (nd == 1) return;
-  }
+  internal::ForEachRun(shape, box, [&](int64_t g, int64_t l, int64_t run) {
+    const auto bytes = static_cast<std::size_t>(run) * sizeof(float);
+    if (to_full) std::memcpy(full + g, part + l, bytes);
+    else std::memcpy(part + l, full + g, bytes);
+  });
 }
 
 uint64_t Fnv1a(std::string_view s, uint64_t h = 1469598103934665603ull) {
@@ -305,7 +284,10 @@ std::size_t DistributedModel::num_hooks() const {
 }
 
 void DistributedModel::CollectState(const std::string&, StateDict& sd) {
-  for (auto& [key, p] : params_) sd.Add(key, internal::ViewLike(*p, p->data.data()));
+  for (auto& [key, p] : params_) {
+    p->Materialize();
+    sd.Add(key, internal::ViewLike(*p, p->data.data()));
+  }
 }
 
 // ---- Accelerator -----------------------------------------------------------------
@@ -410,12 +392,15 @@ void Accelerator::LayOut(Module& module) {
       local.offsets[0] = tp_box.offsets[0] + b;
       local.sizes[0] = c;
     }
-    std::vector<float> part(static_cast<std::size_t>(local.NumElements()));
-    CopyBox(p->shape, local, p->data.data(), part.data(), false);
-    p->data = std::move(part);
-    p->grad.assign(p->is_buffer ? 0 : p->data.size(), 0.0f);
+    if (p->materialized) {  // values given: keep the local part
+      std::vector<float> part(static_cast<std::size_t>(local.NumElements()));
+      CopyBox(p->shape, local, p->data.data(), part.data(), false);
+      p->data = std::move(part);
+      p->grad.assign(p->is_buffer ? 0 : p->data.size(), 0.0f);
+    }
     p->tp_box = tp_box;
     p->local_box = local;
+    p->Materialize();  // deferred init: computes the local part only
     p->fsdp_sharded = !(local == tp_box);
     ++p->wraps;
   }

@@ -28,15 +28,27 @@ uint64_t Mix(uint64_t seed, uint64_t a, uint64_t b) {
 
 uint64_t Generator::NextU64() { return Mix(seed_, offset_++); }
 
-double Generator::NextDouble() { return static_cast<double>(NextU64() >> 11) * 0x1.0p-53; }
-
-float Generator::Uniform(float lo, float hi) {
-  return lo + (hi - lo) * static_cast<float>(NextDouble());
+double Generator::DoubleAt(uint64_t seed, uint64_t counter) {
+  return static_cast<double>(Mix(seed, counter) >> 11) * 0x1.0p-53;
 }
 
-float Generator::Normal() {
-  const double u1 = 1.0 - NextDouble(), u2 = NextDouble();
+float Generator::UniformAt(uint64_t seed, uint64_t counter, float lo, float hi) {
+  return lo + (hi - lo) * static_cast<float>(DoubleAt(seed, counter));
+}
+
+float Generator::NormalAt(uint64_t seed, uint64_t counter) {
+  const double u1 = 1.0 - DoubleAt(seed, counter), u2 = DoubleAt(seed, counter + 1);
   return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2));
+}
+
+double Generator::NextDouble() { return DoubleAt(seed_, offset_++); }
+
+float Generator::Uniform(float lo, float hi) { return UniformAt(seed_, offset_++, lo, hi); }
+
+float Generator::Normal() {
+  const float v = NormalAt(seed_, offset_);
+  offset_ += 2;
+  return v;
 }
 
 void Generator::CollectState(const std::string& prefix, StateDict& sd) {

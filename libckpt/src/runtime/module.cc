@@ -8,6 +8,7 @@
 
 #include "ckpt/error.h"
 #include "ckpt/runtime/data.h"
+#include "runtime/internal.h"
 
 namespace ckpt::runtime {
 namespace {
@@ -49,15 +50,48 @@ void AllReduceSum(Comm& comm, float* data, std::size_t count) {
   comm.AllReduce(data, count, DType::kFloat32, ReduceOp::kSum);
 }
 
-Parameter Parameter::Make(Shape shape, int tp_dim) {
+Parameter Parameter::Make(Shape shape, int tp_dim, bool allocate) {
   Parameter p;
   p.shape = shape;
   p.tp_dim = tp_dim;
   p.tp_box = Box::Full(shape);
   p.local_box = p.tp_box;
-  p.data.assign(static_cast<std::size_t>(NumElements(shape)), 0.0f);
-  p.grad.assign(p.data.size(), 0.0f);
+  p.materialized = false;
+  if (allocate) p.Materialize();
   return p;
+}
+
+void Parameter::DeferUniform(Generator& gen, float lo, float hi) {
+  init = ParamInit{ParamInit::Kind::kUniform, lo, hi, gen.seed(), gen.offset()};
+  gen.Skip(static_cast<uint64_t>(NumElements(shape)));
+  data = {};
+  grad = {};
+  materialized = false;
+}
+
+void Parameter::DeferNormal(Generator& gen, float mean, float stddev) {
+  init = ParamInit{ParamInit::Kind::kNormal, mean, stddev, gen.seed(), gen.offset()};
+  gen.Skip(2 * static_cast<uint64_t>(NumElements(shape)));
+  data = {};
+  grad = {};
+  materialized = false;
+}
+
+void Parameter::Materialize() {
+  if (materialized) return;
+  data.assign(static_cast<std::size_t>(local_box.NumElements()), 0.0f);
+  internal::ForEachRun(shape, local_box, [&](int64_t g, int64_t l, int64_t run) {
+    if (init.kind == ParamInit::Kind::kValues) return;  // zeros
+    for (int64_t i = 0; i < run; ++i) {
+      const auto gi = static_cast<uint64_t>(g + i);
+      data[static_cast<std::size_t>(l + i)] =
+          init.kind == ParamInit::Kind::kUniform
+              ? Generator::UniformAt(init.seed, init.offset + gi, init.a, init.b)
+              : init.a + init.b * Generator::NormalAt(init.seed, init.offset + 2 * gi);
+    }
+  });
+  grad.assign(is_buffer ? 0 : data.size(), 0.0f);
+  materialized = true;
 }
 
 Mat Module::Call(const Mat& x) {
@@ -98,13 +132,13 @@ void Module::ZeroGrad() {
 
 Linear::Linear(int64_t in, int64_t out, Generator& gen, Parallel parallel, bool bias)
     : Module("Linear"), in_(in), out_(out), parallel_(parallel), has_bias_(bias) {
-  weight_ = Parameter::Make({out, in}, parallel == Parallel::kColumn ? 0
-                                       : parallel == Parallel::kRow  ? 1
-                                                                     : -1);
-  bias_ = Parameter::Make({bias ? out : 0}, parallel == Parallel::kColumn ? 0 : -1);
+  weight_ = Parameter::Make({out, in},
+                            parallel == Parallel::kColumn ? 0 : parallel == Parallel::kRow ? 1 : -1,
+                            false);
+  bias_ = Parameter::Make({bias ? out : 0}, parallel == Parallel::kColumn ? 0 : -1, false);
   const float bound = 1.0f / std::sqrt(static_cast<float>(std::max<int64_t>(in, 1)));
-  for (float& w : weight_.data) w = gen.Uniform(-bound, bound);
-  for (float& b : bias_.data) b = gen.Uniform(-bound, bound);
+  weight_.DeferUniform(gen, -bound, bound);
+  if (bias) bias_.DeferUniform(gen, -bound, bound);
 }
 
 std::vector<Module::NamedParam> Linear::OwnParameters() {
@@ -239,8 +273,8 @@ Mat LayerNorm::Backward(const Mat& dy) {
 
 EmbeddingBag::EmbeddingBag(int64_t vocab, int64_t dim, Generator& gen)
     : Module("EmbeddingBag"), vocab_(vocab), dim_(dim) {
-  weight_ = Parameter::Make({vocab, dim});
-  for (float& w : weight_.data) w = gen.Normal();
+  weight_ = Parameter::Make({vocab, dim}, -1, false);
+  weight_.DeferNormal(gen, 0.0f, 1.0f);
 }
 
 std::vector<Module::NamedParam> EmbeddingBag::OwnParameters() { return {{"weight", &weight_}}; }

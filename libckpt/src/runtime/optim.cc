@@ -20,6 +20,7 @@ void Optimizer::Bind(std::vector<std::string> param_keys) {
   slots_.assign(params_.size(), Slot{});
   const std::size_t n_state = StateNames().size();
   for (std::size_t i = 0; i < params_.size(); ++i) {
+    params_[i]->Materialize();
     slots_[i].buffers.assign(n_state, std::vector<float>(params_[i]->data.size(), 0.0f));
   }
 }

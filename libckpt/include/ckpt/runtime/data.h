@@ -25,6 +25,12 @@ class Generator final : public Stateful {
   float Normal();                      // standard normal (Box-Muller)
   uint64_t seed() const { return seed_; }
   uint64_t offset() const { return offset_; }
+  void Skip(uint64_t draws) { offset_ += draws; }
+  // The draws above as pure functions of (seed, counter): what NextDouble, Uniform and
+  // Normal return when the offset is `counter`.
+  static double DoubleAt(uint64_t seed, uint64_t counter);
+  static float UniformAt(uint64_t seed, uint64_t counter, float lo, float hi);
+  static float NormalAt(uint64_t seed, uint64_t counter);  // uses counter and counter + 1
 
   std::string Kind() const override { return "rng"; }
   void CollectState(const std::string& prefix, StateDict& sd) override;

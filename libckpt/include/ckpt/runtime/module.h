@@ -40,6 +40,16 @@ struct Mat {
   float at(int64_t r, int64_t c) const { return v[static_cast<std::size_t>(r * cols + c)]; }
 };
 
+// How a parameter's initial values are computed. Values come from a counter-based
+// generator, element by element: element g (row-major global index) of a uniform init is
+// draw (offset + g), of a normal init draws (offset + 2g, offset + 2g + 1). Any part of
+// the tensor can therefore be produced alone, and a rank materialises only its shard.
+struct ParamInit {
+  enum class Kind { kValues, kUniform, kNormal } kind = Kind::kValues;
+  float a = 0.0f, b = 0.0f;  // uniform: [a, b); normal: mean a, standard deviation b
+  uint64_t seed = 0, offset = 0;
+};
+
 // A trainable tensor (or a buffer: state without a gradient).
 struct Parameter {
   Shape shape;            // global shape
@@ -53,14 +63,29 @@ struct Parameter {
   std::vector<float> work_grad;  // tp_box, during backward (FSDP only)
   bool fsdp_sharded = false;     // local_box is a strict slice of tp_box
   int wraps = 0;                 // times a strategy laid this parameter out (must stay <= 1)
+  ParamInit init;                // kValues: `data` holds the values
+  bool materialized = true;      // false: data and grad not allocated yet (deferred init)
 
-  // An unsharded parameter of `shape`, zero-filled.
-  static Parameter Make(Shape shape, int tp_dim = -1);
+  // An unsharded parameter of `shape`, zero-filled (allocated now, or at Materialize()
+  // when not `allocate`).
+  static Parameter Make(Shape shape, int tp_dim = -1, bool allocate = true);
+  // Defers initialisation to `gen`'s next draws (advancing it past them): nothing is
+  // allocated until Materialize(), which Prepare calls for the local part only.
+  void DeferUniform(Generator& gen, float lo, float hi);
+  void DeferNormal(Generator& gen, float mean, float stddev);
+  // Allocates data (computing deferred values for local_box) and grad, once.
+  void Materialize();
   int64_t tp_numel() const { return tp_box.NumElements(); }
   int64_t local_numel() const { return local_box.NumElements(); }
   // The tp_box values / gradient that modules compute with.
-  float* value() { return fsdp_sharded ? work.data() : data.data(); }
-  float* grad_value() { return fsdp_sharded ? work_grad.data() : grad.data(); }
+  float* value() {
+    Materialize();
+    return fsdp_sharded ? work.data() : data.data();
+  }
+  float* grad_value() {
+    Materialize();
+    return fsdp_sharded ? work_grad.data() : grad.data();
+  }
 };
 
 class Module;
