@@ -62,8 +62,8 @@ int main(int argc, char** argv) {
       rt::Trainer trainer(comm, cfg);
       rt::Accelerator& accel = trainer.accelerator();
       if (root)
-        std::printf("train: %s on %d ranks (mesh dp=%d x tp=%d), %zu parameters\n", strategy.c_str(),
-                    world, accel.dp_size(), accel.tp_size(),
+        std::printf("train: %s on %d rank%s (mesh dp=%d x tp=%d), %zu parameters\n", strategy.c_str(),
+                    world, world == 1 ? "" : "s", accel.dp_size(), accel.tp_size(),
                     [&] {
                       std::size_t n = 0;
                       for (auto& [k, p] : trainer.model().keyed_parameters())
@@ -87,6 +87,7 @@ int main(int argc, char** argv) {
           }
         }
       }
+      const int64_t start = trainer.step();
       float loss = 0, sum = 0;
       int n = 0;
       while (trainer.step() < steps) {
@@ -114,7 +115,13 @@ int main(int argc, char** argv) {
                       ckpt_dir.c_str(), static_cast<unsigned long long>(r.total_tensor_bytes),
                       static_cast<unsigned long long>(r.peak_buffer_bytes));
       }
-      if (root) std::printf("done at step %lld, loss %.4f\n", static_cast<long long>(trainer.step()), loss);
+      if (root) {
+        if (trainer.step() == start)
+          std::printf("already at step %lld (--steps %lld): nothing to train\n",
+                      static_cast<long long>(trainer.step()), static_cast<long long>(steps));
+        else
+          std::printf("done at step %lld, loss %.4f\n", static_cast<long long>(trainer.step()), loss);
+      }
     });
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train: %s\n", e.what());
