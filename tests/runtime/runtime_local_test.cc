@@ -98,3 +98,24 @@ TEST_CASE("LOCAL into another layout (world size or strategy): refused") {
   ExpectRefused(tmp / "local", ckpt::StateDictType::kLocal, Strategy::kDdp, 1, "fsdp, world 2", "ddp, world 1");
   ExpectRefused(tmp / "local", ckpt::StateDictType::kLocal, Strategy::kFsdp, 4, "fsdp, world 2", "fsdp, world 4");
 }
+
+TEST_CASE("FULL saved through save_state converts into a sharded job, and back") {
+  ckpt_test::TempDir tmp("fullconv");
+  rt_test::FullState saved;
+  Save(tmp / "full", ckpt::StateDictType::kFull, Strategy::kFsdp, 3, &saved);
+  CHECK(ckpt::ReadMetadata(tmp / "full").state_dict_type == ckpt::StateDictType::kFull);
+  for (auto [s, world] : {std::pair{Strategy::kTp, 2}, std::pair{Strategy::kFsdp, 4}}) {
+    ckpt::RunThreads(world, [&](ckpt::Comm& c) {
+      TrainerConfig cfg = SmallConfig(s);
+      cfg.init_seed = 3;
+      Trainer t(c, cfg);
+      LoadStateOptions o;
+      o.state_dict_type = ckpt::StateDictType::kFull;  // FULL or SHARDED targets both load it
+      t.accelerator().LoadState(tmp / "full", o);
+      CHECK(t.step() == 1);
+      auto full = rt_test::Gather(t.accelerator());
+      if (c.rank() == 0)
+        for (auto& [k, v] : saved) CHECK(rt_test::BitEqual(v, full[k]));
+    });
+  }
+}

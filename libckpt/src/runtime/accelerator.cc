@@ -545,6 +545,14 @@ std::string Accelerator::LayoutFingerprint() {
 }
 
 void Accelerator::SaveState(const std::filesystem::path& dir, const SaveStateOptions& options) {
+  if (options.state_dict_type == StateDictType::kFull) {  // whole tensors, streamed via rank 0
+    if (options.compression.codec != Compression::Codec::kNone)
+      throw Error(ErrorCode::kUnsupported, "save_state: FULL exports are written uncompressed");
+    SaveFullOptions fo;
+    fo.overwrite = options.overwrite;
+    SaveFull(dir, fo);
+    return;
+  }
   StateDict sd = CollectState(options.state_dict_type);
   json user;
   user["ckpt_runtime"] = {{"strategy", std::string(StrategyName(options_.strategy))},

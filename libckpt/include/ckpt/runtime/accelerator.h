@@ -148,7 +148,9 @@ class Accelerator {
   // The entry of `object` (an original or a handle), or null.
   const RegistryEntry* Find(const void* object) const;
 
-  // COLLECTIVE. Writes every prepared object exactly once through ckpt::Save.
+  // COLLECTIVE. Writes every prepared object exactly once through ckpt::Save: SHARDED
+  // (each rank its chunks, replicas once) or LOCAL (flat per-rank layout). FULL is
+  // SaveFull: whole tensors, gathered one at a time on rank 0.
   void SaveState(const std::filesystem::path& dir, const SaveStateOptions& options = {});
   // COLLECTIVE. Loads into the prepared objects, resharding from whatever saved it.
   LoadReport LoadState(const std::filesystem::path& dir, const LoadStateOptions& options = {});
