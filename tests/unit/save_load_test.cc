@@ -523,3 +523,24 @@ TEST_CASE("CheckpointWriter streams chunks into several files and commits atomic
   }
   CHECK_FALSE(fs::exists(tmp / "gap"));
 }
+
+TEST_CASE("a rank whose own state is invalid fails the save on every rank, naming that rank") {
+  TempDir tmp("inv");
+  std::vector<float> buf(40, 1.0f);
+  std::atomic<int> threw{0};
+  CHECK_THROWS_WITH_AS(RunThreads(3,
+                                  [&](Comm& comm) {
+                                    StateDict sd;
+                                    // rank 2 claims rows [8, 12) of a 10-row tensor: out of bounds
+                                    sd.Add("w", Tensor::Slice(DType::kFloat32, {10}, 0, comm.rank() * 4, 4, buf.data()));
+                                    try {
+                                      Save(tmp / "ck", sd, comm);
+                                    } catch (const Error&) {
+                                      ++threw;
+                                      throw;
+                                    }
+                                  }),
+                       doctest::Contains("rank 2: key 'w': chunk [8:12] lies outside the tensor [0:10]"), Error);
+  CHECK(threw == 3);
+  CHECK_FALSE(fs::exists(tmp / "ck"));
+}

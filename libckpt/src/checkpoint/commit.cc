@@ -87,7 +87,7 @@ std::string DescribeCurrentException() {
   }
 }
 
-void AgreeOrThrow(Comm& comm, const std::string& my_failure) {
+void AgreeOrThrow(Comm& comm, const std::string& my_failure, bool name_ranks) {
   std::vector<ByteBuffer> all;
   if (comm.size() == 1) {
     all.emplace_back(my_failure.begin(), my_failure.end());
@@ -96,7 +96,6 @@ void AgreeOrThrow(Comm& comm, const std::string& my_failure) {
   }
   std::optional<ErrorCode> code;
   std::string message;
-  int failed = 0;
   for (std::size_t r = 0; r < all.size(); ++r) {
     if (all[r].empty()) continue;
     const std::string s(all[r].begin(), all[r].end());
@@ -107,8 +106,7 @@ void AgreeOrThrow(Comm& comm, const std::string& my_failure) {
     if (c == ErrorCode::kComm && all.size() > 1 && code) continue;
     if (!code || *code == ErrorCode::kComm) code = c;
     if (!message.empty()) message += "\n";
-    message += all.size() > 1 ? "rank " + std::to_string(r) + ": " + text : text;
-    ++failed;
+    message += all.size() > 1 && name_ranks ? "rank " + std::to_string(r) + ": " + text : text;
   }
   if (code) throw Error(*code, message);
 }

@@ -32,19 +32,20 @@ void CommitStaging(const fs::path& staging, const fs::path& dir, const Metadata&
 // Turns the exception in flight into a description "code\tmessage" (empty if none).
 std::string DescribeCurrentException();
 // COLLECTIVE. Every rank passes its own failure description (or ""); if any rank failed,
-// every rank throws one Error carrying the first failure's code and all messages.
-void AgreeOrThrow(Comm& comm, const std::string& my_failure);
+// every rank throws one Error carrying the first failure's code and all messages, each
+// prefixed with its rank unless `name_ranks` is false (for checks rank 0 makes for all).
+void AgreeOrThrow(Comm& comm, const std::string& my_failure, bool name_ranks = true);
 
 // Runs fn, catching any exception into a description; then agrees across ranks.
 template <typename Fn>
-void Phase(Comm& comm, Fn&& fn) {
+void Phase(Comm& comm, Fn&& fn, bool name_ranks = true) {
   std::string failure;
   try {
     fn();
   } catch (...) {
     failure = DescribeCurrentException();
   }
-  AgreeOrThrow(comm, failure);
+  AgreeOrThrow(comm, failure, name_ranks);
 }
 
 }  // namespace ckpt::internal

@@ -260,7 +260,7 @@ void Save(const std::filesystem::path& dir, const StateDict& state, Comm& comm, 
         }
       }
     }
-  });
+  }, /*name_ranks=*/false);
   ByteBuffer requests = ToBuffer(root ? hash_requests.dump() : std::string());
   comm.Broadcast(requests, 0);
   const json all_requests = json::parse(ToString(requests));
@@ -306,7 +306,7 @@ void Save(const std::filesystem::path& dir, const StateDict& state, Comm& comm, 
         for (const auto& s : problems) msg += "\n  " + s;
         throw Error(ErrorCode::kMismatch, msg);
       }
-    });
+    }, /*name_ranks=*/false);
   }
 
   // Step 3: writers and staging directory.
@@ -328,7 +328,7 @@ void Save(const std::filesystem::path& dir, const StateDict& state, Comm& comm, 
       }
     }
     plan_msg = {{"staging", staging.string()}, {"writes", writes}};
-  });
+  }, /*name_ranks=*/false);
   ByteBuffer plan_buf = ToBuffer(root ? plan_msg.dump() : std::string());
   comm.Broadcast(plan_buf, 0);
   const json plan = json::parse(ToString(plan_buf));
@@ -422,7 +422,7 @@ void Save(const std::filesystem::path& dir, const StateDict& state, Comm& comm, 
       storage::RemoveAllQuietly(staging);
       throw;
     }
-  });
+  }, /*name_ranks=*/false);
 }
 
 }  // namespace ckpt
