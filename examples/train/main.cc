@@ -5,6 +5,7 @@
 //
 //   train --world 4 --strategy fsdp --steps 100 --save-every 50 --ckpt-dir /tmp/ck
 //   train --world 3 --strategy tp   --steps 200 --save-every 50 --ckpt-dir /tmp/ck --resume
+//   mpiexec -n 4 train --mpi --strategy fsdp_tp ...     (real processes, when built with MPI)
 #include <CLI/CLI.hpp>
 
 #include <chrono>
@@ -13,6 +14,9 @@
 
 #include "ckpt/ckpt.h"
 #include "ckpt/runtime/runtime.h"
+#if CKPT_TRAIN_MPI
+#include "ckpt/mpi.h"
+#endif
 
 namespace rt = ckpt::runtime;
 
@@ -30,7 +34,10 @@ int main(int argc, char** argv) {
   cfg.model.hidden = 256;
   cfg.total_steps = 1000;
   cfg.lr = 1e-2;
-  app.add_option("--world", world, "number of ranks")->check(CLI::Range(1, 256));
+  bool mpi = false;
+  app.add_option("--world", world, "number of ranks (threads of this process)")
+      ->check(CLI::Range(1, 256));
+  app.add_flag("--mpi", mpi, "one rank per MPI process (run under mpiexec); --world is ignored");
   app.add_option("--strategy", strategy, "ddp, fsdp, tp or fsdp_tp")
       ->check(CLI::IsMember({"ddp", "fsdp", "tp", "fsdp_tp"}));
   app.add_option("--tp", tp, "tensor-parallel size (tp, fsdp_tp); 0: automatic");
@@ -54,10 +61,25 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+#if CKPT_TRAIN_MPI
+  std::unique_ptr<ckpt::MpiSession> session;
+  std::unique_ptr<ckpt::Comm> mpi_world;
+  if (mpi) {
+    session = std::make_unique<ckpt::MpiSession>(&argc, &argv);
+    mpi_world = ckpt::MpiWorld();
+    world = mpi_world->size();
+  }
+#else
+  if (mpi) {
+    std::fprintf(stderr, "train: built without MPI: --mpi is not available\n");
+    return 2;
+  }
+#endif
+
   try {
     cfg.strategy = rt::StrategyFromName(strategy);
     cfg.tp_size = tp;
-    ckpt::RunThreads(world, [&](ckpt::Comm& comm) {
+    auto run = [&](ckpt::Comm& comm) {
       const bool root = comm.rank() == 0;
       rt::Trainer trainer(comm, cfg);
       rt::Accelerator& accel = trainer.accelerator();
@@ -122,7 +144,14 @@ int main(int argc, char** argv) {
         else
           std::printf("done at step %lld, loss %.4f\n", static_cast<long long>(trainer.step()), loss);
       }
-    });
+    };
+#if CKPT_TRAIN_MPI
+    if (mpi_world) {
+      run(*mpi_world);
+      return 0;
+    }
+#endif
+    ckpt::RunThreads(world, run);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train: %s\n", e.what());
     return 1;
