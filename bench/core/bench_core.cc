@@ -160,6 +160,14 @@ void FsyncPath(const fs::path& p, int flags) {
 
 std::string g_cold_method;
 
+// Lets the file system finish what earlier phases left (journal commits of deletions,
+// writeback), so that each timed phase starts from the same quiet state.
+void Settle() {
+  ::sync();
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  ::sync();
+}
+
 // Evicts `dir`'s files from the page cache: drop_caches when allowed, else fadvise.
 void MakeCold(const fs::path& dir) {
   ::sync();
@@ -390,23 +398,26 @@ int main(int argc, char** argv) {
   for (int rep = 0; rep < repeat; ++rep) {
     std::printf("  repetition %d of %d\n", rep + 1, repeat);
     for (const fs::path& d : {raw, d1, d4}) fs::remove_all(d);
-    ::sync();
+    Settle();
     ResetPeakRss();
     Sample(phases[0], RawWrite(w, raw));
-    MakeCold(raw);
     ZeroAll(w);
+    MakeCold(raw);
+    Settle();
     ResetPeakRss();
     Sample(phases[1], RawRead(w, raw));
     VerifyAll(w, "raw read");
     fs::remove_all(raw);
-    ::sync();
+    Settle();
     ResetPeakRss();
     Sample(phases[2], CkptSave(w, d1, 1));
+    Settle();
     ResetPeakRss();
     Sample(phases[3], CkptSave(w, d4, 4));
     for (const LoadCase& l : loads) {
       ZeroAll(w);
       MakeCold(l.dir);
+      Settle();
       ResetPeakRss();
       Sample(phases[l.phase], CkptLoad(w, l.dir, l.world));
       VerifyAll(w, phases[l.phase].name);
