@@ -59,6 +59,9 @@ struct LoadOptions {
   // part are verified only with verify_partial_chunks (which reads them whole).
   bool verify_checksums = true;
   bool verify_partial_chunks = false;
+  // Threads per rank reading chunks in parallel (more requests in flight for the disk,
+  // hashing on every core). 1 reads serially.
+  int io_threads = 4;
 };
 
 struct LoadReport {

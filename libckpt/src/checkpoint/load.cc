@@ -4,7 +4,11 @@
 // dtypes, shapes, state-dict types), then reads for every chunk it wants exactly the
 // overlapping regions of the saved chunks. Ranks read independently; one agreement at
 // the end makes every rank succeed or every rank throw.
+#include <algorithm>
+#include <atomic>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <thread>
 #include <unordered_set>
 
 #include "checkpoint/commit.h"
@@ -106,12 +110,61 @@ Scalar ScalarFromJson(DType dtype, const std::string& text) {
   return Scalar::Int(static_cast<int64_t>(v.get<double>()), dtype);
 }
 
+// Reads every tensor chunk of `target` with up to `threads` readers, each with its own
+// shard handles; chunks are handed out largest first so the threads finish together.
+void ReadTensors(const std::filesystem::path& dir, const std::shared_ptr<const Metadata>& metadata,
+                 StateDict& target, const std::unordered_set<std::string>& skip, const LoadOptions& options,
+                 uint64_t& bytes_read) {
+  struct Task {
+    const std::string* key;
+    Chunk* chunk;
+    uint64_t bytes;
+  };
+  std::vector<Task> tasks;
+  for (auto& [key, entry] : target) {
+    const EntryMeta* e = metadata->Find(key);
+    auto* t = std::get_if<Tensor>(&entry);
+    if (!e || !t || skip.count(key) || e->kind != EntryKind::kTensor) continue;
+    for (Chunk& c : t->chunks) {
+      tasks.push_back(Task{&key, &c, static_cast<uint64_t>(c.box.NumElements()) * DTypeSize(t->dtype)});
+    }
+  }
+  std::stable_sort(tasks.begin(), tasks.end(), [](const Task& a, const Task& b) { return a.bytes > b.bytes; });
+  const std::size_t n_threads =
+      std::clamp<std::size_t>(static_cast<std::size_t>(std::max(options.io_threads, 1)), 1, std::max<std::size_t>(tasks.size(), 1));
+  std::atomic<std::size_t> next{0};
+  std::atomic<uint64_t> total{0};
+  std::atomic<bool> failed{false};
+  std::mutex mu;
+  std::exception_ptr first;
+  auto work = [&] {
+    try {
+      internal::Reader reader(dir, metadata);
+      for (std::size_t i; !failed && (i = next.fetch_add(1)) < tasks.size();) {
+        reader.ReadRegionEx(*tasks[i].key, tasks[i].chunk->box, tasks[i].chunk->data, options.verify_checksums,
+                            options.verify_partial_chunks);
+      }
+      total += reader.bytes_read();
+    } catch (...) {
+      std::lock_guard lock(mu);
+      if (!first) first = std::current_exception();
+      failed = true;
+    }
+  };
+  std::vector<std::thread> helpers;
+  for (std::size_t i = 1; i < n_threads; ++i) helpers.emplace_back(work);
+  work();
+  for (auto& h : helpers) h.join();
+  if (first) std::rethrow_exception(first);
+  bytes_read += total;
+}
+
 }  // namespace
 
 LoadReport Load(const std::filesystem::path& dir, StateDict& target, Comm& comm, const LoadOptions& options) {
   LoadReport report;
   internal::Phase(comm, [&] {
-    internal::Reader reader(dir, ReadMetadata(dir));
+    internal::Reader reader(dir, std::make_shared<const Metadata>(ReadMetadata(dir)));
     const Metadata& m = reader.metadata();
     CheckTypes(dir, m, options, comm.size());
     std::unordered_set<std::string> skip;
@@ -120,19 +173,16 @@ LoadReport Load(const std::filesystem::path& dir, StateDict& target, Comm& comm,
     for (auto& [key, entry] : target) {
       const EntryMeta* e = m.Find(key);
       if (!e || skip.count(key) || KindOf(entry) != e->kind) continue;
-      if (auto* t = std::get_if<Tensor>(&entry)) {
-        for (Chunk& c : t->chunks) {
-          reader.ReadRegionEx(key, c.box, c.data, options.verify_checksums, options.verify_partial_chunks);
-        }
-      } else if (auto* s = std::get_if<Scalar>(&entry)) {
+      if (auto* s = std::get_if<Scalar>(&entry)) {
         *s = ScalarFromJson(e->dtype, e->value);
       } else if (auto* b = std::get_if<Bytes>(&entry)) {
         b->data = reader.ReadBytes(key, options.verify_checksums);
-      } else {
-        std::get<Json>(entry).text = e->value;
+      } else if (auto* j = std::get_if<Json>(&entry)) {
+        j->text = e->value;
       }
     }
     report.bytes_read = reader.bytes_read();
+    ReadTensors(dir, reader.shared_metadata(), target, skip, options, report.bytes_read);
   });
   return report;
 }

@@ -22,15 +22,16 @@ Metadata ReadMetadata(const std::filesystem::path& dir) {
 }
 
 std::unique_ptr<CheckpointReader> CheckpointReader::Open(const std::filesystem::path& dir) {
-  return std::make_unique<internal::Reader>(dir, ReadMetadata(dir));
+  return std::make_unique<internal::Reader>(dir, std::make_shared<const Metadata>(ReadMetadata(dir)));
 }
 
 namespace internal {
 
-Reader::Reader(std::filesystem::path dir, Metadata metadata) : dir_(std::move(dir)), metadata_(std::move(metadata)) {}
+Reader::Reader(std::filesystem::path dir, std::shared_ptr<const Metadata> metadata)
+    : dir_(std::move(dir)), metadata_(std::move(metadata)) {}
 
 const EntryMeta& Reader::TensorEntry(std::string_view key) {
-  const EntryMeta* e = metadata_.Find(key);
+  const EntryMeta* e = metadata_->Find(key);
   if (!e) throw Error(ErrorCode::kNotFound, dir_.string() + ": no key '" + std::string(key) + "'");
   if (e->kind != EntryKind::kTensor) {
     throw Error(ErrorCode::kMismatch, dir_.string() + ": key '" + std::string(key) + "' is a " +
@@ -104,7 +105,7 @@ void Reader::ReadRegionEx(std::string_view key_view, const Box& region, void* ou
 
 void Reader::ReadChunk(std::string_view key_view, std::size_t chunk_index, void* out, bool verify) {
   const std::string key(key_view);
-  const EntryMeta* e = metadata_.Find(key);
+  const EntryMeta* e = metadata_->Find(key);
   if (!e) throw Error(ErrorCode::kNotFound, dir_.string() + ": no key '" + key + "'");
   if (chunk_index >= e->chunks.size()) {
     throw Error(ErrorCode::kInvalidArgument, "key '" + key + "': no chunk " + std::to_string(chunk_index));
@@ -117,7 +118,7 @@ void Reader::ReadChunk(std::string_view key_view, std::size_t chunk_index, void*
 
 std::vector<uint8_t> Reader::ReadBytes(std::string_view key_view, bool verify) {
   const std::string key(key_view);
-  const EntryMeta* e = metadata_.Find(key);
+  const EntryMeta* e = metadata_->Find(key);
   if (!e) throw Error(ErrorCode::kNotFound, dir_.string() + ": no key '" + key + "'");
   if (e->kind != EntryKind::kBytes) {
     throw Error(ErrorCode::kMismatch, "key '" + key + "' is a " + std::string(EntryKindName(e->kind)) + ", not bytes");

@@ -12,9 +12,11 @@ namespace ckpt::internal {
 
 class Reader final : public CheckpointReader {
  public:
-  Reader(std::filesystem::path dir, Metadata metadata);
+  // Readers of one checkpoint may share its metadata (one reader per thread).
+  Reader(std::filesystem::path dir, std::shared_ptr<const Metadata> metadata);
 
-  const Metadata& metadata() const override { return metadata_; }
+  const Metadata& metadata() const override { return *metadata_; }
+  const std::shared_ptr<const Metadata>& shared_metadata() const { return metadata_; }
   const std::filesystem::path& dir() const override { return dir_; }
   void ReadRegion(std::string_view key, const Box& region, void* out, bool verify) override;
   void ReadChunk(std::string_view key, std::size_t chunk_index, void* out, bool verify) override;
@@ -30,7 +32,7 @@ class Reader final : public CheckpointReader {
   void VerifyDigest(const std::string& key, const ChunkMeta& chunk, const storage::Digest& digest) const;
 
   std::filesystem::path dir_;
-  Metadata metadata_;
+  std::shared_ptr<const Metadata> metadata_;
   std::map<std::string, std::unique_ptr<storage::ShardReader>> shards_;
   std::unordered_set<std::string> tiling_checked_;
   uint64_t bytes_read_ = 0;
