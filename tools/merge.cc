@@ -8,7 +8,7 @@ namespace ckpt::tools {
 namespace {
 
 struct MergeFlags {
-  std::string src, dst, dtype, compress = "none";
+  std::string src, dst, dtype, compress = "none", chunk_size = "16MiB";
   ops::MergeOptions o;
 };
 
@@ -22,11 +22,15 @@ void AddWriteFlags(CLI::App& app, MergeFlags& f) {
   app.add_option("--dtype", f.dtype, "Cast floating tensors (bfloat16, float16, float32, float64)");
   app.add_option("--compress", f.compress, "none, zstd or zstd:LEVEL")->capture_default_str();
   app.add_flag("--force", f.o.force, "Replace an existing DST");
+  app.add_option("--chunk-size", f.chunk_size,
+                 "Tensors larger than this are stored as several chunks (up to --max-memory / 8)")
+      ->capture_default_str();
 }
 
 int RunWrite(CLI::App& app, Common& common, MergeFlags& f, int argc, char** argv) {
   return Run(app, common, argc, argv, [&] {
     f.o.max_memory = ParseSize(common.max_memory);
+    f.o.chunk_bytes = ParseSize(f.chunk_size);
     if (!f.dtype.empty()) f.o.cast = ParseDType(f.dtype);
     f.o.compression = ParseCompression(f.compress);
     f.o.progress = !common.quiet;

@@ -11,6 +11,7 @@
 
 #include "ckpt/error.h"
 #include "ckpt/ops/source.h"
+#include "ops/elements.h"
 #include "ops/util.h"
 #include "storage/digest.h"
 
@@ -34,8 +35,10 @@ void CompareBlock(DType dtype, const uint8_t* a, const uint8_t* b, std::size_t n
   if (std::memcmp(a, b, n * item) == 0) {
     if (!floating || o.nan_equal) return;
     // Equal bytes, but NaN is not equal to NaN unless asked.
-    for (std::size_t i = 0; i < n; ++i)
-      if (std::isnan(ElementToDouble(dtype, a + i * item))) ++s.different, ++s.nan;
+    int64_t nan = 0, inf = 0;
+    detail::CountNonFinite(dtype, a, n, &nan, &inf);
+    s.different += static_cast<uint64_t>(nan);
+    s.nan += static_cast<uint64_t>(nan);
     return;
   }
   auto one = [&](double x, double y, bool bytes_equal) {
@@ -79,14 +82,14 @@ std::string Describe(const EntryMeta& e) {
 }
 
 std::string ContentHash(Source& src, const std::string& key, const EntryMeta& e, uint64_t budget,
-                        std::vector<uint8_t>& buf) {
+                        detail::Buffer& buf) {
   storage::Digest d(e.dtype, false);
   const std::size_t item = DTypeSize(e.dtype);
   for (const Box& block : detail::SplitBox(Box::Full(e.shape), item, budget)) {
     const auto bytes = static_cast<std::size_t>(block.NumElements()) * item;
-    buf.resize(std::max<std::size_t>(bytes, 8));
-    if (bytes) src.ReadRegion(key, block, buf.data());
-    d.Update(buf.data(), bytes);
+    uint8_t* p = buf.Get(std::max<std::size_t>(bytes, 8));
+    if (bytes) src.ReadRegion(key, block, p);
+    d.Update(p, bytes);
   }
   return d.Checksum();
 }
@@ -129,13 +132,13 @@ DiffReport Diff(const fs::path& a_path, const fs::path& b_path, const DiffOption
         throw Error(ErrorCode::kInvalidArgument, src->path().string() + ": tensor '" + *k +
                                                      "' is only partly in this shard; compare checkpoint directories");
 
-  const uint64_t budget = std::max<uint64_t>(o.max_memory / 8, uint64_t{1} << 20);
+  const uint64_t budget = std::max<uint64_t>(std::min(detail::kCacheBlockBytes, o.max_memory / 8), uint64_t{1} << 16);
   uint64_t total = 0;
   if (!o.keys_only)
     for (const auto& [k, e] : both)
       if (e->kind == EntryKind::kTensor) total += e->TensorBytes();
   detail::Progress progress("diff", total, o.progress);
-  std::vector<uint8_t> ba, bb;
+  detail::Buffer ba, bb;
 
   // Renames: a key only in A and one only in B with the same dtype, shape and values.
   std::vector<bool> renamed_a(only_a.size()), renamed_b(only_b.size());
@@ -220,13 +223,13 @@ DiffReport Diff(const fs::path& a_path, const fs::path& b_path, const DiffOption
       const std::size_t item = DTypeSize(ea->dtype);
       for (const Box& block : detail::SplitBox(Box::Full(ea->shape), item, budget)) {
         const auto n = static_cast<std::size_t>(block.NumElements());
-        ba.resize(std::max<std::size_t>(n * item, 8));
-        bb.resize(std::max<std::size_t>(n * item, 8));
+        uint8_t* pa = ba.Get(std::max<std::size_t>(n * item, 8));
+        uint8_t* pb = bb.Get(std::max<std::size_t>(n * item, 8));
         if (n) {
-          a->ReadRegion(key, block, ba.data());
-          b->ReadRegion(key, block, bb.data());
+          a->ReadRegion(key, block, pa);
+          b->ReadRegion(key, block, pb);
         }
-        CompareBlock(ea->dtype, ba.data(), bb.data(), n, o, s);
+        CompareBlock(ea->dtype, pa, pb, n, o, s);
         r.bytes_compared += n * item;
         progress.Add(n * item);
       }

@@ -36,12 +36,12 @@ TensorStats StreamStats(Source& src, const std::string& key, const EntryMeta& e,
                         detail::Progress& progress) {
   detail::StatsAccumulator acc;
   const std::size_t item = DTypeSize(e.dtype);
-  std::vector<uint8_t> buf;
+  detail::Buffer buf;
   for (const Box& block : detail::SplitBox(Box::Full(e.shape), item, budget)) {
     const auto n = static_cast<std::size_t>(block.NumElements());
-    buf.resize(n * item);
-    src.ReadRegion(key, block, buf.data());
-    acc.Add(e.dtype, buf.data(), n);
+    uint8_t* p = buf.Get(std::max<std::size_t>(n * item, 8));
+    if (n) src.ReadRegion(key, block, p);
+    acc.Add(e.dtype, p, n);
     progress.Add(n * item);
   }
   return TensorStats{acc.min, acc.max, acc.mean(), acc.stddev(), acc.nan, acc.inf, acc.finite, true};
@@ -100,7 +100,8 @@ InspectReport Inspect(const std::filesystem::path& path, const InspectOptions& o
     r.files.push_back(std::move(fi));
   }
   r.total_keys = md.entries.size();
-  const uint64_t budget = std::max<uint64_t>(options.max_memory / 4, 1 << 20);
+  const uint64_t budget =
+      std::max<uint64_t>(std::min(detail::kCacheBlockBytes, options.max_memory / 4), uint64_t{1} << 16);
   uint64_t stats_bytes = 0;
   for (const auto& [key, e] : md.entries) {
     if (!options.keys.empty() && !detail::MatchesAny(options.keys, key)) continue;

@@ -48,19 +48,18 @@ DType OutType(const EntryMeta& e, const MergeOptions& o) {
 // Streams tensor `key` block by block in row-major order; fn(block, data, bytes).
 template <typename Fn>
 void StreamTensor(Source& src, const std::string& key, const EntryMeta& e, const Box& part,
-                  DType out_dtype, uint64_t budget, std::vector<uint8_t>& in,
-                  std::vector<uint8_t>& out, Fn&& fn) {
+                  DType out_dtype, uint64_t budget, detail::Buffer& in, detail::Buffer& out, Fn&& fn) {
   const std::size_t in_item = DTypeSize(e.dtype), out_item = DTypeSize(out_dtype);
   for (const Box& block : detail::SplitBox(part, std::max(in_item, out_item), budget)) {
     const auto n = static_cast<std::size_t>(block.NumElements());
-    in.resize(std::max<std::size_t>(n * in_item, 8));
-    if (n > 0) src.ReadRegion(key, block, in.data());
+    uint8_t* data = in.Get(std::max<std::size_t>(n * in_item, 8));
+    if (n > 0) src.ReadRegion(key, block, data);
     if (out_dtype == e.dtype) {
-      fn(block, in.data(), n * in_item);
+      fn(block, data, n * in_item);
     } else {
-      out.resize(std::max<std::size_t>(n * out_item, 8));
-      detail::CastElements(e.dtype, in.data(), out_dtype, out.data(), n);
-      fn(block, out.data(), n * out_item);
+      uint8_t* cast = out.Get(std::max<std::size_t>(n * out_item, 8));
+      detail::CastElements(e.dtype, data, out_dtype, cast, n);
+      fn(block, cast, n * out_item);
     }
   }
 }
@@ -119,7 +118,7 @@ void WriteCheckpoint(Source& src, const std::vector<Selected>& sel, const fs::pa
   detail::Progress progress(o.world ? "reshard" : "merge", total, o.progress);
   {
     auto writer = CheckpointWriter::Create(staging, wo);
-    std::vector<uint8_t> in, out;
+    detail::Buffer in, out;
     int next_whole = 0;  // tensors too small to split go to the files in turn
     for (const auto& s : sel) {
       const std::string& key = *s.key;
@@ -207,7 +206,7 @@ void WriteSafetensors(Source& src, const std::vector<Selected>& sel, const fs::p
       meta.emplace_back(it.key(), it.value().is_string() ? it.value().get<std::string>() : it.value().dump());
   SafetensorsWriter w(dst, specs, meta, o.force);
   detail::Progress progress("convert", total, o.progress);
-  std::vector<uint8_t> in, out;
+  detail::Buffer in, out;
   for (const auto& s : sel) {
     if (s.entry->kind != EntryKind::kTensor) continue;
     StreamTensor(src, *s.key, *s.entry, Box::Full(s.entry->shape), OutType(*s.entry, o), budget, in, out,
@@ -322,7 +321,8 @@ MergeReport Merge(const fs::path& src_path, const fs::path& dst, const MergeOpti
   r.src = src_path.string();
   r.dst = dst.string();
   // Two block buffers (read, cast) of at most `budget` each, well inside max_memory.
-  const uint64_t budget = std::max<uint64_t>(o.max_memory / 8, uint64_t{1} << 20);
+  const uint64_t budget =
+      std::max<uint64_t>(std::min<uint64_t>(o.chunk_bytes, o.max_memory / 8), uint64_t{1} << 16);
   if (o.virtual_file) {
     r.output = "virtual";
     WriteVirtual(*src, sel, dst, o, r);

@@ -36,28 +36,50 @@ constexpr NameMap kNames[] = {
   throw Error(ErrorCode::kCorrupt, path.string() + ": " + msg);
 }
 
-// Parses JSON and rejects duplicate keys in any object (nlohmann keeps the last one).
-json ParseStrict(const std::string& text, const std::filesystem::path& path) {
-  std::vector<std::set<std::string>> seen;
-  std::string dup;
-  json::parser_callback_t cb = [&](int /*depth*/, json::parse_event_t event, json& parsed) {
-    if (event == json::parse_event_t::object_start) {
-      seen.emplace_back();
-    } else if (event == json::parse_event_t::object_end) {
-      seen.pop_back();
-    } else if (event == json::parse_event_t::key) {
-      const auto& k = parsed.get_ref<const std::string&>();
-      if (!seen.back().insert(k).second && dup.empty()) dup = k;
+// A SAX pass that finds the first duplicate member name in any object. (nlohmann keeps
+// the last of duplicates silently, and its parser-callback route is quadratic in the
+// number of members, so duplicates are found here, in linear time, before parsing.)
+struct DuplicateFinder {
+  std::vector<std::set<std::string>> open;
+  std::string duplicate;
+  bool null() { return true; }
+  bool boolean(bool) { return true; }
+  bool number_integer(json::number_integer_t) { return true; }
+  bool number_unsigned(json::number_unsigned_t) { return true; }
+  bool number_float(json::number_float_t, const std::string&) { return true; }
+  bool string(std::string&) { return true; }
+  bool binary(json::binary_t&) { return true; }
+  bool start_object(std::size_t) {
+    open.emplace_back();
+    return true;
+  }
+  bool key(std::string& k) {
+    if (!open.back().insert(k).second) {
+      duplicate = k;
+      return false;
     }
     return true;
-  };
+  }
+  bool end_object() {
+    open.pop_back();
+    return true;
+  }
+  bool start_array(std::size_t) { return true; }
+  bool end_array() { return true; }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) { return false; }
+};
+
+// Parses JSON, rejecting duplicate keys in any object.
+json ParseStrict(const std::string& text, const std::filesystem::path& path) {
   json j;
   try {
-    j = json::parse(text, cb);
+    j = json::parse(text);
   } catch (const json::exception& e) {
     Corrupt(path, std::string("header is not valid JSON: ") + e.what());
   }
-  if (!dup.empty()) Corrupt(path, "header has duplicate key '" + dup + "'");
+  DuplicateFinder dups;
+  json::sax_parse(text, &dups);
+  if (!dups.duplicate.empty()) Corrupt(path, "header has duplicate key '" + dups.duplicate + "'");
   return j;
 }
 

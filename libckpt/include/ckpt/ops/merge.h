@@ -6,7 +6,7 @@
 //   - one HDF5 file of virtual datasets stitching each full tensor from the source's
 //     shards (`virtual_file`): no byte copied.
 // Memory is bounded by `max_memory` whatever the size of the checkpoint: tensors are
-// copied in blocks, and larger tensors are stored as several chunks. The output is
+// copied in blocks of at most `chunk_bytes`, and larger tensors stored as several chunks. The output is
 // written to a temporary sibling, verified, and only then renamed into place.
 //
 // Thread-safety: Merge is reentrant.
@@ -31,6 +31,10 @@ struct MergeOptions {
   std::optional<DType> cast;         // cast floating tensors to this dtype
   Compression compression;
   uint64_t max_memory = uint64_t{1} << 30;
+  // Tensors larger than this are copied, and stored, as several chunks of whole rows.
+  // Small blocks stay in the CPU cache between read and write; a larger value (up to
+  // max_memory / 8) gives one dataset per tensor for readers that want that.
+  uint64_t chunk_bytes = uint64_t{16} << 20;
   bool force = false;         // replace an existing destination
   bool virtual_file = false;  // write HDF5 virtual datasets instead of copies
   bool verify_data = false;   // also re-read and checksum the output before committing it

@@ -1,0 +1,119 @@
+#!/usr/bin/python3
+"""The tools benchmark: on the gpt2s workload (~1.5 GB, 4 shard files) measures
+merge against `cp` of the same bytes, verify against a raw read, diff throughput,
+inspect on a 100,000-key checkpoint, and every tool's peak RSS (default --max-memory).
+
+  bench/tools/bench.py --bin BUILD/tools --gen BUILD/bench/tools/ckpt-bench-tools-gen --dir SCRATCH
+
+Page cache: the data set fits in memory, so every figure is a warm-cache figure (both
+sides of each comparison read from the page cache); writes end with fsync (ckpt's
+commit) against `cp` followed by `sync`.
+"""
+import argparse
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+
+def measure(cmd, **kw):
+    """Runs cmd; returns (seconds, peak RSS in MiB of the child, returncode)."""
+    t0 = time.perf_counter()
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **kw)
+    _, status, ru = os.wait4(p.pid, 0)
+    dt = time.perf_counter() - t0
+    err = p.stderr.read().decode(errors="replace")
+    p.stderr.close()
+    rc = os.waitstatus_to_exitcode(status)
+    if rc != 0 and not kw.get("allow_fail"):
+        print(f"command failed ({rc}): {' '.join(cmd)}\n{err}", file=sys.stderr)
+    return dt, ru.ru_maxrss / 1024.0, rc
+
+
+def best(n, fn):
+    runs = [fn() for _ in range(n)]
+    return min(runs, key=lambda r: r[0])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--gen", required=True)
+    ap.add_argument("--dir", required=True)
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--keys", type=int, default=10000,
+                    help="keys of the many-key checkpoint (100000 once the core metadata parser is linear)")
+    a = ap.parse_args()
+    tool = lambda name: os.path.join(a.bin, name)
+    d = os.path.join(a.dir, "tools")
+    os.makedirs(d, exist_ok=True)
+    src = os.path.join(d, "gpt2s-4")
+    many = os.path.join(d, f"many-{a.keys}")
+    if not os.path.exists(os.path.join(src, "metadata.json")):
+        print("generating gpt2s over 4 shards ...", flush=True)
+        subprocess.run([a.gen, "gpt2s", src, "--world", "4"], check=True)
+    if not os.path.exists(os.path.join(many, "metadata.json")):
+        print(f"generating a {a.keys:,}-key checkpoint ...", flush=True)
+        subprocess.run([a.gen, "many", many, "--keys", str(a.keys)], check=True)
+    shards = sorted(glob.glob(os.path.join(src, "*.h5")))
+    nbytes = sum(os.path.getsize(f) for f in shards)
+    gib = nbytes / 2 ** 30
+    # Warm the page cache so both sides of every comparison read from memory.
+    subprocess.run(["cat"] + shards, stdout=subprocess.DEVNULL, check=True)
+
+    res = {"bytes": nbytes, "files": len(shards)}
+    out_cp = os.path.join(d, "cp-copy")
+    out_merge = os.path.join(d, "merged")
+
+    def run_cp():
+        shutil.rmtree(out_cp, ignore_errors=True)
+        return measure(["sh", "-c", f"cp -r '{src}' '{out_cp}' && sync"])
+
+    def run_merge():
+        shutil.rmtree(out_merge, ignore_errors=True)
+        return measure([tool("ckpt-merge"), src, out_merge, "-q"])
+
+    res["raw_read"] = best(a.repeat, lambda: measure(["cat"] + shards))
+    res["verify"] = best(a.repeat, lambda: measure([tool("ckpt-verify"), src, "-q"]))
+    res["verify_quick"] = best(a.repeat, lambda: measure([tool("ckpt-verify"), src, "--quick", "-q"]))
+    res["cp"] = best(a.repeat, run_cp)
+    res["merge"] = best(a.repeat, run_merge)
+    res["diff"] = best(a.repeat, lambda: measure([tool("ckpt-diff"), src, out_merge, "-q"]))
+    res["inspect_100k"] = best(a.repeat, lambda: measure([tool("ckpt-inspect"), many, "-q"]))
+    res["inspect_stats"] = best(a.repeat, lambda: measure([tool("ckpt-inspect"), src, "--stats", "-q"]))
+    st = os.path.join(d, "merged.safetensors")
+
+    def run_convert():
+        if os.path.exists(st):
+            os.remove(st)
+        return measure([tool("ckpt-convert"), src, st, "-q"])
+
+    res["convert"] = best(a.repeat, run_convert)
+    shutil.rmtree(out_cp, ignore_errors=True)
+
+    def rate(k):
+        return gib / res[k][0]
+
+    print(f"\nckpt tools on gpt2s: {nbytes:,} bytes in {len(shards)} shard files (warm page cache)\n")
+    print(f"{'operation':<34}{'time s':>8}{'GiB/s':>8}{'peak RSS MiB':>14}")
+    rows = [("raw read (cat shards)", "raw_read", True), ("ckpt-verify (all checksums)", "verify", True),
+            ("ckpt-verify --quick", "verify_quick", False), ("cp -r + sync", "cp", True),
+            ("ckpt-merge -> FULL, 1 file", "merge", True), ("ckpt-diff sharded vs merged", "diff", True),
+            ("ckpt-convert -> .safetensors", "convert", True), ("ckpt-inspect --stats", "inspect_stats", False),
+            (f"ckpt-inspect ({a.keys:,} keys)", "inspect_100k", False)]
+    for label, k, thr in rows:
+        t, rss, _ = res[k]
+        print(f"{label:<34}{t:>8.2f}{(f'{rate(k):.2f}' if thr else '-'):>8}{rss:>14.0f}")
+    print(f"\nmerge / cp throughput:        {res['cp'][0] / res['merge'][0]:.2f}x  (target >= 0.8)")
+    print(f"verify / raw read throughput: {res['raw_read'][0] / res['verify'][0]:.2f}x  (target >= 0.8)")
+    peak = max(res[k][1] for k in ("verify", "merge", "diff", "convert", "inspect_stats", "inspect_100k"))
+    print(f"largest tool peak RSS:        {peak:.0f} MiB  (target < 300 MiB)")
+    with open(os.path.join(d, "results.json"), "w") as f:
+        json.dump({k: (list(v) if isinstance(v, tuple) else v) for k, v in res.items()}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

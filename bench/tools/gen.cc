@@ -1,0 +1,117 @@
+// bench/tools/gen.cc: makes the checkpoints the tools benchmark runs on.
+//   ckpt-bench-tools-gen gpt2s DIR [--world 4]   GPT-2 small + Adam state (the shapes of
+//       shared/bench/workloads.py gpt2s: 592 tensors, 1,493,278,880 bytes), saved by
+//       `world` thread ranks, every tensor split along dim 0 as FSDP would
+//   ckpt-bench-tools-gen many DIR [--keys 100000] one file of that many 4-element tensors
+// Values are deterministic pseudo-random floats (incompressible, like trained weights).
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ckpt/ckpt.h"
+
+namespace {
+
+using Param = std::pair<std::string, ckpt::Shape>;
+
+std::vector<Param> Gpt2sParams() {
+  const int64_t d = 768, vocab = 50257, ctx = 1024;
+  std::vector<Param> p = {{"transformer.wte.weight", {vocab, d}}, {"transformer.wpe.weight", {ctx, d}}};
+  for (int i = 0; i < 12; ++i) {
+    const std::string h = "transformer.h." + std::to_string(i) + ".";
+    p.insert(p.end(), {{h + "ln_1.weight", {d}}, {h + "ln_1.bias", {d}},
+                       {h + "attn.c_attn.weight", {d, 3 * d}}, {h + "attn.c_attn.bias", {3 * d}},
+                       {h + "attn.c_proj.weight", {d, d}}, {h + "attn.c_proj.bias", {d}},
+                       {h + "ln_2.weight", {d}}, {h + "ln_2.bias", {d}},
+                       {h + "mlp.c_fc.weight", {d, 4 * d}}, {h + "mlp.c_fc.bias", {4 * d}},
+                       {h + "mlp.c_proj.weight", {4 * d, d}}, {h + "mlp.c_proj.bias", {d}}});
+  }
+  p.insert(p.end(), {{"transformer.ln_f.weight", {d}}, {"transformer.ln_f.bias", {d}}});
+  return p;
+}
+
+void Fill(std::vector<float>& v, uint64_t seed) {
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (auto& x : v) {
+    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+    x = (static_cast<float>(s >> 40) / 16777216.0f - 0.5f) * 0.04f;
+  }
+}
+
+uint64_t Hash(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (char c : s) h = (h ^ static_cast<uint8_t>(c)) * 1099511628211ull;
+  return h;
+}
+
+int Gpt2s(const std::string& dir, int world) {
+  std::vector<Param> tensors;
+  for (const auto& [name, shape] : Gpt2sParams()) tensors.emplace_back(name, shape);
+  for (const auto& [name, shape] : Gpt2sParams()) {
+    const std::string st = "optimizer.state." + name + ".";
+    tensors.emplace_back(st + "step", ckpt::Shape{});
+    tensors.emplace_back(st + "exp_avg", shape);
+    tensors.emplace_back(st + "exp_avg_sq", shape);
+  }
+  ckpt::RunThreads(world, [&](ckpt::Comm& comm) {
+    std::vector<std::vector<float>> data;
+    std::vector<int64_t> steps(tensors.size(), 1000);
+    data.reserve(tensors.size());
+    ckpt::StateDict sd;
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      const auto& [name, shape] = tensors[i];
+      if (shape.empty()) {
+        data.emplace_back();
+        sd.Add(name, ckpt::Tensor::Full(ckpt::DType::kInt64, shape, &steps[i]));
+        continue;
+      }
+      const int64_t n = shape[0], base = n / world, extra = n % world, r = comm.rank();
+      const int64_t begin = r * base + std::min(r, extra), rows = base + (r < extra ? 1 : 0);
+      int64_t row = 1;
+      for (std::size_t d = 1; d < shape.size(); ++d) row *= shape[d];
+      data.emplace_back(static_cast<std::size_t>(rows * row));
+      Fill(data.back(), Hash(name) + static_cast<uint64_t>(r));
+      sd.Add(name, ckpt::Tensor::Slice(ckpt::DType::kFloat32, shape, 0, begin, rows, data.back().data()));
+    }
+    ckpt::SaveOptions o;
+    o.overwrite = true;
+    ckpt::Save(dir, sd, comm, o);
+  });
+  return 0;
+}
+
+int Many(const std::string& dir, int keys) {
+  ckpt::CheckpointWriter::Options o;
+  o.overwrite = true;
+  auto w = ckpt::CheckpointWriter::Create(dir, o);
+  std::vector<float> v(4);
+  char name[32];
+  for (int i = 0; i < keys; ++i) {
+    Fill(v, static_cast<uint64_t>(i));
+    std::snprintf(name, sizeof name, "small.%06d", i);
+    w->WriteChunk(name, ckpt::DType::kFloat32, {4}, ckpt::Box::Full({4}), v.data());
+  }
+  w->Commit();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: %s gpt2s DIR [--world N] | many DIR [--keys N]\n", argv[0]);
+    return 2;
+  }
+  const std::string what = argv[1], dir = argv[2];
+  int n = what == "gpt2s" ? 4 : 100000;
+  if (argc >= 5) n = std::atoi(argv[4]);
+  try {
+    return what == "gpt2s" ? Gpt2s(dir, n) : Many(dir, n);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
+}
