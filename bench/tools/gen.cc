@@ -12,26 +12,12 @@
 #include <vector>
 
 #include "ckpt/ckpt.h"
+#include "common/gpt2s.h"
 
 namespace {
 
 using Param = std::pair<std::string, ckpt::Shape>;
-
-std::vector<Param> Gpt2sParams() {
-  const int64_t d = 768, vocab = 50257, ctx = 1024;
-  std::vector<Param> p = {{"transformer.wte.weight", {vocab, d}}, {"transformer.wpe.weight", {ctx, d}}};
-  for (int i = 0; i < 12; ++i) {
-    const std::string h = "transformer.h." + std::to_string(i) + ".";
-    p.insert(p.end(), {{h + "ln_1.weight", {d}}, {h + "ln_1.bias", {d}},
-                       {h + "attn.c_attn.weight", {d, 3 * d}}, {h + "attn.c_attn.bias", {3 * d}},
-                       {h + "attn.c_proj.weight", {d, d}}, {h + "attn.c_proj.bias", {d}},
-                       {h + "ln_2.weight", {d}}, {h + "ln_2.bias", {d}},
-                       {h + "mlp.c_fc.weight", {d, 4 * d}}, {h + "mlp.c_fc.bias", {4 * d}},
-                       {h + "mlp.c_proj.weight", {4 * d, d}}, {h + "mlp.c_proj.bias", {d}}});
-  }
-  p.insert(p.end(), {{"transformer.ln_f.weight", {d}}, {"transformer.ln_f.bias", {d}}});
-  return p;
-}
+using ckpt_bench::Gpt2sParams;
 
 void Fill(std::vector<float>& v, uint64_t seed) {
   uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
