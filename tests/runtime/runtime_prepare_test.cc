@@ -177,3 +177,21 @@ TEST_CASE("an optimizer needs its model prepared first; a user object round-trip
   CHECK(md.Find("optimizer.state.model.head.weight.exp_avg") != nullptr);
   CHECK(md.Find("optimizer.state.model.head.weight.step") != nullptr);
 }
+
+TEST_CASE("an accelerator that goes away takes its hooks with it") {
+  ckpt::RunThreads(2, [&](ckpt::Comm& c) {
+    Generator gen(1);
+    Classifier model(SmallConfig(Strategy::kFsdp).model, gen);
+    auto hooks = [&] {
+      std::size_t n = 0;
+      for (auto& [name, m] : model.NamedModules()) n += m->num_hooks();
+      return n;
+    };
+    {
+      Accelerator accel(c, {Strategy::kFsdp});
+      accel.Prepare(model);
+      CHECK(hooks() > 0);
+    }
+    CHECK(hooks() == 0);
+  });
+}

@@ -272,7 +272,14 @@ DistributedModel::DistributedModel(Accelerator& accel, Module& module, const std
   }
 }
 
-DistributedModel::~DistributedModel() = default;
+DistributedModel::~DistributedModel() {
+  // The module outlives its accelerator (a REQUIRES of Prepare): leave it without hooks
+  // or groups that point into the accelerator. Its parameters keep their local layout.
+  for (auto& [name, m] : module_->NamedModules()) {
+    for (auto& h : hooks_) m->RemoveHook(h.get());
+    m->SetTpGroup(TpGroup{});
+  }
+}
 
 Mat DistributedModel::Forward(const Mat& x) { return module_->Call(x); }
 void DistributedModel::Backward(const Mat& dy) { module_->CallBackward(dy); }

@@ -134,6 +134,7 @@ class Module {
   std::vector<NamedModule> NamedModules();  // this module first, as ""
 
   void AddHook(ModuleHook* hook) { hooks_.v.push_back(hook); }
+  void RemoveHook(ModuleHook* hook) { std::erase(hooks_.v, hook); }
   std::size_t num_hooks() const { return hooks_.v.size(); }
   void SetTpGroup(const TpGroup& group) { tp_ = group; }
   // Zeroes the gradients of this module's parameters (recursively).
