@@ -9,6 +9,8 @@
 // Single-threaded except inside ckpt::RunThreads, where each rank only reads shared data.
 #include <ckpt/ckpt.h>
 
+#include "interop_util.h"
+
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -24,6 +26,9 @@ namespace fs = std::filesystem;
 using ckpt::Box;
 using ckpt::DType;
 using ckpt::Shape;
+using ckpt_interop::ExtractBox;
+using ckpt_interop::UnevenSplit;
+using ckpt_interop::WriteFile;
 
 namespace {
 
@@ -100,41 +105,6 @@ std::vector<uint8_t> MakeData(const std::string& key, DType dtype, const Shape& 
         bits = InfBits(dtype) | ((i % 2) << (FormatOf(dtype).exp_bits + FormatOf(dtype).man_bits));
     }
     for (std::size_t b = 0; b < item; ++b) out[i * item + b] = static_cast<uint8_t>(bits >> (8 * b));
-  }
-  return out;
-}
-
-// Copies `box` of a row-major global tensor into a dense row-major buffer.
-std::vector<uint8_t> ExtractBox(const std::vector<uint8_t>& global, const Shape& shape,
-                                const Box& box, std::size_t item) {
-  const auto n = static_cast<std::size_t>(box.NumElements());
-  std::vector<uint8_t> out(n * item);
-  const std::size_t rank = shape.size();
-  std::vector<int64_t> idx(rank, 0);
-  for (std::size_t e = 0; e < n; ++e) {
-    std::size_t flat = 0;
-    for (std::size_t d = 0; d < rank; ++d)
-      flat = flat * static_cast<std::size_t>(shape[d]) + static_cast<std::size_t>(box.offsets[d] + idx[d]);
-    std::memcpy(&out[e * item], &global[flat * item], item);
-    for (std::size_t d = rank; d-- > 0;) {
-      if (++idx[d] < box.sizes[d]) break;
-      idx[d] = 0;
-    }
-  }
-  return out;
-}
-
-// Splits [0, n) into `parts` deliberately uneven ranges (part p gets about (p+1) shares).
-std::vector<std::pair<int64_t, int64_t>> UnevenSplit(int64_t n, int parts) {
-  const int64_t shares = static_cast<int64_t>(parts) * (parts + 1) / 2;
-  std::vector<std::pair<int64_t, int64_t>> out;
-  int64_t begin = 0;
-  int64_t acc = 0;
-  for (int p = 0; p < parts; ++p) {
-    acc += p + 1;
-    const int64_t end = (p == parts - 1) ? n : n * acc / shares;
-    out.emplace_back(begin, end - begin);
-    begin = end;
   }
   return out;
 }
@@ -394,13 +364,6 @@ void SaveCase(const Case& c, const fs::path& dir) {
     for (const auto& [key, text] : c.jsons) state.Add(key, ckpt::Json{text});
     ckpt::Save(dir, state, comm, opt);
   });
-}
-
-void WriteFile(const fs::path& path, const void* data, std::size_t n) {
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (f == nullptr) throw std::runtime_error("cannot create " + path.string());
-  const bool ok = (n == 0 || std::fwrite(data, 1, n, f) == n);
-  if (std::fclose(f) != 0 || !ok) throw std::runtime_error("cannot write " + path.string());
 }
 
 void WriteExpected(const Case& c, const fs::path& dir) {
