@@ -47,6 +47,8 @@ int main(int argc, char** argv) {
   app.add_flag("--resume", resume, "continue from the latest complete checkpoint in --ckpt-dir");
   app.add_option("--keep", keep, "checkpoints kept");
   app.add_flag("--full", full, "also write a FULL export to <ckpt-dir>/full at the end");
+  bool zstd = false;
+  app.add_flag("--zstd", zstd, "compress checkpoints (zstd, HDF5 filter 32015)");
   app.add_option("--log-every", log_every, "print the loss every N steps");
   app.add_option("--dim", cfg.model.dim, "model width");
   app.add_option("--hidden", cfg.model.hidden, "MLP hidden width");
@@ -123,7 +125,9 @@ int main(int argc, char** argv) {
         if (s % log_every == 0) sum = 0, n = 0;
         if (mgr && ((save_every > 0 && s % save_every == 0) || (s == steps && save_every == 0))) {
           const auto t0 = std::chrono::steady_clock::now();
-          const auto dir = mgr->Save(s);
+          rt::SaveStateOptions so;
+          if (zstd) so.compression.codec = ckpt::Compression::Codec::kZstd;
+          const auto dir = mgr->Save(s, so);
           const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
           if (root) std::printf("saved %s (%.1f ms)\n", dir.string().c_str(), ms);
         }

@@ -164,3 +164,24 @@ TEST_CASE("buffers are replicated, saved once and restored; keys do not depend o
   }
   for (const auto& k : key_sets) CHECK(k == key_sets[0]);
 }
+
+TEST_CASE("compressed (zstd) sharded state loads bit-identically elsewhere") {
+  ckpt_test::TempDir tmp("zstd");
+  Saved saved;
+  ckpt::RunThreads(3, [&](ckpt::Comm& c) {
+    Trainer t(c, SmallConfig(Strategy::kFsdp));
+    for (int i = 0; i < 2; ++i) t.Step();
+    auto full = rt_test::Gather(t.accelerator());
+    SaveStateOptions o;
+    o.compression.codec = ckpt::Compression::Codec::kZstd;
+    t.accelerator().SaveState(tmp / "z", o);
+    if (c.rank() == 0) {
+      saved.tensors = std::move(full);
+      saved.step = t.scheduler().last_step();
+      saved.loader_index = t.loader().index();
+    }
+  });
+  const ckpt::Metadata md = ckpt::ReadMetadata(tmp / "z");
+  CHECK(md.Find("model.head.weight")->chunks[0].compression.codec == ckpt::Compression::Codec::kZstd);
+  LoadAndCompare(saved, tmp / "z", Strategy::kTp, 2);
+}
