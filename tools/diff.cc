@@ -23,7 +23,8 @@ int DiffMain(int argc, char** argv) {
   app.add_option("--rtol", o.rtol, "Relative tolerance")->check(CLI::NonNegativeNumber);
   app.add_flag("--nan-equal", o.nan_equal, "Treat NaN as equal to NaN");
   app.add_flag("--keys-only", o.keys_only, "Compare keys, kinds, dtypes and shapes only; read no data");
-  app.add_option("--exclude", o.exclude, "Skip keys matching this glob (repeatable)");
+  app.add_option("--exclude", o.exclude, "Skip keys matching this glob (repeatable)")
+      ->allow_extra_args(false)->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   return Run(app, common, argc, argv, [&] {
     o.max_memory = ParseSize(common.max_memory);
     o.progress = !common.quiet;

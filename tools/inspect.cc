@@ -20,7 +20,8 @@ int InspectMain(int argc, char** argv) {
   bool tree = false;
   app.add_option("PATH", path, "Checkpoint directory, shard .h5 or .safetensors file")->required();
   app.add_flag("--tree", tree, "Group keys by their dotted prefixes, with subtotals");
-  app.add_option("--key", o.keys, "Only keys matching this glob (repeatable)");
+  app.add_option("--key", o.keys, "Only keys matching this glob (repeatable)")
+      ->allow_extra_args(false)->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_flag("--stats", o.stats, "Per tensor min, max, mean, std, NaN and Inf counts");
   return Run(app, common, argc, argv, [&] {
     o.max_memory = ParseSize(common.max_memory);

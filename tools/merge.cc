@@ -56,8 +56,10 @@ int MergeMain(int argc, char** argv) {
   AddCommon(app, common, "ckpt-merge", true);
   MergeFlags f;
   AddWriteFlags(app, f);
-  app.add_option("--keys", f.o.keys, "Only keys matching this glob (repeatable)");
-  app.add_option("--exclude", f.o.exclude, "Skip keys matching this glob (repeatable), e.g. 'optimizer.*'");
+  app.add_option("--keys", f.o.keys, "Only keys matching this glob (repeatable)")
+      ->allow_extra_args(false)->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  app.add_option("--exclude", f.o.exclude, "Skip keys matching this glob (repeatable), e.g. 'optimizer.*'")
+      ->allow_extra_args(false)->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_flag("--virtual", f.o.virtual_file,
                "Write one HDF5 file of virtual datasets that stitch each tensor from the shards");
   app.add_flag("--verify-data", f.o.verify_data, "Re-read and checksum the output before committing it");

@@ -286,6 +286,13 @@ def test_merge(tools, tmp, st_path, ck):
     tools.run("ckpt-merge", ck, full, "--force", "--exclude", "opt.*", expect=0)
     got, md = read_ckpt_with_h5py(full)
     check("opt.step" not in got and len(got) == 6, "--exclude 'opt.*'")
+    # Repeatable glob flags take one value each, before or after the positionals.
+    sel = os.path.join(tmp, "selected")
+    tools.run("ckpt-merge", "--exclude", "opt.*", "--keys", "model.layers.*", "--keys", "model.norm.*", ck, sel,
+              expect=0)
+    got, md = read_ckpt_with_h5py(sel)
+    check(sorted(got) == sorted(k for k in tensors if k.startswith(("model.layers.", "model.norm."))),
+          f"--keys / --exclude before positionals: {sorted(got)}")
     re3 = os.path.join(tmp, "re3")
     tools.run("ckpt-merge", full, re3, "--world", 3, "--dim", 1, "--max-memory", "64", expect=0)
     got, md = read_ckpt_with_h5py(re3)
