@@ -335,7 +335,11 @@ void Save(const std::filesystem::path& dir, const StateDict& state, Comm& comm, 
   staging = plan["staging"].get<std::string>();
 
   // Step 4: write this rank's shard.
-  json results = json::array();
+  struct Written {
+    std::size_t key, region;
+    ChunkMeta meta;
+  };
+  std::vector<Written> written;
   uint64_t file_bytes = 0;
   const std::string file_name = internal::ShardFileName(rank, world);
   std::string failure;
@@ -354,7 +358,7 @@ void Save(const std::filesystem::path& dir, const StateDict& state, Comm& comm, 
           const auto& b = std::get<Bytes>(e);
           meta = writer.WriteBytes(key, b.data.data(), b.data.size());
         }
-        results.push_back({w[2], w[3], internal::ChunkToJson(meta, std::holds_alternative<Tensor>(e))});
+        written.push_back(Written{w[2], w[3], std::move(meta)});
       }
       file_bytes = writer.Finish();
     }
@@ -368,8 +372,18 @@ void Save(const std::filesystem::path& dir, const StateDict& state, Comm& comm, 
     if (root) storage::RemoveAllQuietly(staging);
     throw;
   }
-  const json my_result = {{"file", file_name}, {"bytes", file_bytes}, {"chunks", results}};
-  std::vector<ByteBuffer> all_results = comm.Gather(ToBuffer(my_result.dump()), 0);
+  // Other ranks send what they wrote as one JSON document; rank 0 keeps its own as is.
+  std::string my_result;
+  if (!root) {
+    my_result = "{\"file\":" + json(file_name).dump() + ",\"bytes\":" + std::to_string(file_bytes) + ",\"chunks\":[";
+    for (std::size_t i = 0; i < written.size(); ++i) {
+      const Written& w = written[i];
+      my_result += (i ? ",[" : "[") + std::to_string(w.key) + "," + std::to_string(w.region) + "," +
+                   internal::ChunkToJson(w.meta, /*tensor_chunk=*/true) + "]";
+    }
+    my_result += "]}";
+  }
+  std::vector<ByteBuffer> all_results = comm.Gather(ToBuffer(my_result), 0);
 
   // Step 5: metadata.json and the rename, on rank 0.
   internal::Phase(comm, [&] {
@@ -381,16 +395,18 @@ void Save(const std::filesystem::path& dir, const StateDict& state, Comm& comm, 
       m.mesh = options.mesh;
       m.user = options.user_metadata;
       internal::StampMetadata(m);
-      std::vector<std::vector<ChunkMeta>> chunks(plans.size());
-      for (auto& c : chunks) c.reserve(1);
       std::vector<std::vector<std::pair<std::size_t, ChunkMeta>>> placed(plans.size());
-      for (int r = 0; r < world; ++r) {
+      if (!written.empty()) m.files.push_back(FileMeta{file_name, 0, file_bytes});
+      for (Written& w : written) placed[w.key].emplace_back(w.region, std::move(w.meta));
+      for (int r = 1; r < world; ++r) {
         const json res = json::parse(ToString(all_results[r]));
         const auto& cs = res["chunks"];
         if (!cs.empty()) m.files.push_back(FileMeta{res["file"], r, res["bytes"]});
         for (const json& c : cs) {
           const std::size_t k = c[0], g = c[1];
-          placed[k].emplace_back(g, internal::ChunkFromJson(c[2].get<std::string>(), plans[k].kind == "tensor"));
+          ChunkMeta meta = internal::ChunkFromJson(c[2], plans[k].kind == "tensor");
+          if (plans[k].kind != "tensor") meta.box = Box{{0}, {static_cast<int64_t>(plans[k].size)}};
+          placed[k].emplace_back(g, std::move(meta));
         }
       }
       for (std::size_t k = 0; k < plans.size(); ++k) {

@@ -83,55 +83,87 @@ double StatNumber(const json& v) {
 }
 json StatJson(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
 
+// First pass over the text: nesting depth, duplicate keys (nlohmann::json would silently
+// keep the last one) and the order of the entries. A SAX pass, linear in the text; the
+// callback parser would rescan every parent object at each member's end.
+class LimitsChecker : public nlohmann::json_sax<json> {
+ public:
+  LimitsChecker(int max_depth, std::vector<std::string>* entry_order)
+      : max_depth_(max_depth), entry_order_(entry_order) {}
+  const std::string& problem() const { return problem_; }
+
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override {
+    objects_.emplace_back();
+    return Enter();
+  }
+  bool key(string_t& k) override {
+    Open& o = objects_.back();
+    if (!o.keys.insert(k).second) return Fail("duplicate key '" + k + "'");
+    o.last_key = k;
+    // Keys of the top-level "entries" object, in document order.
+    if (objects_.size() == 2 && depth_ == 2 && objects_[0].last_key == n::kEntries) entry_order_->push_back(k);
+    return true;
+  }
+  bool end_object() override {
+    objects_.pop_back();
+    --depth_;
+    return true;
+  }
+  bool start_array(std::size_t) override {
+    objects_.emplace_back();  // arrays have no keys; keeps objects_[i] aligned with depth
+    return Enter();
+  }
+  bool end_array() override {
+    objects_.pop_back();
+    --depth_;
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
+    return Fail(std::string("invalid JSON: ") + e.what());
+  }
+
+ private:
+  struct Open {
+    std::unordered_set<std::string> keys;
+    std::string last_key;
+  };
+  bool Enter() {
+    if (++depth_ > max_depth_) return Fail("JSON nesting deeper than " + std::to_string(max_depth_));
+    return true;
+  }
+  bool Fail(std::string why) {
+    if (problem_.empty()) problem_ = std::move(why);
+    return false;
+  }
+  int max_depth_;
+  int depth_ = 0;
+  std::vector<Open> objects_;
+  std::vector<std::string>* entry_order_;
+  std::string problem_;
+};
+
 json ParseWithLimits(std::string_view text, std::string_view source, const ParseLimits& limits,
                      std::vector<std::string>* entry_order) {
   if (text.size() > limits.max_bytes) {
     Corrupt(source, std::to_string(text.size()) + " bytes exceeds the limit of " +
                         std::to_string(limits.max_bytes));
   }
-  // Duplicate keys and nesting depth are checked during parsing: nlohmann::json would
-  // silently keep the last duplicate.
-  struct OpenObject {
-    std::unordered_set<std::string> keys;
-    std::string last_key;
-  };
-  std::vector<OpenObject> open_objects;
-  std::string problem;
-  auto callback = [&](int depth, json::parse_event_t event, json& parsed) -> bool {
-    if (!problem.empty()) return false;
-    if (depth > limits.max_depth) {
-      problem = "JSON nesting deeper than " + std::to_string(limits.max_depth);
-      return false;
-    }
-    switch (event) {
-      case json::parse_event_t::object_start: open_objects.emplace_back(); break;
-      case json::parse_event_t::object_end:
-        if (!open_objects.empty()) open_objects.pop_back();
-        break;
-      case json::parse_event_t::key: {
-        const auto& key = parsed.get_ref<const std::string&>();
-        if (!open_objects.empty() && !open_objects.back().keys.insert(key).second) {
-          problem = "duplicate key '" + key + "'";
-          return false;
-        }
-        if (!open_objects.empty()) open_objects.back().last_key = key;
-        // Keys of the top-level "entries" object, in document order.
-        if (open_objects.size() == 2 && open_objects[0].last_key == n::kEntries) entry_order->push_back(key);
-        break;
-      }
-      default: break;
-    }
-    return true;
-  };
-  json doc;
+  LimitsChecker checker(limits.max_depth, entry_order);
+  if (!json::sax_parse(text.begin(), text.end(), &checker) || !checker.problem().empty()) {
+    Corrupt(source, checker.problem().empty() ? std::string("invalid JSON") : checker.problem());
+  }
   try {
-    doc = json::parse(text.begin(), text.end(), callback);
+    return json::parse(text.begin(), text.end());
   } catch (const json::exception& e) {
-    if (!problem.empty()) Corrupt(source, problem);
     Corrupt(source, std::string("invalid JSON: ") + e.what());
   }
-  if (!problem.empty()) Corrupt(source, problem);
-  return doc;
 }
 
 ChunkMeta ParseChunk(const Ctx& ctx, const json& c, bool tensor_chunk, int max_rank) {
@@ -251,7 +283,7 @@ EntryMeta ParseEntry(const Ctx& ctx, const json& e, const std::unordered_set<std
 
 namespace internal {
 std::string ChunkToJson(const ChunkMeta& c, bool tensor_chunk);
-ChunkMeta ChunkFromJson(std::string_view text, bool tensor_chunk);
+ChunkMeta ChunkFromJson(const json& chunk, bool tensor_chunk);
 }  // namespace internal
 
 namespace {
@@ -283,9 +315,9 @@ ojson ChunkJson(const ChunkMeta& c, bool tensor_chunk) {
 
 std::string internal::ChunkToJson(const ChunkMeta& c, bool tensor_chunk) { return ChunkJson(c, tensor_chunk).dump(); }
 
-ChunkMeta internal::ChunkFromJson(std::string_view text, bool tensor_chunk) {
+ChunkMeta internal::ChunkFromJson(const json& chunk, bool tensor_chunk) {
   const Ctx ctx{"chunk message", ""};
-  return ParseChunk(ctx, json::parse(text), tensor_chunk, ParseLimits{}.max_rank);
+  return ParseChunk(ctx, chunk, tensor_chunk, ParseLimits{}.max_rank);
 }
 
 std::string_view StateDictTypeName(StateDictType type) {
@@ -337,13 +369,15 @@ Metadata ParseMetadata(std::string_view text, std::string_view source, const Par
   if (ctx.Str(doc, n::kFormat) != n::kFormatName) ctx.Fail("'format' is not \"ckpt\"");
   const json& version = ctx.Req(doc, n::kFormatVersion);
   if (!version.is_number_integer()) ctx.Fail("'format_version' must be an integer");
-  m.format_version = version.get<int>();
-  if (m.format_version > kFormatVersion) {
+  // Compared in 64 bits before narrowing: get<int>() would wrap 4294967297 to 1.
+  if (version.is_number_unsigned() ? version.get<uint64_t>() > static_cast<uint64_t>(kFormatVersion)
+                                   : version.get<int64_t>() > kFormatVersion) {
     throw Error(ErrorCode::kUnsupported,
-                std::string(source) + ": format_version " + std::to_string(m.format_version) +
+                std::string(source) + ": format_version " + version.dump() +
                     " is newer than this library supports (" + std::to_string(kFormatVersion) + ")");
   }
-  if (m.format_version < 1) ctx.Fail("format_version " + std::to_string(m.format_version) + " is invalid");
+  if (version.get<int64_t>() < 1) ctx.Fail("format_version " + version.dump() + " is invalid");
+  m.format_version = version.get<int>();
   const std::string type = ctx.Str(doc, n::kStateDictType);
   auto sdt = StateDictTypeFromName(type);
   if (!sdt) ctx.Fail("unknown state_dict_type '" + type + "' (FULL, SHARDED or LOCAL)");

@@ -2,6 +2,7 @@
 // reuses to send chunk descriptions between ranks.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 
@@ -11,6 +12,6 @@ namespace ckpt::internal {
 
 // One chunk as the JSON object metadata.json uses (FORMAT.md §3), and back.
 std::string ChunkToJson(const ChunkMeta& chunk, bool tensor_chunk);
-ChunkMeta ChunkFromJson(std::string_view text, bool tensor_chunk);
+ChunkMeta ChunkFromJson(const nlohmann::json& chunk, bool tensor_chunk);
 
 }  // namespace ckpt::internal

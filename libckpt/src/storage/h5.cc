@@ -2,6 +2,7 @@
 #include "storage/h5.h"
 
 #include <mutex>
+#include <vector>
 
 #include "storage/zstd_filter.h"
 
@@ -61,15 +62,25 @@ Handle FileType(DType dtype) {
   throw Error(ErrorCode::kInternal, "unknown dtype");
 }
 
+hid_t SharedFileType(DType dtype) {
+  static const std::vector<hid_t> types = [] {
+    Init();
+    std::vector<hid_t> t;
+    for (DType d : kAllDTypes) {
+      Handle h = FileType(d);
+      t.push_back(H5Tcopy(h.get()));
+    }
+    return t;
+  }();
+  return types[static_cast<std::size_t>(dtype)];
+}
+
 bool NeedsDTypeAttr(DType dtype) {
   return dtype == DType::kBFloat16 || dtype == DType::kFloat8E4M3FN || dtype == DType::kFloat8E5M2 ||
          dtype == DType::kBool;
 }
 
-bool TypeMatches(hid_t type, DType dtype) {
-  Handle expected = FileType(dtype);
-  return H5Tequal(type, expected.get()) > 0;
-}
+bool TypeMatches(hid_t type, DType dtype) { return H5Tequal(type, SharedFileType(dtype)) > 0; }
 
 Handle MakeSpace(const std::vector<hsize_t>& dims) {
   if (dims.empty()) return Space(Check(H5Screate(H5S_SCALAR), "H5Screate"));

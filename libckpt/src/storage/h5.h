@@ -77,6 +77,9 @@ inline Handle Attr(hid_t id) { return Handle(id, H5Aclose); }
 // The HDF5 file type of a ckpt dtype (FORMAT.md §4). bfloat16 and fp8 are unsigned
 // integers carrying a `dtype` attribute; float16 is a 2-byte IEEE float.
 Handle FileType(DType dtype);
+// FileType(dtype), created once per process and never closed (for hot paths: thousands of
+// datasets of the same few types).
+hid_t SharedFileType(DType dtype);
 // True if `dtype` needs the `dtype` attribute to be recognised.
 bool NeedsDTypeAttr(DType dtype);
 // True if an HDF5 dataset type `type` stores elements of `dtype` as FileType(dtype) would.

@@ -134,7 +134,13 @@ uint64_t ShardReader::Read(const std::string& key, DType dtype, const ChunkMeta&
     const uint64_t src = static_cast<uint64_t>(run.src) * item;
     const std::size_t len = static_cast<std::size_t>(run.count) * item;
     unsigned char* to = out + run.dst * item;
-    if (len >= kDirectRunBytes) {
+    if (len >= kDirectRunBytes && len <= kDigestBlock) {  // one block: read, then hash
+      ReadExact(m.fd.get(), to, len, base + src, m.path);
+      if (digest) digest->Update(to, len);
+      bytes_read += len;
+      return;
+    }
+    if (len > kDigestBlock) {
       // Block i+1 is read on a helper thread while block i is hashed here; the kernel is
       // asked to fetch further ahead so the disk never waits for either.
       uint64_t advised = 0;

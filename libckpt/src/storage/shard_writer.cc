@@ -47,6 +47,15 @@ struct ShardWriter::Impl {
   h5::Handle file;
   Fd fd;
   nlohmann::json index = nlohmann::json::array();
+  // Contiguous, space allocated at creation (so its file offset is known), never filled.
+  h5::Handle contiguous_dcpl = [] {
+    h5::Init();
+    h5::Handle p = h5::Plist(H5Pcreate(H5P_DATASET_CREATE));
+    h5::Check(H5Pset_layout(p.get(), H5D_CONTIGUOUS), "H5Pset_layout");
+    h5::Check(H5Pset_alloc_time(p.get(), H5D_ALLOC_TIME_EARLY), "H5Pset_alloc_time");
+    h5::Check(H5Pset_fill_time(p.get(), H5D_FILL_TIME_NEVER), "H5Pset_fill_time");
+    return p;
+  }();
   std::unordered_set<std::string> datasets;
 
   h5::Handle CreateDataset(const std::string& name, DType dtype, const Shape& sizes, bool compress,
@@ -55,23 +64,23 @@ struct ShardWriter::Impl {
       throw Error(ErrorCode::kInvalidArgument,
                   path.filename().string() + ": key '" + key + "' writes dataset '" + name + "' twice");
     }
-    h5::Handle type = h5::FileType(dtype);
+    const hid_t type = h5::SharedFileType(dtype);
     h5::Handle space = h5::MakeSpace(Dims(sizes));
-    h5::Handle dcpl = h5::Plist(H5Pcreate(H5P_DATASET_CREATE));
+    h5::Handle chunked_dcpl;
+    hid_t dcpl = contiguous_dcpl.get();
     if (compress) {
+      chunked_dcpl = h5::Plist(H5Pcreate(H5P_DATASET_CREATE));
+      dcpl = chunked_dcpl.get();
       const auto chunk = CompressChunkDims(sizes, DTypeSize(dtype));
-      h5::Check(H5Pset_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data()), "H5Pset_chunk");
-      h5::Check(H5Pset_shuffle(dcpl.get()), "H5Pset_shuffle");
+      h5::Check(H5Pset_chunk(dcpl, static_cast<int>(chunk.size()), chunk.data()), "H5Pset_chunk");
+      h5::Check(H5Pset_shuffle(dcpl), "H5Pset_shuffle");
       const unsigned level = static_cast<unsigned>(compression.level);
-      h5::Check(H5Pset_filter(dcpl.get(), names::kZstdFilterId, H5Z_FLAG_MANDATORY, 1, &level),
+      h5::Check(H5Pset_filter(dcpl, names::kZstdFilterId, H5Z_FLAG_MANDATORY, 1, &level),
                 "H5Pset_filter(zstd)");
-    } else {
-      h5::Check(H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS), "H5Pset_layout");
-      h5::Check(H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY), "H5Pset_alloc_time");
+      h5::Check(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER), "H5Pset_fill_time");
     }
-    h5::Check(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), "H5Pset_fill_time");
     h5::Handle ds = h5::Dataset(h5::Check(
-        H5Dcreate2(file.get(), name.c_str(), type.get(), space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
+        H5Dcreate2(file.get(), name.c_str(), type, space.get(), H5P_DEFAULT, dcpl, H5P_DEFAULT),
         path.filename().string() + ": key '" + key + "': creating dataset '" + name + "'"));
     if (h5::NeedsDTypeAttr(dtype)) h5::WriteStringAttr(ds.get(), names::kDTypeAttr, std::string(DTypeName(dtype)));
     return ds;
@@ -85,9 +94,14 @@ struct ShardWriter::Impl {
       throw Error(ErrorCode::kIO, path.string() + ": key '" + key + "': dataset has no file address" +
                                       h5::ErrorStack());
     }
+    const auto* p = static_cast<const unsigned char*>(data);
+    if (n <= kStreamBlock) {  // one block: no pipeline (a thread per small chunk costs more)
+      digest.Update(p, n);
+      WriteExact(fd.get(), p, n, offset, path);
+      return;
+    }
     // Two-stage pipeline: block i is written on a helper thread while block i+1 is
     // digested here, so hashing costs no time when a core is free.
-    const auto* p = static_cast<const unsigned char*>(data);
     std::future<void> writing;
     for (std::size_t pos = 0; pos < n; pos += kStreamBlock) {
       const std::size_t len = std::min(kStreamBlock, n - pos);
@@ -137,8 +151,7 @@ ChunkMeta ShardWriter::WriteChunk(const std::string& key, DType dtype, const Sha
   Digest digest(dtype, /*with_stats=*/true);
   if (compress) {
     digest.Update(data, nbytes);
-    h5::Handle type = h5::FileType(dtype);
-    h5::Check(H5Dwrite(ds.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, data),
+    h5::Check(H5Dwrite(ds.get(), h5::SharedFileType(dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, data),
               impl_->path.string() + ": key '" + key + "': writing compressed dataset");
     meta.compression = impl_->compression;
     meta.stored_bytes = H5Dget_storage_size(ds.get());
