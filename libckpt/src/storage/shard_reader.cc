@@ -6,9 +6,12 @@
 #include <algorithm>
 #include <cstring>
 #include <future>
+#include <nlohmann/json.hpp>
+#include <unordered_map>
 #include <vector>
 
 #include "format/checked.h"
+#include "format/names.h"
 #include "layout/box.h"
 #include "storage/fs.h"
 #include "storage/h5.h"
@@ -31,8 +34,16 @@ std::string DimsString(const std::vector<hsize_t>& d) {
 
 }  // namespace
 
+// What the shard index says about one dataset.
+struct IndexedDataset {
+  std::string dtype;  // ckpt dtype name, or "bytes"
+  std::vector<int64_t> sizes;
+  uint64_t offset = 0;
+};
+
 struct ShardReader::Impl {
   std::filesystem::path path;
+  std::unordered_map<std::string, IndexedDataset> index;
   Fd fd;
   uint64_t size = 0;
   h5::Handle file;
@@ -44,7 +55,7 @@ struct ShardReader::Impl {
   }
 };
 
-ShardReader::ShardReader(const std::filesystem::path& dir, const std::string& file_name)
+ShardReader::ShardReader(const std::filesystem::path& dir, const std::string& file_name, bool use_index)
     : impl_(std::make_unique<Impl>()) {
   h5::Init();
   impl_->path = dir / file_name;
@@ -55,6 +66,36 @@ ShardReader::ShardReader(const std::filesystem::path& dir, const std::string& fi
     throw Error(ErrorCode::kCorrupt, impl_->path.string() + ": not a readable HDF5 file" + h5::ErrorStack());
   }
   impl_->file = h5::File(id);
+  if (use_index) LoadIndex();
+}
+
+void ShardReader::LoadIndex() {
+  // A damaged or foreign index only disables the fast path.
+  const std::string text = h5::ReadStringAttr(impl_->file.get(), names::kShardIndexAttr);
+  const auto doc = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!doc.is_object() || !doc.contains("chunks") || !doc["chunks"].is_array()) return;
+  for (const auto& c : doc["chunks"]) {
+    if (!c.is_object() || !c.contains("offset") || !c["offset"].is_number_unsigned() || !c.contains("dataset") ||
+        !c["dataset"].is_string() || !c.contains("dtype") || !c["dtype"].is_string()) {
+      continue;
+    }
+    IndexedDataset d;
+    d.dtype = c["dtype"];
+    d.offset = c["offset"];
+    if (d.dtype == "bytes") {
+      if (!c.contains("size") || !c["size"].is_number_unsigned()) continue;
+      d.sizes = {c["size"].get<int64_t>()};
+    } else {
+      if (!c.contains("sizes") || !c["sizes"].is_array()) continue;
+      bool ok = true;
+      for (const auto& v : c["sizes"]) {
+        ok = ok && v.is_number_unsigned();
+        if (ok) d.sizes.push_back(v.get<int64_t>());
+      }
+      if (!ok) continue;
+    }
+    impl_->index.emplace(c["dataset"].get<std::string>(), std::move(d));
+  }
 }
 
 ShardReader::~ShardReader() = default;
@@ -64,6 +105,17 @@ const std::filesystem::path& ShardReader::path() const { return impl_->path; }
 uint64_t ShardReader::Read(const std::string& key, DType dtype, const ChunkMeta& chunk, const Box& region,
                            void* dst, const Box& dst_box, Digest* digest) {
   Impl& m = *impl_;
+  const std::size_t item = DTypeSize(dtype);
+  if (auto it = m.index.find(chunk.dataset); it != m.index.end() && chunk.compression.codec == Compression::Codec::kNone) {
+    const IndexedDataset& d = it->second;
+    const bool same_type = d.dtype == DTypeName(dtype) || (d.dtype == "bytes" && dtype == DType::kUInt8);
+    const int64_t bytes = internal::CheckedMul(chunk.box.NumElements(), static_cast<int64_t>(item), m.Where(key, chunk));
+    if (same_type && d.sizes == chunk.box.sizes && bytes > 0 && d.offset <= m.size &&
+        static_cast<uint64_t>(bytes) <= m.size - d.offset) {
+      if (region.NumElements() == 0) return 0;
+      return ReadContiguous(chunk, d.offset, static_cast<uint64_t>(bytes), item, region, dst, dst_box, digest);
+    }
+  }
   const hid_t ds_id = H5Dopen2(m.file.get(), chunk.dataset.c_str(), H5P_DEFAULT);
   if (ds_id < 0) {
     h5::ErrorStack();
@@ -85,7 +137,6 @@ uint64_t ShardReader::Read(const std::string& key, DType dtype, const ChunkMeta&
     throw Error(ErrorCode::kCorrupt, m.Where(key, chunk) + ": dataset has shape " + DimsString(dims) +
                                          ", metadata says " + DimsString(expected));
   }
-  const std::size_t item = DTypeSize(dtype);
   const int64_t chunk_bytes = internal::CheckedMul(chunk.box.NumElements(), static_cast<int64_t>(item),
                                                    m.Where(key, chunk));
   if (chunk_bytes == 0 || region.NumElements() == 0) return 0;
@@ -126,10 +177,18 @@ uint64_t ShardReader::Read(const std::string& key, DType dtype, const ChunkMeta&
     throw Error(ErrorCode::kCorrupt, m.Where(key, chunk) + ": data lies past the end of the file (" +
                                          std::to_string(m.size) + " bytes): truncated");
   }
+  return ReadContiguous(chunk, base, static_cast<uint64_t>(chunk_bytes), item, region, dst, dst_box, digest);
+}
+
+uint64_t ShardReader::ReadContiguous(const ChunkMeta& chunk, uint64_t base,
+                                     uint64_t chunk_bytes, std::size_t item, const Box& region, void* dst,
+                                     const Box& dst_box, Digest* digest) {
+  Impl& m = *impl_;
+  auto* out = static_cast<unsigned char*>(dst);
   uint64_t bytes_read = 0;
   // Bounce window over the chunk's bytes, for runs too small to pread one by one.
   uint64_t win_begin = 0, win_end = 0;
-  const uint64_t chunk_end = static_cast<uint64_t>(chunk_bytes);
+  const uint64_t chunk_end = chunk_bytes;
   layout::ForEachRun(chunk.box, dst_box, region, [&](const layout::Run& run) {
     const uint64_t src = static_cast<uint64_t>(run.src) * item;
     const std::size_t len = static_cast<std::size_t>(run.count) * item;

@@ -21,7 +21,12 @@ namespace ckpt::storage {
 class ShardReader {
  public:
   // Opens `dir/file_name` read-only; it must be a regular file and readable HDF5.
-  ShardReader(const std::filesystem::path& dir, const std::string& file_name);
+  // With `use_index`, contiguous chunks are located through the shard index (FORMAT.md
+  // §5: dtype, extent and data offset of every dataset, read once per file) instead of
+  // opening each dataset through HDF5; a chunk the index does not describe exactly, or
+  // whose data would lie outside the file, takes the HDF5 path. ckpt-verify turns it off
+  // to check every dataset's HDF5 header.
+  ShardReader(const std::filesystem::path& dir, const std::string& file_name, bool use_index = true);
   ~ShardReader();
   ShardReader(const ShardReader&) = delete;
   ShardReader& operator=(const ShardReader&) = delete;
@@ -37,6 +42,10 @@ class ShardReader {
   const std::filesystem::path& path() const;
 
  private:
+  void LoadIndex();
+  uint64_t ReadContiguous(const ChunkMeta& chunk, uint64_t base, uint64_t chunk_bytes,
+                          std::size_t item, const Box& region, void* dst, const Box& dst_box, Digest* digest);
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -87,8 +87,9 @@ struct ShardWriter::Impl {
   }
 
   // Streams `n` bytes of `data` into the contiguous dataset `ds`, digesting each block.
-  void StreamContiguous(hid_t ds, const void* data, std::size_t n, Digest& digest, const std::string& key) {
-    if (n == 0) return;
+  // Returns the data's offset in the file (0 when there is no data).
+  uint64_t StreamContiguous(hid_t ds, const void* data, std::size_t n, Digest& digest, const std::string& key) {
+    if (n == 0) return 0;
     const haddr_t offset = H5Dget_offset(ds);
     if (offset == HADDR_UNDEF) {
       throw Error(ErrorCode::kIO, path.string() + ": key '" + key + "': dataset has no file address" +
@@ -98,7 +99,7 @@ struct ShardWriter::Impl {
     if (n <= kStreamBlock) {  // one block: no pipeline (a thread per small chunk costs more)
       digest.Update(p, n);
       WriteExact(fd.get(), p, n, offset, path);
-      return;
+      return offset;
     }
     // Two-stage pipeline: block i is written on a helper thread while block i+1 is
     // digested here, so hashing costs no time when a core is free.
@@ -112,6 +113,7 @@ struct ShardWriter::Impl {
       });
     }
     if (writing.valid()) writing.get();
+    return offset;
   }
 };
 
@@ -149,6 +151,7 @@ ChunkMeta ShardWriter::WriteChunk(const std::string& key, DType dtype, const Sha
   meta.dataset = h5::DatasetName(key, box.offsets, whole);
   h5::Handle ds = impl_->CreateDataset(meta.dataset, dtype, box.sizes, compress, key);
   Digest digest(dtype, /*with_stats=*/true);
+  uint64_t data_offset = 0;
   if (compress) {
     digest.Update(data, nbytes);
     h5::Check(H5Dwrite(ds.get(), h5::SharedFileType(dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, data),
@@ -156,7 +159,7 @@ ChunkMeta ShardWriter::WriteChunk(const std::string& key, DType dtype, const Sha
     meta.compression = impl_->compression;
     meta.stored_bytes = H5Dget_storage_size(ds.get());
   } else {
-    impl_->StreamContiguous(ds.get(), data, nbytes, digest, key);
+    data_offset = impl_->StreamContiguous(ds.get(), data, nbytes, digest, key);
     meta.stored_bytes = nbytes;
   }
   meta.checksum = digest.Checksum();
@@ -167,6 +170,7 @@ ChunkMeta ShardWriter::WriteChunk(const std::string& key, DType dtype, const Sha
                           {"offsets", box.offsets},
                           {"sizes", box.sizes},
                           {"dataset", meta.dataset}});
+  if (data_offset) impl_->index.back()["offset"] = data_offset;
   return meta;
 }
 
@@ -177,10 +181,11 @@ ChunkMeta ShardWriter::WriteBytes(const std::string& key, const void* data, std:
   meta.dataset = h5::EscapeKey(key);
   h5::Handle ds = impl_->CreateDataset(meta.dataset, DType::kUInt8, meta.box.sizes, false, key);
   Digest digest(DType::kUInt8, false);
-  impl_->StreamContiguous(ds.get(), data, n, digest, key);
+  const uint64_t data_offset = impl_->StreamContiguous(ds.get(), data, n, digest, key);
   meta.checksum = digest.Checksum();
   meta.stored_bytes = n;
   impl_->index.push_back({{"key", key}, {"dtype", "bytes"}, {"size", n}, {"dataset", meta.dataset}});
+  if (data_offset) impl_->index.back()["offset"] = data_offset;
   return meta;
 }
 
