@@ -76,6 +76,38 @@ TEST_CASE("IsSafeFileName") {
   CHECK_FALSE(IsSafeFileName(std::string("a\0b", 3)));
 }
 
+TEST_CASE("ParseMetadata compares format_version in 64 bits (found by fuzz_metadata review)") {
+  auto doc = [](const std::string& version) {
+    return R"({"format":"ckpt","format_version":)" + version +
+           R"(,"state_dict_type":"FULL","world_size":1,"files":[],"entries":{}})";
+  };
+  CHECK(ParseMetadata(doc("1")).format_version == 1);
+  // 2^32 + 1 and 1 - 2^32 once narrowed to int as 1: a newer or invalid version read as v1.
+  for (const char* newer : {"2", "4294967297", "18446744073709551615"}) {
+    CHECK_THROWS_WITH_AS(ParseMetadata(doc(newer)), doctest::Contains("is newer than"), Error);
+  }
+  for (const char* invalid : {"0", "-1", "-4294967295"}) {
+    CHECK_THROWS_WITH_AS(ParseMetadata(doc(invalid)), doctest::Contains("is invalid"), Error);
+  }
+}
+
+TEST_CASE("ParseMetadata refuses integer scalars outside int64 (found by fuzz_load)") {
+  auto doc = [](const char* dtype, const std::string& value) {
+    return std::string(R"({"format":"ckpt","format_version":1,"state_dict_type":"FULL","world_size":1,"files":[],)") +
+           R"("entries":{"s":{"type":"scalar","dtype":")" + dtype + R"(","value":)" + value + "}}}";
+  };
+  CHECK(ParseMetadata(doc("int64", "-9223372036854775808")).Find("s")->value == "-9223372036854775808");
+  CHECK(ParseMetadata(doc("int64", "9223372036854775807")).Find("s")->value == "9223372036854775807");
+  CHECK_NOTHROW(ParseMetadata(doc("int32", "2.5")));
+  CHECK_NOTHROW(ParseMetadata(doc("float32", "1e300")));
+  // Load converted these with static_cast<int64_t>(double): undefined behaviour.
+  for (const char* value : {"1e300", "-1e300", "9223372036854775808.0", "9223372036854775808"}) {
+    CAPTURE(value);
+    CHECK_THROWS_WITH_AS(ParseMetadata(doc("int64", value)), doctest::Contains("does not fit dtype int64"), Error);
+  }
+  CHECK_THROWS_WITH_AS(ParseMetadata(doc("bool", "1e19")), doctest::Contains("does not fit dtype bool"), Error);
+}
+
 TEST_CASE("ParseMetadata enforces its limits") {
   ParseLimits small;
   small.max_bytes = 10;

@@ -261,6 +261,13 @@ EntryMeta ParseEntry(const Ctx& ctx, const json& e, const std::unordered_set<std
     m.dtype = parse_dtype();
     const json& v = ctx.Req(e, n::kValue);
     if (!v.is_number() && !v.is_boolean()) ctx.Fail("a scalar value must be a number or boolean");
+    // Readers convert an integer or bool scalar to int64_t (FORMAT.md §9.5): a value
+    // outside its range would wrap, or be undefined behaviour when it is a float.
+    if (!IsFloating(m.dtype) &&
+        ((v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) ||
+         (v.is_number_float() && !(v.get<double>() >= -0x1p63 && v.get<double>() < 0x1p63)))) {
+      ctx.Fail("scalar value " + v.dump() + " does not fit dtype " + std::string(DTypeName(m.dtype)));
+    }
     m.value = v.dump();
   } else if (type == "bytes") {
     m.kind = EntryKind::kBytes;
