@@ -9,3 +9,13 @@ if(CKPT_SANITIZE)
   add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
   add_link_options(-fsanitize=address,undefined)
 endif()
+# Fuzzing (tests/fuzz): coverage instrumentation and ASan/UBSan everywhere, libFuzzer's
+# runtime linked into the fuzz_<target> binaries only. Use a build tree of its own.
+if(CKPT_BUILD_FUZZERS)
+  if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+    message(FATAL_ERROR "CKPT_BUILD_FUZZERS=ON needs clang (libFuzzer); configure with CC=clang CXX=clang++")
+  endif()
+  add_compile_options(-fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer
+    -fno-sanitize-recover=undefined)
+  add_link_options(-fsanitize=address,undefined)
+endif()
