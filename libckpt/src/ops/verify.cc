@@ -1,7 +1,8 @@
 // ops/verify.cc: see ckpt/ops/verify.h.
 //
 // Structure first (metadata, files, tiling, datasets), on the calling thread; then data
-// (checksums, finiteness) on `threads` threads, each with its own ShardReader per file,
+// (checksums, finiteness) on `threads` threads, each with its own ShardReader per file
+// (without the shard index: every dataset's own HDF5 header is checked),
 // reading every chunk in blocks of kBlockBytes so memory stays bounded whatever the size.
 #include "ckpt/ops/verify.h"
 
@@ -155,7 +156,7 @@ uint64_t RunDataJobs(const fs::path& dir, std::vector<DataJob>& jobs, int thread
       DataJob& job = jobs[i];
       try {
         auto& reader = readers[job.file];
-        if (!reader) reader = std::make_unique<storage::ShardReader>(dir, job.file);
+        if (!reader) reader = std::make_unique<storage::ShardReader>(dir, job.file, /*use_index=*/false);
         const std::size_t item = DTypeSize(job.dtype);
         storage::Digest digest(job.dtype, job.finite);
         for (const Box& block : detail::SplitBox(job.chunk.box, item, kBlockBytes)) {
@@ -179,7 +180,7 @@ uint64_t RunDataJobs(const fs::path& dir, std::vector<DataJob>& jobs, int thread
           }
         }
       } catch (const std::exception& e) {
-        job.problem_check = "checksums";
+        job.problem_check = "datasets";  // missing dataset, wrong dtype or extent, short read
         job.problem = e.what();
       }
     }
@@ -307,7 +308,7 @@ VerifyReport Verify(const fs::path& path, const VerifyOptions& o) {
                                      " bytes, metadata says " + std::to_string(f.bytes) +
                                      (static_cast<uint64_t>(sb.st_size) < f.bytes ? " (truncated?)" : ""));
     try {
-      storage::ShardReader probe(path, f.name);
+      storage::ShardReader probe(path, f.name, /*use_index=*/false);
       file_ok[f.name] = true;
     } catch (const Error& e) {
       c.Add("files", f.name, "", e.what());
@@ -334,10 +335,17 @@ VerifyReport Verify(const fs::path& path, const VerifyOptions& o) {
         job.dtype = DType::kUInt8;
         job.chunk.box = Box{{0}, {static_cast<int64_t>(e.size)}};
       }
+      const bool floating = e.kind == EntryKind::kTensor && IsFloating(e.dtype);
+      job.finite = o.check_finite && floating && !(o.quick && chunk.stats);  // quick: trust recorded stats
+      job.hash = !o.quick;
+      if (job.hash || job.finite) {
+        jobs.push_back(std::move(job));  // reading it checks its dataset too
+        continue;
+      }
       // Dataset exists with the dtype and extent metadata says (an empty read checks only).
       try {
         auto& reader = readers[chunk.file];
-        if (!reader) reader = std::make_unique<storage::ShardReader>(path, chunk.file);
+        if (!reader) reader = std::make_unique<storage::ShardReader>(path, chunk.file, /*use_index=*/false);
         Box probe{job.chunk.box.offsets, Shape(job.chunk.box.sizes.size(), 0)};
         if (job.chunk.box.sizes.empty() || job.chunk.box.NumElements() == 0) probe = job.chunk.box;
         reader->Read(key, job.dtype, job.chunk, probe, tiny, probe, nullptr);
@@ -345,18 +353,11 @@ VerifyReport Verify(const fs::path& path, const VerifyOptions& o) {
         c.Add("datasets", chunk.file, key, err.what());
         continue;
       }
-      const bool floating = e.kind == EntryKind::kTensor && IsFloating(e.dtype);
-      job.finite = o.check_finite && floating;
-      job.hash = !o.quick;
-      if (o.quick && job.finite && chunk.stats) {  // quick: trust the recorded statistics
-        if (chunk.stats->nan_count || chunk.stats->inf_count)
-          c.Add("finite", chunk.file, key, TensorWhere(chunk.file, key, &chunk) + ": " +
-                                               std::to_string(chunk.stats->nan_count) + " NaN and " +
-                                               std::to_string(chunk.stats->inf_count) +
-                                               " Inf elements (recorded statistics)");
-        continue;
-      }
-      if (job.hash || job.finite) jobs.push_back(std::move(job));
+      if (o.check_finite && floating && chunk.stats && (chunk.stats->nan_count || chunk.stats->inf_count))
+        c.Add("finite", chunk.file, key, TensorWhere(chunk.file, key, &chunk) + ": " +
+                                             std::to_string(chunk.stats->nan_count) + " NaN and " +
+                                             std::to_string(chunk.stats->inf_count) +
+                                             " Inf elements (recorded statistics)");
     }
   }
   readers.clear();
