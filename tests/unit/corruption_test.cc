@@ -164,6 +164,8 @@ TEST_CASE("overlapping, gapped and out-of-bounds chunks in metadata are rejected
     const std::string e = f.LoadError();
     CHECK(Has(e, "gap"));
     CHECK(Has(e, "model.w"));
+    // A reader refuses it on open, before any read (FORMAT.md §8.5).
+    CHECK_THROWS_WITH_AS(CheckpointReader::Open(f.dir), doctest::Contains("a gap"), Error);
   }
   SUBCASE("out of bounds") {
     Fixture f;

@@ -134,3 +134,15 @@ TEST_CASE("ParseMetadata enforces its limits") {
       ParseMetadata(base + R"({"type":"tensor","dtype":"float32","shape":)" + wide + R"(],"chunks":[]}}})"),
       doctest::Contains("dimensions"), Error);
 }
+
+TEST_CASE("keys must be non-empty UTF-8 without NUL bytes, checked when added") {
+  CHECK(KeyProblem("model.layers.0.w") == "");
+  CHECK(KeyProblem("模型.权重") == "");
+  CHECK(KeyProblem("") == "empty key");
+  CHECK(KeyProblem(std::string("a\0b", 3)).find("NUL") != std::string::npos);
+  CHECK(KeyProblem("bad\xffkey") == "key 'bad\\xffkey' is not valid UTF-8 (byte 3)");
+  CHECK(KeyProblem("\xc0\x80").find("UTF-8") != std::string::npos);      // overlong
+  CHECK(KeyProblem("\xed\xa0\x80").find("UTF-8") != std::string::npos);  // surrogate
+  StateDict sd;
+  CHECK_THROWS_WITH_AS(sd.Add("bad\xffkey", Scalar::Int(1)), doctest::Contains("bad\\xffkey"), Error);
+}

@@ -78,6 +78,12 @@ struct Json {
 
 using Entry = std::variant<Tensor, Scalar, Bytes, Json>;
 
+// Keys are non-empty UTF-8 without NUL bytes (FORMAT.md §3). Returns "" for a valid key,
+// else what is wrong with it.
+std::string KeyProblem(std::string_view key);
+// The key with bytes that cannot be printed shown as \xNN, for error messages.
+std::string PrintableKey(std::string_view key);
+
 enum class EntryKind { kTensor, kScalar, kBytes, kJson };
 EntryKind KindOf(const Entry& entry);
 std::string_view EntryKindName(EntryKind kind);  // "tensor", "scalar", "bytes", "json"
@@ -88,7 +94,7 @@ class StateDict {
  public:
   using Item = std::pair<std::string, Entry>;
 
-  // Throws kInvalidArgument if the key is already present or empty.
+  // Throws kInvalidArgument if the key is already present or not a valid key.
   Entry& Add(std::string key, Entry entry);
   Entry* Find(std::string_view key);
   const Entry* Find(std::string_view key) const;

@@ -27,8 +27,20 @@ std::unique_ptr<CheckpointReader> CheckpointReader::Open(const std::filesystem::
 
 namespace internal {
 
-Reader::Reader(std::filesystem::path dir, std::shared_ptr<const Metadata> metadata)
-    : dir_(std::move(dir)), metadata_(std::move(metadata)) {}
+Reader::Reader(std::filesystem::path dir, std::shared_ptr<const Metadata> metadata, bool check_tiling)
+    : dir_(std::move(dir)), metadata_(std::move(metadata)) {
+  if (!check_tiling) return;
+  std::vector<std::string> problems;
+  for (const auto& [key, e] : metadata_->entries) {
+    if (e.kind != EntryKind::kTensor) continue;
+    for (std::string& p : CheckTiling(key, e)) problems.push_back(std::move(p));
+  }
+  if (problems.empty()) return;
+  std::string msg = (dir_ / names::kMetadataFile).string() + ": chunks do not tile their tensors:";
+  for (std::size_t i = 0; i < problems.size() && i < 20; ++i) msg += "\n  " + problems[i];
+  if (problems.size() > 20) msg += "\n  ... and " + std::to_string(problems.size() - 20) + " more";
+  throw Error(ErrorCode::kCorrupt, msg);
+}
 
 const EntryMeta& Reader::TensorEntry(std::string_view key) {
   const EntryMeta* e = metadata_->Find(key);
@@ -36,16 +48,6 @@ const EntryMeta& Reader::TensorEntry(std::string_view key) {
   if (e->kind != EntryKind::kTensor) {
     throw Error(ErrorCode::kMismatch, dir_.string() + ": key '" + std::string(key) + "' is a " +
                                           std::string(EntryKindName(e->kind)) + ", not a tensor");
-  }
-  // A gap would leave part of the caller's buffer unwritten: refuse before reading.
-  if (!tiling_checked_.count(std::string(key))) {
-    const auto problems = CheckTiling(key, *e);
-    if (!problems.empty()) {
-      std::string msg = dir_.string() + "/metadata.json: ";
-      for (std::size_t i = 0; i < problems.size(); ++i) msg += (i ? "; " : "") + problems[i];
-      throw Error(ErrorCode::kCorrupt, msg);
-    }
-    tiling_checked_.insert(std::string(key));
   }
   return *e;
 }

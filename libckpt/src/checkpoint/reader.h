@@ -12,8 +12,10 @@ namespace ckpt::internal {
 
 class Reader final : public CheckpointReader {
  public:
-  // Readers of one checkpoint may share its metadata (one reader per thread).
-  Reader(std::filesystem::path dir, std::shared_ptr<const Metadata> metadata);
+  // Readers of one checkpoint may share its metadata (one reader per thread). Unless told
+  // the check was done already, refuses metadata whose chunks do not tile every tensor
+  // (FORMAT.md §8.5): a gap would leave part of a caller's buffer unwritten.
+  Reader(std::filesystem::path dir, std::shared_ptr<const Metadata> metadata, bool check_tiling = true);
 
   const Metadata& metadata() const override { return *metadata_; }
   const std::shared_ptr<const Metadata>& shared_metadata() const { return metadata_; }
@@ -34,7 +36,6 @@ class Reader final : public CheckpointReader {
   std::filesystem::path dir_;
   std::shared_ptr<const Metadata> metadata_;
   std::map<std::string, std::unique_ptr<storage::ShardReader>> shards_;
-  std::unordered_set<std::string> tiling_checked_;
   uint64_t bytes_read_ = 0;
 };
 

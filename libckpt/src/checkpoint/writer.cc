@@ -108,7 +108,9 @@ class Writer final : public CheckpointWriter {
 
  private:
   EntryMeta& Entry(const std::string& key, EntryKind kind) {
-    if (key.empty()) throw Error(ErrorCode::kInvalidArgument, "CheckpointWriter: empty key");
+    if (std::string why = KeyProblem(key); !why.empty()) {
+      throw Error(ErrorCode::kInvalidArgument, "CheckpointWriter: " + why);
+    }
     auto it = index_.find(key);
     if (it == index_.end()) {
       it = index_.emplace(key, metadata_.entries.size()).first;

@@ -414,7 +414,7 @@ Metadata ParseMetadata(std::string_view text, std::string_view source, const Par
   if (order.size() != entries.size()) ctx.Fail("could not read the order of 'entries'");
   m.entries.reserve(entries.size());
   for (const std::string& key : order) {
-    if (key.empty()) ctx.Fail("an entry has an empty key");
+    if (std::string why = KeyProblem(key); !why.empty()) ctx.Fail("entries: " + why);
     Ctx ectx{source, "entry '" + key + "'"};
     m.entries.emplace_back(key, ParseEntry(ectx, entries.at(key), file_names, limits));
   }
