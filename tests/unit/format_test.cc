@@ -146,3 +146,17 @@ TEST_CASE("keys must be non-empty UTF-8 without NUL bytes, checked when added") 
   StateDict sd;
   CHECK_THROWS_WITH_AS(sd.Add("bad\xffkey", Scalar::Int(1)), doctest::Contains("bad\\xffkey"), Error);
 }
+
+TEST_CASE("absurd world sizes, ranks and compression levels are corruption, not clamped") {
+  const std::string head = R"({"format":"ckpt","format_version":1,"state_dict_type":"SHARDED",)";
+  CHECK_THROWS_WITH_AS(ParseMetadata(head + R"("world_size":4294967296,"files":[],"entries":{}})"),
+                       doctest::Contains("world_size 4294967296 is absurd"), Error);
+  CHECK_THROWS_WITH_AS(
+      ParseMetadata(head + R"("world_size":1,"files":[{"name":"a.h5","rank":99999999999,"bytes":1}],"entries":{}})"),
+      doctest::Contains("rank 99999999999"), Error);
+  CHECK_THROWS_WITH_AS(
+      ParseMetadata(
+          head +
+          R"("world_size":1,"files":[{"name":"a.h5","rank":0,"bytes":1}],"entries":{"k":{"type":"tensor","dtype":"uint8","shape":[1],"chunks":[{"offsets":[0],"sizes":[1],"file":"a.h5","dataset":"k","checksum":"xxh3-64:0000000000000000","compression":{"codec":"zstd","level":18446744073709551615}}]}}})"),
+      doctest::Contains("out of range"), Error);
+}

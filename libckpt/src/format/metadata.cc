@@ -18,6 +18,9 @@ using json = nlohmann::json;           // parsing: std::map objects, O(log n) pe
 using ojson = nlohmann::ordered_json;  // writing small objects in a readable order
 namespace n = names;
 
+// Ranks and world sizes beyond this are corruption, not a job (FORMAT.md §8).
+constexpr int64_t kMaxRanks = int64_t{1} << 30;
+
 [[noreturn]] void Corrupt(std::string_view source, const std::string& what) {
   throw Error(ErrorCode::kCorrupt, std::string(source) + ": " + what);
 }
@@ -190,7 +193,9 @@ ChunkMeta ParseChunk(const Ctx& ctx, const json& c, bool tensor_chunk, int max_r
     }
     m.compression.codec = Compression::Codec::kZstd;
     if (auto lv = it->find(n::kLevel); lv != it->end() && lv->is_number_integer()) {
-      m.compression.level = lv->get<int>();
+      const double level = lv->get<double>();  // compared as a double: no wrap-around
+      if (level < -131072 || level > 22) ctx.Fail("zstd level " + lv->dump() + " is out of range");
+      m.compression.level = static_cast<int>(level);
     }
   }
   if (auto it = c.find(n::kStats); it != c.end() && !it->is_null()) {
@@ -389,7 +394,9 @@ Metadata ParseMetadata(std::string_view text, std::string_view source, const Par
   auto sdt = StateDictTypeFromName(type);
   if (!sdt) ctx.Fail("unknown state_dict_type '" + type + "' (FULL, SHARDED or LOCAL)");
   m.state_dict_type = *sdt;
-  m.world_size = static_cast<int>(std::min<int64_t>(ctx.NonNeg(doc, n::kWorldSize), 1 << 30));
+  const int64_t world_size = ctx.NonNeg(doc, n::kWorldSize);
+  if (world_size > kMaxRanks) ctx.Fail("world_size " + std::to_string(world_size) + " is absurd (limit " + std::to_string(kMaxRanks) + ")");
+  m.world_size = static_cast<int>(world_size);
   if (m.world_size < 1) ctx.Fail("world_size must be at least 1");
   if (auto it = doc.find(n::kLibraryVersion); it != doc.end() && it->is_string()) m.library_version = *it;
   if (auto it = doc.find(n::kCreated); it != doc.end() && it->is_string()) m.created = *it;
@@ -405,7 +412,9 @@ Metadata ParseMetadata(std::string_view text, std::string_view source, const Par
     fm.name = ctx.Str(f, n::kName);
     if (!IsSafeFileName(fm.name)) ctx.Fail("file name '" + fm.name + "' is not a plain file name");
     if (!file_names.insert(fm.name).second) ctx.Fail("file '" + fm.name + "' is listed twice");
-    fm.rank = static_cast<int>(std::min<int64_t>(ctx.NonNeg(f, n::kRank), 1 << 30));
+    const int64_t rank = ctx.NonNeg(f, n::kRank);
+    if (rank > kMaxRanks) ctx.Fail("file '" + fm.name + "' has rank " + std::to_string(rank) + " (limit " + std::to_string(kMaxRanks) + ")");
+    fm.rank = static_cast<int>(rank);
     fm.bytes = static_cast<uint64_t>(ctx.NonNeg(f, n::kBytes));
     m.files.push_back(std::move(fm));
   }

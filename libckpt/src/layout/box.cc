@@ -10,7 +10,9 @@
 namespace ckpt::layout {
 
 std::optional<Box> Intersect(const Box& a, const Box& b) {
-  if (a.sizes.size() != b.sizes.size()) return std::nullopt;
+  if (a.sizes.size() != b.sizes.size() || a.offsets.size() != a.sizes.size() || b.offsets.size() != b.sizes.size()) {
+    return std::nullopt;
+  }
   Box r;
   r.offsets.resize(a.sizes.size());
   r.sizes.resize(a.sizes.size());
@@ -25,7 +27,10 @@ std::optional<Box> Intersect(const Box& a, const Box& b) {
 }
 
 bool Contains(const Box& outer, const Box& inner) {
-  if (outer.sizes.size() != inner.sizes.size()) return false;
+  if (outer.sizes.size() != inner.sizes.size() || outer.offsets.size() != outer.sizes.size() ||
+      inner.offsets.size() != inner.sizes.size()) {
+    return false;
+  }
   for (std::size_t d = 0; d < outer.sizes.size(); ++d) {
     if (inner.offsets[d] < outer.offsets[d] ||
         inner.offsets[d] + inner.sizes[d] > outer.offsets[d] + outer.sizes[d]) {
