@@ -1,6 +1,8 @@
 // ops/util.cc: see util.h.
 #include "ops/util.h"
 
+#include "storage/fs.h"
+
 #include <fcntl.h>
 #include <fnmatch.h>
 #include <unistd.h>
@@ -170,47 +172,12 @@ void WriteFileText(const std::filesystem::path& path, std::string_view text) {
   if (!out) throw Error(ErrorCode::kIO, path.string() + ": cannot write");
 }
 
-Fd::~Fd() {
-  if (fd_ >= 0) ::close(fd_);
-}
-
-Fd& Fd::operator=(Fd&& o) noexcept {
-  if (this != &o) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = o.fd_;
-    o.fd_ = -1;
-  }
-  return *this;
-}
-
 void PreadAll(int fd, void* out, uint64_t n, uint64_t offset, const std::filesystem::path& path) {
-  auto* p = static_cast<uint8_t*>(out);
-  while (n > 0) {
-    const ssize_t r = ::pread(fd, p, std::min<uint64_t>(n, uint64_t{1} << 30),
-                              static_cast<off_t>(offset));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      throw Error(ErrorCode::kIO, path.string() + ": read failed: " + std::strerror(errno));
-    }
-    if (r == 0)
-      throw Error(ErrorCode::kCorrupt, path.string() + ": unexpected end of file at byte " +
-                                           std::to_string(offset));
-    p += r, n -= static_cast<uint64_t>(r), offset += static_cast<uint64_t>(r);
-  }
+  storage::ReadExact(fd, out, static_cast<std::size_t>(n), offset, path);
 }
 
-void PwriteAll(int fd, const void* data, uint64_t n, uint64_t offset,
-               const std::filesystem::path& path) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  while (n > 0) {
-    const ssize_t r = ::pwrite(fd, p, std::min<uint64_t>(n, uint64_t{1} << 30),
-                               static_cast<off_t>(offset));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      throw Error(ErrorCode::kIO, path.string() + ": write failed: " + std::strerror(errno));
-    }
-    p += r, n -= static_cast<uint64_t>(r), offset += static_cast<uint64_t>(r);
-  }
+void PwriteAll(int fd, const void* data, uint64_t n, uint64_t offset, const std::filesystem::path& path) {
+  storage::WriteExact(fd, data, static_cast<std::size_t>(n), offset, path);
 }
 
 }  // namespace ckpt::ops::detail

@@ -78,22 +78,8 @@ std::string ReadFileText(const std::filesystem::path& path);
 // Writes `text` to `path` (plain write, used for reports).
 void WriteFileText(const std::filesystem::path& path, std::string_view text);
 
-// A file descriptor owned by one object.
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd();
-  Fd(Fd&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
-  Fd& operator=(Fd&& o) noexcept;
-  int get() const { return fd_; }
-  explicit operator bool() const { return fd_ >= 0; }
-
- private:
-  int fd_ = -1;
-};
-
-// pread of exactly `n` bytes; throws kIO (or kCorrupt on a short read) naming `path`.
+// pread/pwrite of exactly `n` bytes (storage::ReadExact / WriteExact); throws kIO (or
+// kCorrupt on a short read) naming `path`.
 void PreadAll(int fd, void* out, uint64_t n, uint64_t offset, const std::filesystem::path& path);
 void PwriteAll(int fd, const void* data, uint64_t n, uint64_t offset,
                const std::filesystem::path& path);
