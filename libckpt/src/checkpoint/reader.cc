@@ -2,6 +2,7 @@
 #include "checkpoint/reader.h"
 
 #include <cstring>
+#include <optional>
 
 #include "format/names.h"
 #include "layout/box.h"
@@ -88,9 +89,11 @@ void Reader::ReadRegionEx(std::string_view key_view, const Box& region, void* ou
     const bool whole = *inter == c.box;
     storage::ShardReader& shard = Shard(c.file);
     if (whole || !verify || !verify_partial) {
-      storage::Digest digest(e.dtype, false);
-      bytes_read_ += shard.Read(key, e.dtype, c, *inter, out, region, whole && verify ? &digest : nullptr);
-      if (whole && verify) VerifyDigest(key, c, digest);
+      // A digest (and its hash state) only for chunks that will be verified.
+      std::optional<storage::Digest> digest;
+      if (whole && verify) digest.emplace(e.dtype, false);
+      bytes_read_ += shard.Read(key, e.dtype, c, *inter, out, region, digest ? &*digest : nullptr);
+      if (digest) VerifyDigest(key, c, *digest);
       continue;
     }
     // Verify a partly needed chunk: read it whole, check it, copy the part.

@@ -6,7 +6,6 @@ namespace ckpt::names {
 // §2 directory layout
 inline constexpr const char* kMetadataFile = "metadata.json";
 inline constexpr const char* kTempInfix = ".ckpt-tmp-";
-inline constexpr const char* kOldInfix = ".ckpt-old-";
 
 // §3 metadata.json
 inline constexpr const char* kFormat = "format";
