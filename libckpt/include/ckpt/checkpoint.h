@@ -81,6 +81,14 @@ LoadReport Load(const std::filesystem::path& dir, StateDict& target, Comm& comm,
 // Reads the metadata of a checkpoint directory (parsed and validated).
 Metadata ReadMetadata(const std::filesystem::path& dir);
 
+// A byte range of a file: where a stored chunk's bytes lie (CheckpointReader::LocateChunk),
+// or bytes a chunk being written copies (CheckpointWriter::ChunkStream::Copy).
+struct FileRange {
+  std::filesystem::path file;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
 // Random access to a committed checkpoint, for tools and loaders. Not collective.
 // Thread-safety: one reader per thread.
 class CheckpointReader {
@@ -99,6 +107,11 @@ class CheckpointReader {
   virtual void ReadChunk(std::string_view key, std::size_t chunk_index, void* out,
                          bool verify = true) = 0;
   virtual std::vector<uint8_t> ReadBytes(std::string_view key, bool verify = true) = 0;
+  // Where chunk `chunk_index` of tensor or bytes entry `key` lies in its shard file: its
+  // bytes, row-major over its box, exactly as in memory. The dataset is checked against
+  // the metadata first (dtype, shape, inside the file), as a read would. nullopt when the
+  // chunk is compressed or empty (its stored bytes are not the tensor's). Reads no data.
+  virtual std::optional<FileRange> LocateChunk(std::string_view key, std::size_t chunk_index) = 0;
   // Total bytes read from shard files so far.
   virtual uint64_t bytes_read() const = 0;
 };
@@ -126,6 +139,24 @@ class CheckpointWriter {
   // fixes its dtype and shape; later chunks must agree.
   virtual void WriteChunk(std::string_view key, DType dtype, const Shape& shape, const Box& box,
                           const void* data, int file_index = 0) = 0;
+  // A chunk whose bytes arrive in pieces, in row-major order of its box: from memory, or
+  // copied file to file (no user-space copy where the file system allows), so a chunk of
+  // any size is written in bounded memory. Streamed chunks are stored uncompressed.
+  class ChunkStream {
+   public:
+    virtual ~ChunkStream() = default;
+    virtual void Write(const void* data, std::size_t n) = 0;
+    // Appends the bytes of `range`. With `expected_checksum` (a "xxh3-64:..." string) the
+    // range must be a whole stored chunk being carried over: its bytes are checked against
+    // it as they go, and a mismatch throws kCorrupt naming the file.
+    virtual void Copy(const FileRange& range, std::string_view expected_checksum = {}) = 0;
+    // Records the chunk; throws kInvalidArgument unless exactly all its bytes were given.
+    // A stream destroyed without Close() leaves a gap that Commit() refuses.
+    virtual void Close() = 0;
+  };
+  // The writer must outlive the stream.
+  virtual std::unique_ptr<ChunkStream> OpenChunk(std::string_view key, DType dtype, const Shape& shape,
+                                                 const Box& box, int file_index = 0) = 0;
   virtual void WriteScalar(std::string_view key, const Scalar& value) = 0;
   virtual void WriteBytes(std::string_view key, std::span<const uint8_t> data,
                           int file_index = 0) = 0;

@@ -121,6 +121,26 @@ void Reader::ReadChunk(std::string_view key_view, std::size_t chunk_index, void*
   if (verify) VerifyDigest(key, c, digest);
 }
 
+std::optional<FileRange> Reader::LocateChunk(std::string_view key_view, std::size_t chunk_index) {
+  const std::string key(key_view);
+  const EntryMeta* e = metadata_->Find(key);
+  if (!e) throw Error(ErrorCode::kNotFound, dir_.string() + ": no key '" + key + "'");
+  if (chunk_index >= e->chunks.size()) {
+    throw Error(ErrorCode::kInvalidArgument, "key '" + key + "': no chunk " + std::to_string(chunk_index));
+  }
+  if (e->kind != EntryKind::kTensor && e->kind != EntryKind::kBytes) {
+    throw Error(ErrorCode::kMismatch, dir_.string() + ": key '" + key + "' is a " +
+                                          std::string(EntryKindName(e->kind)) + ": it has no stored bytes");
+  }
+  ChunkMeta c = e->chunks[chunk_index];
+  if (e->kind == EntryKind::kBytes) c.box = Box{{0}, {static_cast<int64_t>(e->size)}};  // stored 1-D
+  const uint64_t length = static_cast<uint64_t>(c.box.NumElements()) * DTypeSize(e->dtype);
+  if (length == 0) return std::nullopt;
+  const auto offset = Shard(c.file).Locate(key, e->dtype, c);
+  if (!offset) return std::nullopt;
+  return FileRange{dir_ / c.file, *offset, length};
+}
+
 std::vector<uint8_t> Reader::ReadBytes(std::string_view key_view, bool verify) {
   const std::string key(key_view);
   const EntryMeta* e = metadata_->Find(key);

@@ -31,25 +31,17 @@ class Writer final : public CheckpointWriter {
   void WriteChunk(std::string_view key_view, DType dtype, const Shape& shape, const Box& box, const void* data,
                   int file_index) override {
     const std::string key(key_view);
-    EntryMeta& e = Entry(key, EntryKind::kTensor);
-    if (e.chunks.empty() && e.shape.empty() && !seen_tensor_.count(key)) {
-      NumElements(shape);
-      e.dtype = dtype;
-      e.shape = shape;
-      seen_tensor_.insert(key);
-    } else if (e.dtype != dtype || e.shape != shape) {
-      throw Error(ErrorCode::kInvalidArgument, "CheckpointWriter: key '" + key + "': chunk of " +
-                                                   std::string(DTypeName(dtype)) + " " + Box::Full(shape).ToString() +
-                                                   " after one of " + std::string(DTypeName(e.dtype)) + " " +
-                                                   Box::Full(e.shape).ToString());
-    }
-    if (!layout::Contains(Box::Full(shape), box)) {
-      throw Error(ErrorCode::kInvalidArgument, "CheckpointWriter: key '" + key + "': chunk " + box.ToString() +
-                                                   " lies outside " + Box::Full(shape).ToString());
-    }
-    e.chunks.push_back(Shard(file_index).WriteChunk(key, dtype, shape, box, data));
+    const std::size_t entry = CheckChunk(key, dtype, shape, box);
+    ChunkMeta chunk = Shard(file_index).WriteChunk(key, dtype, shape, box, data);
+    metadata_.entries[entry].second.chunks.push_back(std::move(chunk));
   }
 
+  std::unique_ptr<ChunkStream> OpenChunk(std::string_view key_view, DType dtype, const Shape& shape, const Box& box,
+                                         int file_index) override {
+    const std::string key(key_view);
+    const std::size_t entry = CheckChunk(key, dtype, shape, box);
+    return std::make_unique<Stream>(*this, entry, Shard(file_index).Begin(key, dtype, shape, box));
+  }
   void WriteScalar(std::string_view key, const Scalar& value) override {
     EntryMeta& e = Entry(std::string(key), EntryKind::kScalar);
     e.dtype = value.dtype;
@@ -79,6 +71,10 @@ class Writer final : public CheckpointWriter {
 
   Metadata Commit() override {
     if (committed_) throw Error(ErrorCode::kInvalidArgument, "CheckpointWriter: already committed");
+    if (open_streams_ > 0) {
+      throw Error(ErrorCode::kInvalidArgument, "CheckpointWriter: Commit() with " + std::to_string(open_streams_) +
+                                                   " chunk stream(s) still open");
+    }
     std::string problems;
     for (const auto& [key, e] : metadata_.entries) {
       if (e.kind != EntryKind::kTensor) continue;
@@ -107,6 +103,66 @@ class Writer final : public CheckpointWriter {
   }
 
  private:
+  class Stream final : public ChunkStream {
+   public:
+    Stream(Writer& w, std::size_t entry, std::unique_ptr<storage::ShardWriter::Stream> s)
+        : w_(w), entry_(entry), s_(std::move(s)) {
+      ++w_.open_streams_;
+    }
+    ~Stream() override {
+      if (s_) --w_.open_streams_;
+    }
+    void Write(const void* data, std::size_t n) override { Open().Write(data, n); }
+    void Copy(const FileRange& range, std::string_view expected_checksum) override {
+      Open().Copy(w_.Source(range.file).get(), range.offset, static_cast<std::size_t>(range.length), range.file,
+                  expected_checksum, range.file.string() + ": bytes at offset " + std::to_string(range.offset));
+    }
+    void Close() override {
+      ChunkMeta chunk = Open().Finish();
+      w_.metadata_.entries[entry_].second.chunks.push_back(std::move(chunk));
+      s_.reset();
+      --w_.open_streams_;
+    }
+
+   private:
+    storage::ShardWriter::Stream& Open() {
+      if (!s_) throw Error(ErrorCode::kInvalidArgument, "CheckpointWriter: chunk stream used after Close()");
+      return *s_;
+    }
+    Writer& w_;
+    std::size_t entry_;
+    std::unique_ptr<storage::ShardWriter::Stream> s_;
+  };
+
+  // Validates a tensor chunk against its entry (creating it on first use); returns the
+  // entry's index.
+  std::size_t CheckChunk(const std::string& key, DType dtype, const Shape& shape, const Box& box) {
+    EntryMeta& e = Entry(key, EntryKind::kTensor);
+    if (e.chunks.empty() && e.shape.empty() && !seen_tensor_.count(key)) {
+      NumElements(shape);
+      e.dtype = dtype;
+      e.shape = shape;
+      seen_tensor_.insert(key);
+    } else if (e.dtype != dtype || e.shape != shape) {
+      throw Error(ErrorCode::kInvalidArgument, "CheckpointWriter: key '" + key + "': chunk of " +
+                                                   std::string(DTypeName(dtype)) + " " + Box::Full(shape).ToString() +
+                                                   " after one of " + std::string(DTypeName(e.dtype)) + " " +
+                                                   Box::Full(e.shape).ToString());
+    }
+    if (!layout::Contains(Box::Full(shape), box)) {
+      throw Error(ErrorCode::kInvalidArgument, "CheckpointWriter: key '" + key + "': chunk " + box.ToString() +
+                                                   " lies outside " + Box::Full(shape).ToString());
+    }
+    return index_.at(key);
+  }
+
+  // An open descriptor of a file chunks are copied from (kept until the writer goes).
+  const storage::Fd& Source(const std::filesystem::path& file) {
+    auto it = sources_.find(file.string());
+    if (it == sources_.end()) it = sources_.emplace(file.string(), storage::OpenRegularFile(file)).first;
+    return it->second;
+  }
+
   EntryMeta& Entry(const std::string& key, EntryKind kind) {
     if (std::string why = KeyProblem(key); !why.empty()) {
       throw Error(ErrorCode::kInvalidArgument, "CheckpointWriter: " + why);
@@ -143,6 +199,8 @@ class Writer final : public CheckpointWriter {
   Metadata metadata_;
   std::unordered_map<std::string, std::size_t> index_;
   std::unordered_set<std::string> seen_tensor_;
+  std::map<std::string, storage::Fd> sources_;
+  int open_streams_ = 0;
   bool committed_ = false;
 };
 

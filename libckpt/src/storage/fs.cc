@@ -2,6 +2,7 @@
 #include "storage/fs.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -100,6 +101,59 @@ void WriteExact(int fd, const void* buf, std::size_t n, uint64_t offset, const f
     n -= static_cast<std::size_t>(put);
     offset += static_cast<uint64_t>(put);
   }
+}
+
+MappedRange::MappedRange(int fd, uint64_t offset, std::size_t n, const fs::path& path) : size_(n) {
+  if (n == 0) return;
+  static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t start = offset - offset % page;
+  map_len_ = static_cast<std::size_t>(offset - start) + n;
+  base_ = ::mmap(nullptr, map_len_, PROT_READ, MAP_SHARED, fd, static_cast<off_t>(start));
+  if (base_ == MAP_FAILED) {
+    base_ = nullptr;
+    Fail(path, "mmap of " + std::to_string(n) + " bytes at offset " + std::to_string(offset), errno);
+  }
+  ::madvise(base_, map_len_, MADV_SEQUENTIAL);
+  data_ = static_cast<const unsigned char*>(base_) + (offset - start);
+}
+
+MappedRange::~MappedRange() {
+  if (base_) ::munmap(base_, map_len_);
+}
+
+void MappedRange::Release(std::size_t pos) {
+  static const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  const std::size_t lead = static_cast<std::size_t>(data_ - static_cast<const unsigned char*>(base_));
+  const std::size_t until = (lead + pos) / page * page;
+  if (until <= released_) return;
+  ::madvise(static_cast<char*>(base_) + released_, until - released_, MADV_DONTNEED);
+  released_ = until;
+}
+
+void CopyRange(int in_fd, uint64_t in_offset, int out_fd, uint64_t out_offset, std::size_t n,
+               const void* fallback, const fs::path& in_path, const fs::path& out_path) {
+  auto in = static_cast<loff_t>(in_offset), out = static_cast<loff_t>(out_offset);
+  std::size_t done = 0;
+  while (done < n) {
+    const ssize_t got = ::copy_file_range(in_fd, &in, out_fd, &out, n - done, 0);
+    if (got > 0) {
+      done += static_cast<std::size_t>(got);
+      continue;
+    }
+    if (got < 0 && errno == EINTR) continue;
+    if (got == 0)
+      throw Error(ErrorCode::kCorrupt, in_path.string() + ": copy at offset " + std::to_string(in) +
+                                           ": the file ends early (truncated?)");
+    if (errno == EXDEV || errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP || errno == EBADF) {
+      WriteExact(out_fd, static_cast<const char*>(fallback) + done, n - done, out_offset + done, out_path);
+      return;
+    }
+    Fail(out_path, "copy from " + in_path.string() + " at offset " + std::to_string(in), errno);
+  }
+}
+
+void StartWriteback(int fd, uint64_t offset, uint64_t n) {
+  ::sync_file_range(fd, static_cast<off64_t>(offset), static_cast<off64_t>(n), SYNC_FILE_RANGE_WRITE);
 }
 
 void FsyncFd(int fd, const fs::path& path) {

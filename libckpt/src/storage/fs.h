@@ -40,6 +40,39 @@ uint64_t FileSize(int fd, const fs::path& path);
 void ReadExact(int fd, void* buf, std::size_t n, uint64_t offset, const fs::path& path);
 void WriteExact(int fd, const void* buf, std::size_t n, uint64_t offset, const fs::path& path);
 
+// A read-only view of `n` bytes at `offset` of an open file, mapped (MAP_SHARED) for
+// sequential reading: the page cache's own pages, no copy. The file must not shrink
+// while mapped (ckpt never rewrites a committed shard in place).
+class MappedRange {
+ public:
+  MappedRange(int fd, uint64_t offset, std::size_t n, const fs::path& path);
+  MappedRange(const MappedRange&) = delete;
+  MappedRange& operator=(const MappedRange&) = delete;
+  ~MappedRange();
+  const unsigned char* data() const { return data_; }
+  std::size_t size() const { return size_; }
+  // Tells the kernel the pages before `pos` will not be read again.
+  void Release(std::size_t pos);
+
+ private:
+  void* base_ = nullptr;
+  std::size_t map_len_ = 0;
+  const unsigned char* data_ = nullptr;
+  std::size_t size_ = 0;
+  std::size_t released_ = 0;
+};
+
+// Copies n bytes from `in_fd` at `in_offset` to `out_fd` at `out_offset` inside the kernel
+// (copy_file_range: a reflink or an in-kernel copy, never through user memory), falling
+// back to pwrite from `fallback` (the same bytes, e.g. a MappedRange) where the file
+// systems cannot. kIO naming the paths.
+void CopyRange(int in_fd, uint64_t in_offset, int out_fd, uint64_t out_offset, std::size_t n,
+               const void* fallback, const fs::path& in_path, const fs::path& out_path);
+
+// Starts writeback of a written range without waiting for it, so the final fsync finds
+// most of the file on disk already (best effort; errors surface at that fsync).
+void StartWriteback(int fd, uint64_t offset, uint64_t n);
+
 void FsyncFd(int fd, const fs::path& path);
 void FsyncPath(const fs::path& path);  // a file or a directory
 

@@ -102,18 +102,30 @@ ShardReader::~ShardReader() = default;
 uint64_t ShardReader::file_size() const { return impl_->size; }
 const std::filesystem::path& ShardReader::path() const { return impl_->path; }
 
-uint64_t ShardReader::Read(const std::string& key, DType dtype, const ChunkMeta& chunk, const Box& region,
-                           void* dst, const Box& dst_box, Digest* digest) {
+// Where a chunk's data lies: through the shard index when it describes the chunk exactly,
+// else by opening its dataset and checking its type, shape and extent against `chunk`.
+struct ShardReader::Located {
+  uint64_t chunk_bytes = 0;
+  bool contiguous = false;
+  uint64_t base = 0;  // file offset of the data when contiguous
+  h5::Handle ds;      // open only when located through HDF5
+  h5::Handle type, space;
+};
+
+ShardReader::Located ShardReader::Find(const std::string& key, DType dtype, const ChunkMeta& chunk) {
   Impl& m = *impl_;
   const std::size_t item = DTypeSize(dtype);
+  Located at;
+  at.chunk_bytes = static_cast<uint64_t>(
+      internal::CheckedMul(chunk.box.NumElements(), static_cast<int64_t>(item), m.Where(key, chunk)));
   if (auto it = m.index.find(chunk.dataset); it != m.index.end() && chunk.compression.codec == Compression::Codec::kNone) {
     const IndexedDataset& d = it->second;
     const bool same_type = d.dtype == DTypeName(dtype) || (d.dtype == "bytes" && dtype == DType::kUInt8);
-    const int64_t bytes = internal::CheckedMul(chunk.box.NumElements(), static_cast<int64_t>(item), m.Where(key, chunk));
-    if (same_type && d.sizes == chunk.box.sizes && bytes > 0 && d.offset <= m.size &&
-        static_cast<uint64_t>(bytes) <= m.size - d.offset) {
-      if (region.NumElements() == 0) return 0;
-      return ReadContiguous(chunk, d.offset, static_cast<uint64_t>(bytes), item, region, dst, dst_box, digest);
+    if (same_type && d.sizes == chunk.box.sizes && at.chunk_bytes > 0 && d.offset <= m.size &&
+        at.chunk_bytes <= m.size - d.offset) {
+      at.contiguous = true;
+      at.base = d.offset;
+      return at;
     }
   }
   const hid_t ds_id = H5Dopen2(m.file.get(), chunk.dataset.c_str(), H5P_DEFAULT);
@@ -121,63 +133,75 @@ uint64_t ShardReader::Read(const std::string& key, DType dtype, const ChunkMeta&
     h5::ErrorStack();
     throw Error(ErrorCode::kCorrupt, m.Where(key, chunk) + ": dataset not found in the file");
   }
-  h5::Handle ds = h5::Dataset(ds_id);
-  h5::Handle type = h5::Type(h5::Check(H5Dget_type(ds.get()), m.Where(key, chunk)));
-  if (!h5::TypeMatches(type.get(), dtype)) {
+  at.ds = h5::Dataset(ds_id);
+  at.type = h5::Type(h5::Check(H5Dget_type(at.ds.get()), m.Where(key, chunk)));
+  if (!h5::TypeMatches(at.type.get(), dtype)) {
     throw Error(ErrorCode::kCorrupt, m.Where(key, chunk) + ": stored element type (" +
-                                         std::to_string(H5Tget_size(type.get())) +
+                                         std::to_string(H5Tget_size(at.type.get())) +
                                          " bytes) does not match dtype " + std::string(DTypeName(dtype)));
   }
-  h5::Handle space = h5::Space(h5::Check(H5Dget_space(ds.get()), m.Where(key, chunk)));
-  const int rank = H5Sget_simple_extent_ndims(space.get());
+  at.space = h5::Space(h5::Check(H5Dget_space(at.ds.get()), m.Where(key, chunk)));
+  const int rank = H5Sget_simple_extent_ndims(at.space.get());
   std::vector<hsize_t> dims(rank > 0 ? rank : 0);
-  if (rank > 0) H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+  if (rank > 0) H5Sget_simple_extent_dims(at.space.get(), dims.data(), nullptr);
   const std::vector<hsize_t> expected(chunk.box.sizes.begin(), chunk.box.sizes.end());
   if (dims != expected) {
     throw Error(ErrorCode::kCorrupt, m.Where(key, chunk) + ": dataset has shape " + DimsString(dims) +
                                          ", metadata says " + DimsString(expected));
   }
-  const int64_t chunk_bytes = internal::CheckedMul(chunk.box.NumElements(), static_cast<int64_t>(item),
-                                                   m.Where(key, chunk));
-  if (chunk_bytes == 0 || region.NumElements() == 0) return 0;
-  auto* out = static_cast<unsigned char*>(dst);
-
-  h5::Handle dcpl = h5::Plist(H5Dget_create_plist(ds.get()));
-  const bool contiguous = H5Pget_layout(dcpl.get()) == H5D_CONTIGUOUS && H5Pget_nfilters(dcpl.get()) == 0;
-  if (!contiguous) {
-    // Chunked / filtered: HDF5 selects and decompresses.
-    const int r = static_cast<int>(region.sizes.size());
-    h5::Handle fspace = h5::Space(H5Scopy(space.get()));
-    std::vector<hsize_t> count(region.sizes.begin(), region.sizes.end());
-    std::vector<hsize_t> fstart(r), mstart(r);
-    for (int d = 0; d < r; ++d) {
-      fstart[d] = static_cast<hsize_t>(region.offsets[d] - chunk.box.offsets[d]);
-      mstart[d] = static_cast<hsize_t>(region.offsets[d] - dst_box.offsets[d]);
-    }
-    h5::Handle mspace = h5::MakeSpace(std::vector<hsize_t>(dst_box.sizes.begin(), dst_box.sizes.end()));
-    if (r > 0) {
-      h5::Check(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, fstart.data(), nullptr, count.data(), nullptr),
-                "H5Sselect_hyperslab");
-      h5::Check(H5Sselect_hyperslab(mspace.get(), H5S_SELECT_SET, mstart.data(), nullptr, count.data(), nullptr),
-                "H5Sselect_hyperslab");
-    }
-    if (H5Dread(ds.get(), type.get(), mspace.get(), fspace.get(), H5P_DEFAULT, out) < 0) {
-      throw Error(ErrorCode::kCorrupt, m.Where(key, chunk) + ": cannot read data" + h5::ErrorStack());
-    }
-    if (digest) {
-      layout::ForEachRun(chunk.box, dst_box, region, [&](const layout::Run& run) {
-        digest->Update(out + run.dst * item, static_cast<std::size_t>(run.count) * item);
-      });
-    }
-    return H5Dget_storage_size(ds.get());
-  }
-
-  const haddr_t base = H5Dget_offset(ds.get());
-  if (base == HADDR_UNDEF || base > m.size || static_cast<uint64_t>(chunk_bytes) > m.size - base) {
+  if (at.chunk_bytes == 0) return at;
+  h5::Handle dcpl = h5::Plist(H5Dget_create_plist(at.ds.get()));
+  at.contiguous = H5Pget_layout(dcpl.get()) == H5D_CONTIGUOUS && H5Pget_nfilters(dcpl.get()) == 0;
+  if (!at.contiguous) return at;
+  const haddr_t base = H5Dget_offset(at.ds.get());
+  if (base == HADDR_UNDEF || base > m.size || at.chunk_bytes > m.size - base) {
     throw Error(ErrorCode::kCorrupt, m.Where(key, chunk) + ": data lies past the end of the file (" +
                                          std::to_string(m.size) + " bytes): truncated");
   }
-  return ReadContiguous(chunk, base, static_cast<uint64_t>(chunk_bytes), item, region, dst, dst_box, digest);
+  at.base = base;
+  return at;
+}
+
+std::optional<uint64_t> ShardReader::Locate(const std::string& key, DType dtype, const ChunkMeta& chunk) {
+  const Located at = Find(key, dtype, chunk);
+  if (!at.contiguous) return std::nullopt;
+  return at.base;
+}
+
+uint64_t ShardReader::Read(const std::string& key, DType dtype, const ChunkMeta& chunk, const Box& region,
+                           void* dst, const Box& dst_box, Digest* digest) {
+  Impl& m = *impl_;
+  const std::size_t item = DTypeSize(dtype);
+  const Located at = Find(key, dtype, chunk);
+  if (at.chunk_bytes == 0 || region.NumElements() == 0) return 0;
+  if (at.contiguous) return ReadContiguous(chunk, at.base, at.chunk_bytes, item, region, dst, dst_box, digest);
+
+  // Chunked / filtered: HDF5 selects and decompresses.
+  auto* out = static_cast<unsigned char*>(dst);
+  const int r = static_cast<int>(region.sizes.size());
+  h5::Handle fspace = h5::Space(H5Scopy(at.space.get()));
+  std::vector<hsize_t> count(region.sizes.begin(), region.sizes.end());
+  std::vector<hsize_t> fstart(r), mstart(r);
+  for (int d = 0; d < r; ++d) {
+    fstart[d] = static_cast<hsize_t>(region.offsets[d] - chunk.box.offsets[d]);
+    mstart[d] = static_cast<hsize_t>(region.offsets[d] - dst_box.offsets[d]);
+  }
+  h5::Handle mspace = h5::MakeSpace(std::vector<hsize_t>(dst_box.sizes.begin(), dst_box.sizes.end()));
+  if (r > 0) {
+    h5::Check(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, fstart.data(), nullptr, count.data(), nullptr),
+              "H5Sselect_hyperslab");
+    h5::Check(H5Sselect_hyperslab(mspace.get(), H5S_SELECT_SET, mstart.data(), nullptr, count.data(), nullptr),
+              "H5Sselect_hyperslab");
+  }
+  if (H5Dread(at.ds.get(), at.type.get(), mspace.get(), fspace.get(), H5P_DEFAULT, out) < 0) {
+    throw Error(ErrorCode::kCorrupt, m.Where(key, chunk) + ": cannot read data" + h5::ErrorStack());
+  }
+  if (digest) {
+    layout::ForEachRun(chunk.box, dst_box, region, [&](const layout::Run& run) {
+      digest->Update(out + run.dst * item, static_cast<std::size_t>(run.count) * item);
+    });
+  }
+  return H5Dget_storage_size(at.ds.get());
 }
 
 uint64_t ShardReader::ReadContiguous(const ChunkMeta& chunk, uint64_t base,

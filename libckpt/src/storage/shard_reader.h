@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "ckpt/metadata.h"
@@ -38,10 +39,17 @@ class ShardReader {
   uint64_t Read(const std::string& key, DType dtype, const ChunkMeta& chunk, const Box& region,
                 void* dst, const Box& dst_box, Digest* digest);
 
+  // The file offset of the chunk's bytes (chunk.box row-major, uncompressed) when it is
+  // stored contiguous and unfiltered, after the same checks as Read; nullopt when it is
+  // filtered (its bytes are not the tensor's). For copying a chunk file to file.
+  std::optional<uint64_t> Locate(const std::string& key, DType dtype, const ChunkMeta& chunk);
+
   uint64_t file_size() const;
   const std::filesystem::path& path() const;
 
  private:
+  struct Located;
+  Located Find(const std::string& key, DType dtype, const ChunkMeta& chunk);
   void LoadIndex();
   uint64_t ReadContiguous(const ChunkMeta& chunk, uint64_t base, uint64_t chunk_bytes,
                           std::size_t item, const Box& region, void* dst, const Box& dst_box, Digest* digest);

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <future>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <unordered_set>
 
@@ -18,6 +19,7 @@ namespace ckpt::storage {
 namespace {
 
 constexpr std::size_t kStreamBlock = std::size_t{8} << 20;      // pwrite + digest block
+constexpr uint64_t kWritebackBytes = uint64_t{64} << 20;          // start writeback this often
 constexpr std::size_t kCompressChunkBytes = std::size_t{1} << 20;  // HDF5 chunk target
 
 std::vector<hsize_t> Dims(const Shape& s) { return std::vector<hsize_t>(s.begin(), s.end()); }
@@ -57,6 +59,36 @@ struct ShardWriter::Impl {
     return p;
   }();
   std::unordered_set<std::string> datasets;
+  uint64_t unflushed = 0;  // bytes written since writeback was last started
+
+  // Called after data is written: every kWritebackBytes, starts writeback of the file so
+  // the disk works while the rest is produced and the final fsync has little left.
+  void Wrote(std::size_t n) {
+    unflushed += n;
+    if (unflushed < kWritebackBytes) return;
+    StartWriteback(fd.get(), 0, 0);
+    unflushed = 0;
+  }
+
+  void RecordChunk(const std::string& key, DType dtype, const Shape& shape, const ChunkMeta& meta,
+                   uint64_t data_offset) {
+    index.push_back({{"key", key},
+                     {"dtype", DTypeName(dtype)},
+                     {"shape", shape},
+                     {"offsets", meta.box.offsets},
+                     {"sizes", meta.box.sizes},
+                     {"dataset", meta.dataset}});
+    if (data_offset) index.back()["offset"] = data_offset;
+  }
+
+  uint64_t DataOffset(hid_t ds, const std::string& key) const {
+    const haddr_t offset = H5Dget_offset(ds);
+    if (offset == HADDR_UNDEF) {
+      throw Error(ErrorCode::kIO, path.string() + ": key '" + key + "': dataset has no file address" +
+                                      h5::ErrorStack());
+    }
+    return offset;
+  }
 
   h5::Handle CreateDataset(const std::string& name, DType dtype, const Shape& sizes, bool compress,
                            const std::string& key) {
@@ -90,15 +122,12 @@ struct ShardWriter::Impl {
   // Returns the data's offset in the file (0 when there is no data).
   uint64_t StreamContiguous(hid_t ds, const void* data, std::size_t n, Digest& digest, const std::string& key) {
     if (n == 0) return 0;
-    const haddr_t offset = H5Dget_offset(ds);
-    if (offset == HADDR_UNDEF) {
-      throw Error(ErrorCode::kIO, path.string() + ": key '" + key + "': dataset has no file address" +
-                                      h5::ErrorStack());
-    }
+    const uint64_t offset = DataOffset(ds, key);
     const auto* p = static_cast<const unsigned char*>(data);
     if (n <= kStreamBlock) {  // one block: no pipeline (a thread per small chunk costs more)
       digest.Update(p, n);
       WriteExact(fd.get(), p, n, offset, path);
+      Wrote(n);
       return offset;
     }
     // Two-stage pipeline: block i is written on a helper thread while block i+1 is
@@ -107,12 +136,16 @@ struct ShardWriter::Impl {
     for (std::size_t pos = 0; pos < n; pos += kStreamBlock) {
       const std::size_t len = std::min(kStreamBlock, n - pos);
       digest.Update(p + pos, len);
-      if (writing.valid()) writing.get();
+      if (writing.valid()) {
+        writing.get();
+        Wrote(kStreamBlock);
+      }
       writing = std::async(std::launch::async, [this, p, pos, len, offset] {
         WriteExact(fd.get(), p + pos, len, offset + pos, path);
       });
     }
     if (writing.valid()) writing.get();
+    Wrote(n % kStreamBlock);
     return offset;
   }
 };
@@ -164,14 +197,105 @@ ChunkMeta ShardWriter::WriteChunk(const std::string& key, DType dtype, const Sha
   }
   meta.checksum = digest.Checksum();
   meta.stats = digest.Stats();
-  impl_->index.push_back({{"key", key},
-                          {"dtype", DTypeName(dtype)},
-                          {"shape", shape},
-                          {"offsets", box.offsets},
-                          {"sizes", box.sizes},
-                          {"dataset", meta.dataset}});
-  if (data_offset) impl_->index.back()["offset"] = data_offset;
+  impl_->RecordChunk(key, dtype, shape, meta, data_offset);
   return meta;
+}
+
+struct ShardWriter::Stream::State {
+  Impl* shard = nullptr;
+  std::string key;
+  DType dtype = DType::kUInt8;
+  Shape shape;
+  ChunkMeta meta;
+  h5::Handle ds;
+  uint64_t offset = 0;  // of the data in the file
+  uint64_t total = 0, pos = 0;
+  std::unique_ptr<Digest> digest;
+
+  void Reserve(std::size_t n) {
+    if (n > total - pos) {
+      throw Error(ErrorCode::kInvalidArgument, shard->path.filename().string() + ": key '" + key + "' chunk " +
+                                                   meta.box.ToString() + ": more than its " +
+                                                   std::to_string(total) + " bytes given");
+    }
+  }
+};
+
+ShardWriter::Stream::Stream(std::unique_ptr<State> state) : state_(std::move(state)) {}
+ShardWriter::Stream::~Stream() = default;
+
+std::unique_ptr<ShardWriter::Stream> ShardWriter::Begin(const std::string& key, DType dtype, const Shape& shape,
+                                                        const Box& box) {
+  auto st = std::make_unique<Stream::State>();
+  st->shard = impl_.get();
+  st->key = key;
+  st->dtype = dtype;
+  st->shape = shape;
+  st->meta.box = box;
+  st->meta.file = file_name_;
+  st->meta.dataset = h5::DatasetName(key, box.offsets, box == Box::Full(shape));
+  st->total = static_cast<uint64_t>(box.NumElements()) * DTypeSize(dtype);
+  st->meta.stored_bytes = st->total;
+  st->ds = impl_->CreateDataset(st->meta.dataset, dtype, box.sizes, /*compress=*/false, key);
+  if (st->total > 0) st->offset = impl_->DataOffset(st->ds.get(), key);
+  st->digest = std::make_unique<Digest>(dtype, /*with_stats=*/true);
+  return std::unique_ptr<Stream>(new Stream(std::move(st)));
+}
+
+void ShardWriter::Stream::Write(const void* data, std::size_t n) {
+  State& s = *state_;
+  s.Reserve(n);
+  if (n == 0) return;
+  s.digest->Update(data, n);
+  WriteExact(s.shard->fd.get(), data, n, s.offset + s.pos, s.shard->path);
+  s.pos += n;
+  s.shard->Wrote(n);
+}
+
+void ShardWriter::Stream::Copy(int fd, uint64_t offset, std::size_t n, const std::filesystem::path& path,
+                               std::string_view expected, std::string_view what) {
+  State& s = *state_;
+  s.Reserve(n);
+  std::optional<Digest> own;  // the range's own checksum, when it is a whole stored chunk
+  if (!expected.empty()) own.emplace(DType::kUInt8, false);
+  MappedRange src(fd, offset, n, path);
+  // Block i is copied inside the kernel on a helper thread while block i+1 is hashed
+  // here from the page cache's pages: no byte passes through a user-space buffer.
+  std::future<void> copying;
+  for (std::size_t done = 0; done < n; done += kStreamBlock) {
+    const std::size_t len = std::min(kStreamBlock, n - done);
+    const unsigned char* p = src.data() + done;
+    s.digest->Update(p, len);
+    if (own) own->Update(p, len);
+    if (copying.valid()) {
+      copying.get();
+      s.shard->Wrote(kStreamBlock);
+      src.Release(done);
+    }
+    copying = std::async(std::launch::async, [&s, &path, fd, offset, done, len, p] {
+      CopyRange(fd, offset + done, s.shard->fd.get(), s.offset + s.pos + done, len, p, path, s.shard->path);
+    });
+  }
+  if (copying.valid()) copying.get();
+  if (n > 0) s.shard->Wrote((n - 1) % kStreamBlock + 1);
+  s.pos += n;
+  if (own && own->Checksum() != expected) {
+    throw Error(ErrorCode::kCorrupt, std::string(what) + ": checksum mismatch: metadata says " +
+                                         std::string(expected) + ", the data hashes to " + own->Checksum());
+  }
+}
+
+ChunkMeta ShardWriter::Stream::Finish() {
+  State& s = *state_;
+  if (s.pos != s.total) {
+    throw Error(ErrorCode::kInvalidArgument, s.shard->path.filename().string() + ": key '" + s.key + "' chunk " +
+                                                 s.meta.box.ToString() + ": " + std::to_string(s.pos) + " of its " +
+                                                 std::to_string(s.total) + " bytes given");
+  }
+  s.meta.checksum = s.digest->Checksum();
+  s.meta.stats = s.digest->Stats();
+  s.shard->RecordChunk(s.key, s.dtype, s.shape, s.meta, s.total ? s.offset : 0);
+  return std::move(s.meta);
 }
 
 ChunkMeta ShardWriter::WriteBytes(const std::string& key, const void* data, std::size_t n) {

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "ckpt/metadata.h"
 
@@ -30,6 +31,32 @@ class ShardWriter {
   // row-major elements. Returns the chunk's metadata with file, dataset, checksum, stats.
   ChunkMeta WriteChunk(const std::string& key, DType dtype, const Shape& shape, const Box& box,
                        const void* data);
+  // A chunk written in pieces, in row-major order of its box, stored contiguous and
+  // uncompressed whatever the shard's compression: bytes from memory (Write) or copied
+  // from another file (Copy). Memory stays bounded whatever the chunk's size. The
+  // ShardWriter must outlive it; Finish() records the chunk.
+  class Stream {
+   public:
+    ~Stream();
+    Stream(const Stream&) = delete;
+    Stream& operator=(const Stream&) = delete;
+    void Write(const void* data, std::size_t n);
+    // Appends `n` bytes at `offset` of the open file `fd` (named `path`), copied file to
+    // file. If `expected` is not empty those bytes alone must hash to it (they are a
+    // whole stored chunk being carried over, `what` names it), else kCorrupt.
+    void Copy(int fd, uint64_t offset, std::size_t n, const std::filesystem::path& path,
+              std::string_view expected, std::string_view what);
+    // All bytes given: returns the chunk's metadata (checksum and statistics of its bytes).
+    ChunkMeta Finish();
+
+   private:
+    friend class ShardWriter;
+    struct State;
+    explicit Stream(std::unique_ptr<State> state);
+    std::unique_ptr<State> state_;
+  };
+  std::unique_ptr<Stream> Begin(const std::string& key, DType dtype, const Shape& shape, const Box& box);
+
   // Writes a bytes entry as a 1-D uint8 dataset.
   ChunkMeta WriteBytes(const std::string& key, const void* data, std::size_t n);
   // Writes the shard index, closes and fsyncs the file. Returns its size in bytes.
