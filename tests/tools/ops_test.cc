@@ -286,6 +286,78 @@ TEST_CASE("merge: FULL, reshard along dims 0 and 1, safetensors; all read back t
   CHECK(ReadMetadata(tmp / "full").entries.size() == 2);
 }
 
+// Flips one byte in the middle of the stored bytes of chunk `chunk` of `key`.
+void FlipStoredByte(const fs::path& dir, const std::string& key, std::size_t chunk) {
+  const auto range = CheckpointReader::Open(dir)->LocateChunk(key, chunk);
+  REQUIRE(range);
+  std::fstream f(range->file, std::ios::in | std::ios::out | std::ios::binary);
+  const auto at = static_cast<std::streamoff>(range->offset + range->length / 2);
+  f.seekg(at);
+  const char c = static_cast<char>(f.get());
+  f.seekp(at);
+  f.put(static_cast<char>(c ^ 0x10));
+}
+
+TEST_CASE("merge copies chunks file to file, bit for bit, and never launders a corrupt source") {
+  ckpt_test::TempDir tmp("copy");
+  SaveSample(tmp / "src");
+  auto src = ops::Source::Open(tmp / "src");
+  const auto w = ReadAll(*src, "model.w");
+  const EntryMeta& sw = *src->metadata().Find("model.w");
+
+  ops::MergeOptions copy;
+  copy.copy_min_bytes = 0;  // the sample's tensors are tiny
+  const auto r = ops::Merge(tmp / "src", tmp / "full", copy);
+  CHECK(r.bytes_copied == r.bytes);
+  CHECK(r.bytes_copied == (24 + 4) * sizeof(float));
+  const Metadata md = ReadMetadata(tmp / "full");
+  const EntryMeta& mw = *md.Find("model.w");
+  REQUIRE(mw.chunks.size() == 1);  // one dataset for the whole tensor
+  CHECK(ops::Diff(tmp / "src", tmp / "full", {}).same());
+  CHECK(ops::Verify(tmp / "full", {}).ok());
+  // Statistics recombined from the two source chunks agree with the values.
+  REQUIRE(mw.chunks[0].stats);
+  const ChunkStats& st = *mw.chunks[0].stats;
+  CHECK(st.finite_count == 24);
+  CHECK(st.min == *std::min_element(w.begin(), w.end()));
+  CHECK(st.max == *std::max_element(w.begin(), w.end()));
+  double sum = 0, sumsq = 0;
+  for (float v : w) sum += v, sumsq += static_cast<double>(v) * v;
+  CHECK(st.mean == doctest::Approx(sum / 24).epsilon(1e-12));
+  CHECK(st.l2 == doctest::Approx(std::sqrt(sumsq)).epsilon(1e-12));
+
+  // Resharding copies the parts too, reading source chunks in part (checked on their own).
+  ops::MergeOptions re = copy;
+  re.world = 3;
+  const auto r3 = ops::Merge(tmp / "src", tmp / "re", re);
+  CHECK(r3.bytes_copied == r3.bytes);
+  CHECK(ReadAll(*ops::Source::Open(tmp / "re"), "model.w") == w);
+
+  // Casting goes through memory.
+  ops::MergeOptions cast = copy;
+  cast.cast = DType::kFloat16;
+  CHECK(ops::Merge(tmp / "src", tmp / "half", cast).bytes_copied == 0);
+
+  // One flipped byte in a source chunk: every path refuses, naming the key, and writes nothing.
+  FlipStoredByte(tmp / "src", "model.w", 1);
+  ops::MergeOptions cast_parts = cast;
+  cast_parts.world = 3;  // through memory, each source chunk read in part
+  for (const auto& [name, o] : std::vector<std::pair<std::string, ops::MergeOptions>>{
+           {"whole", copy}, {"parts", re}, {"memory", cast}, {"memory-parts", cast_parts}}) {
+    CAPTURE(name);
+    const fs::path dst = tmp / ("bad-" + name);
+    CHECK_THROWS_WITH_AS(ops::Merge(tmp / "src", dst, o), doctest::Contains("model.w"), Error);
+    try {
+      ops::Merge(tmp / "src", dst, o);
+    } catch (const Error& e) {
+      CHECK(e.code() == ErrorCode::kCorrupt);
+      CHECK(std::string(e.what()).find("checksum mismatch") != std::string::npos);
+    }
+    CHECK_FALSE(fs::exists(dst));
+  }
+  CHECK(sw.chunks.size() == 2);
+}
+
 TEST_CASE("merge --dtype bfloat16 casts floating tensors only") {
   ckpt_test::TempDir tmp("cast");
   SaveSample(tmp / "src");

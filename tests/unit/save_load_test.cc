@@ -524,6 +524,84 @@ TEST_CASE("CheckpointWriter streams chunks into several files and commits atomic
   CHECK_FALSE(fs::exists(tmp / "gap"));
 }
 
+TEST_CASE("CheckpointWriter chunk streams: pieces from memory and ranges copied from files") {
+  TempDir tmp("cs");
+  // A source checkpoint with one 3 MiB chunk (several copy blocks) and a raw file.
+  std::vector<int32_t> v(3 << 18);
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<int32_t>(i * 2654435761u);
+  {
+    auto w = CheckpointWriter::Create(tmp / "src", {});
+    w->WriteChunk("v", DType::kInt32, {static_cast<int64_t>(v.size())}, Box::Full({static_cast<int64_t>(v.size())}),
+                  v.data());
+    w->Commit();
+  }
+  auto src = CheckpointReader::Open(tmp / "src");
+  const auto range = src->LocateChunk("v", 0);
+  REQUIRE(range);
+  CHECK(range->length == v.size() * 4);
+  CHECK(range->file == tmp / "src" / src->metadata().Find("v")->chunks[0].file);
+  src->VerifyChunk("v", 0);
+  const std::string checksum = src->metadata().Find("v")->chunks[0].checksum;
+
+  const int64_t n = static_cast<int64_t>(v.size());
+  {
+    auto w = CheckpointWriter::Create(tmp / "dst", {});
+    // [head from memory | the whole source copied, checked | tail from memory]
+    auto s = w->OpenChunk("x", DType::kInt32, {n + 20}, Box::Full({n + 20}));
+    std::vector<int32_t> head(10, 7), tail(10, -7);
+    s->Write(head.data(), 40);
+    s->Copy(*range, checksum);
+    s->Write(tail.data(), 20);
+    CHECK_THROWS_WITH_AS(s->Close(), doctest::Contains("bytes given"), Error);  // 20 bytes short
+    s->Write(tail.data() + 5, 20);
+    CHECK_THROWS_WITH_AS(s->Write(tail.data(), 4), doctest::Contains("more than"), Error);
+    auto open = w->OpenChunk("y", DType::kInt32, {4}, Box::Full({4}));
+    CHECK_THROWS_WITH_AS(w->Commit(), doctest::Contains("still open"), Error);
+    open.reset();  // dropped unclosed: a gap Commit() refuses
+    s->Close();
+    CHECK_THROWS_WITH_AS(w->Commit(), doctest::Contains("'y'"), Error);
+  }
+  CHECK_FALSE(fs::exists(tmp / "dst"));
+  {
+    auto w = CheckpointWriter::Create(tmp / "dst", {});
+    auto s = w->OpenChunk("x", DType::kInt32, {n + 20}, Box::Full({n + 20}));
+    std::vector<int32_t> head(10, 7), tail(10, -7);
+    s->Write(head.data(), 40);
+    s->Copy(*range, checksum);
+    s->Write(tail.data(), 40);
+    s->Close();
+    w->Commit();
+  }
+  auto r = CheckpointReader::Open(tmp / "dst");
+  std::vector<int32_t> back(v.size() + 20);
+  r->ReadRegion("x", Box::Full({n + 20}), back.data());  // checksum verified
+  CHECK(std::equal(v.begin(), v.end(), back.begin() + 10));
+  CHECK(back[0] == 7);
+  CHECK(back.back() == -7);
+
+  // A flipped byte in the source: VerifyChunk and a checked copy both refuse it, naming the file.
+  {
+    std::fstream f(range->file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(range->offset + 1000));
+    f.put('\x5a');
+  }
+  CHECK_THROWS_WITH_AS(src->VerifyChunk("v", 0), doctest::Contains("checksum mismatch"), Error);
+  auto w = CheckpointWriter::Create(tmp / "bad", {});
+  auto s = w->OpenChunk("x", DType::kInt32, {n}, Box::Full({n}));
+  CHECK_THROWS_WITH_AS(s->Copy(*range, checksum), doctest::Contains(range->file.string().c_str()), Error);
+  // Compressed chunks have no raw bytes to copy.
+  {
+    CheckpointWriter::Options o;
+    o.compression.codec = Compression::Codec::kZstd;
+    auto z = CheckpointWriter::Create(tmp / "z", o);
+    z->WriteChunk("v", DType::kInt32, {n}, Box::Full({n}), v.data());
+    z->Commit();
+  }
+  auto zr = CheckpointReader::Open(tmp / "z");
+  CHECK_FALSE(zr->LocateChunk("v", 0));
+  zr->VerifyChunk("v", 0);
+}
+
 TEST_CASE("a rank whose own state is invalid fails the save on every rank, naming that rank") {
   TempDir tmp("inv");
   std::vector<float> buf(40, 1.0f);

@@ -112,6 +112,10 @@ class CheckpointReader {
   // the metadata first (dtype, shape, inside the file), as a read would. nullopt when the
   // chunk is compressed or empty (its stored bytes are not the tensor's). Reads no data.
   virtual std::optional<FileRange> LocateChunk(std::string_view key, std::size_t chunk_index) = 0;
+  // Checks chunk `chunk_index` of `key` against its checksum without returning its data:
+  // an uncompressed chunk is hashed straight from the page cache, in bounded memory (a
+  // compressed one is decompressed whole). Throws kCorrupt naming file and key.
+  virtual void VerifyChunk(std::string_view key, std::size_t chunk_index) = 0;
   // Total bytes read from shard files so far.
   virtual uint64_t bytes_read() const = 0;
 };
@@ -154,9 +158,11 @@ class CheckpointWriter {
     // A stream destroyed without Close() leaves a gap that Commit() refuses.
     virtual void Close() = 0;
   };
-  // The writer must outlive the stream.
+  // The writer must outlive the stream. `stats`, when the caller knows them (e.g. combined
+  // from the verified chunks it copies), are recorded instead of being recomputed.
   virtual std::unique_ptr<ChunkStream> OpenChunk(std::string_view key, DType dtype, const Shape& shape,
-                                                 const Box& box, int file_index = 0) = 0;
+                                                 const Box& box, int file_index = 0,
+                                                 const std::optional<ChunkStats>& stats = std::nullopt) = 0;
   virtual void WriteScalar(std::string_view key, const Scalar& value) = 0;
   virtual void WriteBytes(std::string_view key, std::span<const uint8_t> data,
                           int file_index = 0) = 0;

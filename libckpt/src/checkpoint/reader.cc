@@ -141,6 +141,25 @@ std::optional<FileRange> Reader::LocateChunk(std::string_view key_view, std::siz
   return FileRange{dir_ / c.file, *offset, length};
 }
 
+void Reader::VerifyChunk(std::string_view key_view, std::size_t chunk_index) {
+  const std::string key(key_view);
+  const auto range = LocateChunk(key, chunk_index);  // checks key, index and dataset
+  const EntryMeta& e = *metadata_->Find(key);
+  const ChunkMeta& c = e.chunks[chunk_index];
+  storage::Digest digest(e.dtype, false);
+  if (range) {
+    Shard(c.file).Hash(range->offset, range->length, digest);
+    bytes_read_ += range->length;
+  } else {
+    const uint64_t n = e.kind == EntryKind::kBytes ? e.size
+                                                    : static_cast<uint64_t>(c.box.NumElements()) * DTypeSize(e.dtype);
+    std::vector<unsigned char> tmp(std::max<uint64_t>(n, 1));
+    ReadChunk(key, chunk_index, tmp.data(), false);
+    digest.Update(tmp.data(), n);
+  }
+  VerifyDigest(key, c, digest);
+}
+
 std::vector<uint8_t> Reader::ReadBytes(std::string_view key_view, bool verify) {
   const std::string key(key_view);
   const EntryMeta* e = metadata_->Find(key);

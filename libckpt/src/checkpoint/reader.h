@@ -24,6 +24,7 @@ class Reader final : public CheckpointReader {
   void ReadChunk(std::string_view key, std::size_t chunk_index, void* out, bool verify) override;
   std::vector<uint8_t> ReadBytes(std::string_view key, bool verify) override;
   std::optional<FileRange> LocateChunk(std::string_view key, std::size_t chunk_index) override;
+  void VerifyChunk(std::string_view key, std::size_t chunk_index) override;
   uint64_t bytes_read() const override { return bytes_read_; }
 
   // ReadRegion, with partial chunks verified too (reading them whole) when asked.

@@ -37,10 +37,10 @@ class Writer final : public CheckpointWriter {
   }
 
   std::unique_ptr<ChunkStream> OpenChunk(std::string_view key_view, DType dtype, const Shape& shape, const Box& box,
-                                         int file_index) override {
+                                         int file_index, const std::optional<ChunkStats>& stats) override {
     const std::string key(key_view);
     const std::size_t entry = CheckChunk(key, dtype, shape, box);
-    return std::make_unique<Stream>(*this, entry, Shard(file_index).Begin(key, dtype, shape, box));
+    return std::make_unique<Stream>(*this, entry, Shard(file_index).Begin(key, dtype, shape, box, stats));
   }
   void WriteScalar(std::string_view key, const Scalar& value) override {
     EntryMeta& e = Entry(std::string(key), EntryKind::kScalar);

@@ -3,7 +3,12 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <set>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -12,6 +17,7 @@
 #include "ckpt/ops/safetensors.h"
 #include "ckpt/ops/source.h"
 #include "ckpt/ops/verify.h"
+#include "layout/box.h"
 #include "ops/elements.h"
 #include "ops/util.h"
 #include "storage/h5.h"
@@ -41,16 +47,104 @@ std::vector<Selected> Select(const Source& src, const MergeOptions& o) {
   return out;
 }
 
+// A part whose pieces would average less than this is not worth a system call per piece.
+constexpr uint64_t kCopyMinPieceBytes = uint64_t{64} << 10;
+
+// A piece of an output part copied from a source file: `range`, landing at byte `dst` of
+// the part. `chunk` is the source chunk it comes from; `whole` if it is all of that chunk
+// (then the chunk's checksum is checked as the bytes go).
+struct Piece {
+  uint64_t dst;
+  FileRange range;
+  std::size_t chunk;
+  bool whole;
+};
+
+// The pieces that make `part` of tensor `key`, in the part's row-major order, when every
+// source chunk overlapping it can be copied byte for byte; nullopt when one cannot
+// (compressed) or when the pieces would be too small to be worth copying.
+std::optional<std::vector<Piece>> PlanCopy(Source& src, const std::string& key, const EntryMeta& e, const Box& part) {
+  const uint64_t item = DTypeSize(e.dtype);
+  const uint64_t bytes = static_cast<uint64_t>(part.NumElements()) * item;
+  std::vector<Piece> pieces;
+  for (std::size_t i = 0; i < e.chunks.size(); ++i) {
+    const ChunkMeta& c = e.chunks[i];
+    const auto common = layout::Intersect(c.box, part);
+    if (!common || common->NumElements() == 0) continue;
+    const auto runs = static_cast<uint64_t>(layout::CountRuns(c.box, part, *common));
+    if (runs > 64 && static_cast<uint64_t>(common->NumElements()) * item / runs < kCopyMinPieceBytes)
+      return std::nullopt;
+    const auto at = src.Locate(key, i);
+    if (!at) return std::nullopt;
+    const std::size_t first = pieces.size();
+    layout::ForEachRun(c.box, part, *common, [&](const layout::Run& run) {
+      pieces.push_back({static_cast<uint64_t>(run.dst) * item,
+                        FileRange{at->file, at->offset + static_cast<uint64_t>(run.src) * item,
+                                  static_cast<uint64_t>(run.count) * item},
+                        i, false});
+    });
+    if (*common == c.box && pieces.size() == first + 1) pieces.back().whole = true;
+  }
+  std::sort(pieces.begin(), pieces.end(), [](const Piece& a, const Piece& b) { return a.dst < b.dst; });
+  uint64_t covered = 0;
+  for (const Piece& p : pieces) {
+    if (p.dst != covered) return std::nullopt;  // metadata that does not tile: let the reader say so
+    covered += p.range.length;
+  }
+  if (covered != bytes) return std::nullopt;
+  return pieces;
+}
+
+// Calls check(i) for each source chunk overlapping `part` that no single block of
+// `blocks` holds whole: reads verify only chunks they read whole.
+template <typename Check>
+void CheckChunksReadInPart(const EntryMeta& e, const Box& part, const std::vector<Box>& blocks, Check&& check) {
+  for (std::size_t i = 0; i < e.chunks.size(); ++i) {
+    const Box& cb = e.chunks[i].box;
+    if (cb.NumElements() == 0 || !layout::Overlaps(cb, part)) continue;
+    if (std::none_of(blocks.begin(), blocks.end(), [&](const Box& b) { return layout::Contains(b, cb); })) check(i);
+  }
+}
+
+// The statistics of a part made of whole source chunks, from theirs (nullopt if one has
+// none). Counts, min and max are exact; mean and L2 are recombined from their sums.
+std::optional<ChunkStats> CombineStats(const EntryMeta& e, const std::vector<Piece>& pieces) {
+  if (!IsFloating(e.dtype)) return std::nullopt;
+  ChunkStats out;
+  double sum = 0, sumsq = 0;
+  out.min = std::numeric_limits<double>::infinity();
+  out.max = -std::numeric_limits<double>::infinity();
+  for (const Piece& p : pieces) {
+    const auto& s = e.chunks[p.chunk].stats;
+    if (!p.whole || !s) return std::nullopt;
+    out.nan_count += s->nan_count;
+    out.inf_count += s->inf_count;
+    out.finite_count += s->finite_count;
+    if (s->finite_count == 0) continue;
+    out.min = std::min(out.min, s->min);
+    out.max = std::max(out.max, s->max);
+    sum += s->mean * static_cast<double>(s->finite_count);
+    sumsq += s->l2 * s->l2;
+  }
+  if (out.finite_count > 0) {
+    out.mean = sum / static_cast<double>(out.finite_count);
+    out.l2 = std::sqrt(sumsq);
+  } else {
+    out.min = out.max = out.mean = std::numeric_limits<double>::quiet_NaN();
+  }
+  return out;
+}
+
 DType OutType(const EntryMeta& e, const MergeOptions& o) {
   return o.cast && IsFloating(e.dtype) ? *o.cast : e.dtype;
 }
 
 // Streams tensor `key` block by block in row-major order; fn(block, data, bytes).
 template <typename Fn>
-void StreamTensor(Source& src, const std::string& key, const EntryMeta& e, const Box& part,
-                  DType out_dtype, uint64_t budget, detail::Buffer& in, detail::Buffer& out, Fn&& fn) {
+void StreamTensor(Source& src, const std::string& key, const EntryMeta& e, const std::vector<Box>& blocks,
+                  DType out_dtype, detail::Buffer& in, detail::Buffer& out, Fn&& fn) {
   const std::size_t in_item = DTypeSize(e.dtype), out_item = DTypeSize(out_dtype);
-  for (const Box& block : detail::SplitBox(part, std::max(in_item, out_item), budget)) {
+  for (const Box& block : blocks) {
     const auto n = static_cast<std::size_t>(block.NumElements());
     uint8_t* data = in.Get(std::max<std::size_t>(n * in_item, 8));
     if (n > 0) src.ReadRegion(key, block, data);
@@ -139,14 +233,47 @@ void WriteCheckpoint(Source& src, const std::vector<Selected>& sel, const fs::pa
           } else {
             parts.emplace_back(Box::Full(e.shape), next_whole++ % files);
           }
-          for (const auto& [part, file] : parts)
-            StreamTensor(src, key, e, part, out_dtype, budget, in, out,
+          // Source chunks whose checksum is not checked as they are read (read or copied
+          // in part) are checked once on their own: a merge never launders corruption
+          // into a fresh checksum.
+          std::set<std::size_t> checked;
+          auto check = [&](std::size_t chunk) {
+            if (checked.insert(chunk).second) src.VerifyChunk(key, chunk);
+          };
+          const bool plain = out_dtype == e.dtype && o.compression.codec == Compression::Codec::kNone;
+          for (const auto& [part, file] : parts) {
+            const uint64_t part_bytes = static_cast<uint64_t>(part.NumElements()) * DTypeSize(e.dtype);
+            std::optional<std::vector<Piece>> pieces;
+            if (plain && part_bytes >= o.copy_min_bytes) pieces = PlanCopy(src, key, e, part);
+            if (pieces) {
+              auto chunk = writer->OpenChunk(key, out_dtype, e.shape, part, file, CombineStats(e, *pieces));
+              for (const Piece& p : *pieces) {
+                if (!p.whole) check(p.chunk);
+                try {
+                  chunk->Copy(p.range, p.whole ? std::string_view(e.chunks[p.chunk].checksum) : std::string_view());
+                } catch (const Error& err) {
+                  if (err.code() != ErrorCode::kCorrupt) throw;
+                  throw Error(ErrorCode::kCorrupt, "tensor '" + key + "' chunk " + e.chunks[p.chunk].box.ToString() +
+                                                       ": " + err.what());
+                }
+                progress.Add(p.range.length);
+              }
+              chunk->Close();
+              ++r.chunks;
+              r.bytes += part_bytes;
+              r.bytes_copied += part_bytes;
+              continue;
+            }
+            const auto blocks = detail::SplitBox(part, std::max(DTypeSize(e.dtype), DTypeSize(out_dtype)), budget);
+            CheckChunksReadInPart(e, part, blocks, check);
+            StreamTensor(src, key, e, blocks, out_dtype, in, out,
                          [&, f = file](const Box& block, const void* data, std::size_t bytes) {
                            writer->WriteChunk(key, out_dtype, e.shape, block, data, f);
                            ++r.chunks;
                            r.bytes += bytes;
                            progress.Add(bytes);
                          });
+          }
           ++r.tensors;
           break;
         }
@@ -209,7 +336,12 @@ void WriteSafetensors(Source& src, const std::vector<Selected>& sel, const fs::p
   detail::Buffer in, out;
   for (const auto& s : sel) {
     if (s.entry->kind != EntryKind::kTensor) continue;
-    StreamTensor(src, *s.key, *s.entry, Box::Full(s.entry->shape), OutType(*s.entry, o), budget, in, out,
+    const DType out_dtype = OutType(*s.entry, o);
+    const auto blocks = detail::SplitBox(Box::Full(s.entry->shape),
+                                         std::max(DTypeSize(s.entry->dtype), DTypeSize(out_dtype)), budget);
+    CheckChunksReadInPart(*s.entry, Box::Full(s.entry->shape), blocks,
+                          [&](std::size_t chunk) { src.VerifyChunk(*s.key, chunk); });
+    StreamTensor(src, *s.key, *s.entry, blocks, out_dtype, in, out,
                  [&](const Box&, const void* data, std::size_t bytes) {
                    w.Append(data, bytes);
                    r.bytes += bytes;
@@ -361,6 +493,7 @@ std::string RenderMergeJson(const MergeReport& r) {
   j["chunks"] = r.chunks;
   j["other_entries"] = r.other_entries;
   j["bytes"] = r.bytes;
+  j["bytes_copied"] = r.bytes_copied;
   j["seconds"] = r.seconds;
   j["notes"] = r.notes;
   return j.dump(2) + "\n";

@@ -3,6 +3,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <unordered_map>
 #include <nlohmann/json.hpp>
 
 #include "ckpt/checkpoint.h"
@@ -34,6 +35,10 @@ class CheckpointSource final : public Source {
     return Reader().ReadBytes(key, /*verify=*/true);
   }
   uint64_t bytes_read() const override { return reader_ ? reader_->bytes_read() : 0; }
+  std::optional<FileRange> Locate(std::string_view key, std::size_t chunk) override {
+    return Reader().LocateChunk(key, chunk);
+  }
+  void VerifyChunk(std::string_view key, std::size_t chunk) override { Reader().VerifyChunk(key, chunk); }
 
  private:
   CheckpointReader& Reader() {
@@ -85,6 +90,14 @@ class SafetensorsSource final : public Source {
                                           "' (safetensors holds tensors only)");
   }
   uint64_t bytes_read() const override { return read_; }
+  std::optional<FileRange> Locate(std::string_view key, std::size_t chunk) override {
+    const SafetensorsTensor* t = reader_->Find(key);
+    if (!t || chunk != 0)
+      throw Error(ErrorCode::kNotFound, path_.string() + ": no tensor '" + std::string(key) + "'");
+    if (t->end == t->begin) return std::nullopt;
+    return FileRange{path_, reader_->data_start() + t->begin, t->end - t->begin};
+  }
+  void VerifyChunk(std::string_view, std::size_t) override {}  // safetensors records no checksums
 
  private:
   std::unique_ptr<SafetensorsReader> reader_;
@@ -132,6 +145,18 @@ class ShardSource final : public Source {
                                           "' is not listed in a lone shard; use the checkpoint directory");
   }
   uint64_t bytes_read() const override { return read_; }
+  std::optional<FileRange> Locate(std::string_view key, std::size_t chunk) override {
+    const EntryMeta* e = metadata_.Find(key);
+    if (!e || e->kind != EntryKind::kTensor || chunk >= e->chunks.size())
+      throw Error(ErrorCode::kNotFound, path_.string() + ": no tensor '" + std::string(key) + "'");
+    const ChunkMeta& c = e->chunks[chunk];
+    const uint64_t n = static_cast<uint64_t>(c.box.NumElements()) * DTypeSize(e->dtype);
+    if (n == 0) return std::nullopt;
+    const auto offset = reader_->Locate(std::string(key), e->dtype, c);
+    if (!offset) return std::nullopt;
+    return FileRange{path_, *offset, n};
+  }
+  void VerifyChunk(std::string_view, std::size_t) override {}  // the shard index records no checksums
 
  private:
   void ParseIndex(const std::string& text) {
@@ -153,6 +178,7 @@ class ShardSource final : public Source {
       metadata_.state_dict_type = StateDictType::kSharded;
       metadata_.mesh = "null";
       metadata_.user = "{}";
+      std::unordered_map<std::string, std::size_t> position;  // key -> index in entries
       for (const auto& c : j.at("chunks")) {
         const std::string key = c.at("key").get<std::string>();
         auto dtype = DTypeFromName(c.at("dtype").get<std::string>());
@@ -175,9 +201,8 @@ class ShardSource final : public Source {
             throw Error(ErrorCode::kCorrupt, where + ": tensor '" + key + "' chunk " +
                                                  chunk.box.ToString() + " lies outside shape " +
                                                  detail::FormatShape(shape));
-        EntryMeta* e = nullptr;
-        for (auto& [k, v] : metadata_.entries)
-          if (k == key) e = &v;
+        auto [at, fresh] = position.emplace(key, metadata_.entries.size());
+        EntryMeta* e = fresh ? nullptr : &metadata_.entries[at->second].second;
         if (!e) {
           metadata_.entries.emplace_back(key, EntryMeta{});
           e = &metadata_.entries.back().second;

@@ -17,6 +17,7 @@
 #include <limits>
 
 #include "format/names.h"
+#include "storage/xxh3_dispatch.h"
 
 namespace ckpt::storage {
 namespace {
@@ -207,9 +208,21 @@ Digest::Digest(DType dtype, bool with_stats) : state_(std::make_unique<State>())
 
 Digest::~Digest() { XXH3_freeState(state_->xxh); }
 
+namespace {
+
+void Xxh3Update(XXH3_state_t* state, const void* data, std::size_t n) {
+#if defined(CKPT_XXH3_AVX2)
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2) return internal::Xxh3UpdateAvx2(state, data, n);
+#endif
+  XXH3_64bits_update(state, data, n);
+}
+
+}  // namespace
+
 void Digest::Update(const void* data, std::size_t n) {
   auto* p = static_cast<const unsigned char*>(data);
-  XXH3_64bits_update(state_->xxh, p, n);
+  Xxh3Update(state_->xxh, p, n);
   if (!state_->stats_on) return;
   const std::size_t size = DTypeSize(state_->dtype);
   // Complete an element split across calls.

@@ -113,7 +113,6 @@ MappedRange::MappedRange(int fd, uint64_t offset, std::size_t n, const fs::path&
     base_ = nullptr;
     Fail(path, "mmap of " + std::to_string(n) + " bytes at offset " + std::to_string(offset), errno);
   }
-  ::madvise(base_, map_len_, MADV_SEQUENTIAL);
   data_ = static_cast<const unsigned char*>(base_) + (offset - start);
 }
 

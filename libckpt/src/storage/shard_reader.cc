@@ -168,6 +168,20 @@ std::optional<uint64_t> ShardReader::Locate(const std::string& key, DType dtype,
   return at.base;
 }
 
+void ShardReader::Hash(uint64_t offset, uint64_t n, Digest& digest) {
+  Impl& m = *impl_;
+  if (offset > m.size || n > m.size - offset) {
+    throw Error(ErrorCode::kCorrupt, m.path.string() + ": " + std::to_string(n) + " bytes at offset " +
+                                         std::to_string(offset) + " lie past the end of the file (" +
+                                         std::to_string(m.size) + " bytes): truncated");
+  }
+  MappedRange map(m.fd.get(), offset, static_cast<std::size_t>(n), m.path);
+  for (std::size_t pos = 0; pos < map.size(); pos += kDigestBlock) {
+    digest.Update(map.data() + pos, std::min(kDigestBlock, map.size() - pos));
+    map.Release(pos);
+  }
+}
+
 uint64_t ShardReader::Read(const std::string& key, DType dtype, const ChunkMeta& chunk, const Box& region,
                            void* dst, const Box& dst_box, Digest* digest) {
   Impl& m = *impl_;

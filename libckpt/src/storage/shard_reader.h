@@ -44,6 +44,10 @@ class ShardReader {
   // filtered (its bytes are not the tensor's). For copying a chunk file to file.
   std::optional<uint64_t> Locate(const std::string& key, DType dtype, const ChunkMeta& chunk);
 
+  // Feeds `n` bytes at file offset `offset` to `digest`, straight from the page cache
+  // (mapped, not copied). For checking a located chunk without reading it into memory.
+  void Hash(uint64_t offset, uint64_t n, Digest& digest);
+
   uint64_t file_size() const;
   const std::filesystem::path& path() const;
 

@@ -5,7 +5,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
 #include <future>
+#include <mutex>
+#include <thread>
 #include <optional>
 #include <nlohmann/json.hpp>
 #include <unordered_set>
@@ -19,6 +25,7 @@ namespace ckpt::storage {
 namespace {
 
 constexpr std::size_t kStreamBlock = std::size_t{8} << 20;      // pwrite + digest block
+constexpr std::size_t kCopyBlock = std::size_t{32} << 20;       // file-to-file copy block
 constexpr uint64_t kWritebackBytes = uint64_t{64} << 20;          // start writeback this often
 constexpr std::size_t kCompressChunkBytes = std::size_t{1} << 20;  // HDF5 chunk target
 
@@ -43,6 +50,87 @@ std::vector<hsize_t> CompressChunkDims(const Shape& sizes, std::size_t itemsize)
 
 }  // namespace
 
+// Copies queued file ranges into a shard on one background thread, in order, so the
+// caller hashes the next blocks (and prepares the next chunks) meanwhile. At most
+// kCopyQueue blocks wait; a failure is rethrown by the next Push or by Drain.
+class Copier {
+ public:
+  struct Task {
+    int in_fd;
+    uint64_t in_offset, out_offset;
+    std::size_t len;
+    std::shared_ptr<MappedRange> map;  // the source bytes (pwrite fallback), released once copied
+    std::size_t map_pos;
+    std::filesystem::path in_path;
+  };
+  // `done(n)` is called on the copier thread after each block.
+  Copier(int out_fd, std::filesystem::path out_path, std::function<void(std::size_t)> done)
+      : out_fd_(out_fd), out_path_(std::move(out_path)), done_(std::move(done)) {}
+  ~Copier() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  void Push(Task task) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
+    cv_.wait(lock, [&] { return queue_.size() < kCopyQueue || error_; });
+    if (error_) std::rethrow_exception(error_);
+    queue_.push_back(std::move(task));
+    cv_.notify_all();
+  }
+
+  void Drain() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return (queue_.empty() && !busy_) || error_; });
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  static constexpr std::size_t kCopyQueue = 4;
+
+  void Run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return !queue_.empty() || stop_; });
+      if (queue_.empty()) return;  // stopping
+      Task t = std::move(queue_.front());
+      queue_.pop_front();
+      busy_ = true;
+      lock.unlock();
+      std::exception_ptr failed;
+      try {
+        CopyRange(t.in_fd, t.in_offset, out_fd_, t.out_offset, t.len, t.map->data() + t.map_pos, t.in_path,
+                  out_path_);
+        t.map->Release(t.map_pos + t.len);
+        done_(t.len);
+      } catch (...) {
+        failed = std::current_exception();
+      }
+      t.map.reset();
+      lock.lock();
+      busy_ = false;
+      if (failed && !error_) error_ = failed;
+      if (error_) queue_.clear();
+      cv_.notify_all();
+    }
+  }
+
+  const int out_fd_;
+  const std::filesystem::path out_path_;
+  const std::function<void(std::size_t)> done_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Task> queue_;
+  std::exception_ptr error_;
+  bool busy_ = false, stop_ = false;
+  std::thread thread_;  // started by the first Push
+};
+
 struct ShardWriter::Impl {
   std::filesystem::path path;
   Compression compression;
@@ -59,15 +147,21 @@ struct ShardWriter::Impl {
     return p;
   }();
   std::unordered_set<std::string> datasets;
-  uint64_t unflushed = 0;  // bytes written since writeback was last started
+  std::atomic<uint64_t> unflushed{0};  // bytes written since writeback was last started
+  std::unique_ptr<Copier> copier;      // declared after fd: stopped before it closes
 
-  // Called after data is written: every kWritebackBytes, starts writeback of the file so
-  // the disk works while the rest is produced and the final fsync has little left.
+  // Called after data is written (by this thread or the copier): every kWritebackBytes,
+  // starts writeback of the file so the disk works while the rest is produced and the
+  // final fsync has little left.
   void Wrote(std::size_t n) {
-    unflushed += n;
-    if (unflushed < kWritebackBytes) return;
-    StartWriteback(fd.get(), 0, 0);
+    if (unflushed.fetch_add(n) + n < kWritebackBytes) return;
     unflushed = 0;
+    StartWriteback(fd.get(), 0, 0);
+  }
+
+  Copier& Copies() {
+    if (!copier) copier = std::make_unique<Copier>(fd.get(), path, [this](std::size_t n) { Wrote(n); });
+    return *copier;
   }
 
   void RecordChunk(const std::string& key, DType dtype, const Shape& shape, const ChunkMeta& meta,
@@ -225,7 +319,7 @@ ShardWriter::Stream::Stream(std::unique_ptr<State> state) : state_(std::move(sta
 ShardWriter::Stream::~Stream() = default;
 
 std::unique_ptr<ShardWriter::Stream> ShardWriter::Begin(const std::string& key, DType dtype, const Shape& shape,
-                                                        const Box& box) {
+                                                        const Box& box, const std::optional<ChunkStats>& stats) {
   auto st = std::make_unique<Stream::State>();
   st->shard = impl_.get();
   st->key = key;
@@ -238,7 +332,8 @@ std::unique_ptr<ShardWriter::Stream> ShardWriter::Begin(const std::string& key, 
   st->meta.stored_bytes = st->total;
   st->ds = impl_->CreateDataset(st->meta.dataset, dtype, box.sizes, /*compress=*/false, key);
   if (st->total > 0) st->offset = impl_->DataOffset(st->ds.get(), key);
-  st->digest = std::make_unique<Digest>(dtype, /*with_stats=*/true);
+  st->digest = std::make_unique<Digest>(dtype, /*with_stats=*/!stats);
+  st->meta.stats = stats;
   return std::unique_ptr<Stream>(new Stream(std::move(st)));
 }
 
@@ -258,26 +353,18 @@ void ShardWriter::Stream::Copy(int fd, uint64_t offset, std::size_t n, const std
   s.Reserve(n);
   std::optional<Digest> own;  // the range's own checksum, when it is a whole stored chunk
   if (!expected.empty()) own.emplace(DType::kUInt8, false);
-  MappedRange src(fd, offset, n, path);
-  // Block i is copied inside the kernel on a helper thread while block i+1 is hashed
-  // here from the page cache's pages: no byte passes through a user-space buffer.
-  std::future<void> copying;
-  for (std::size_t done = 0; done < n; done += kStreamBlock) {
-    const std::size_t len = std::min(kStreamBlock, n - done);
-    const unsigned char* p = src.data() + done;
+  auto src = std::make_shared<MappedRange>(fd, offset, n, path);
+  // Each block is hashed here from the page cache's own pages, then copied inside the
+  // kernel by the shard's copier thread while the next block is hashed: no byte passes
+  // through a user-space buffer. The copies complete by ShardWriter::Finish.
+  Copier& copier = s.shard->Copies();
+  for (std::size_t done = 0; done < n; done += kCopyBlock) {
+    const std::size_t len = std::min(kCopyBlock, n - done);
+    const unsigned char* p = src->data() + done;
     s.digest->Update(p, len);
     if (own) own->Update(p, len);
-    if (copying.valid()) {
-      copying.get();
-      s.shard->Wrote(kStreamBlock);
-      src.Release(done);
-    }
-    copying = std::async(std::launch::async, [&s, &path, fd, offset, done, len, p] {
-      CopyRange(fd, offset + done, s.shard->fd.get(), s.offset + s.pos + done, len, p, path, s.shard->path);
-    });
+    copier.Push({fd, offset + done, s.offset + s.pos + done, len, src, done, path});
   }
-  if (copying.valid()) copying.get();
-  if (n > 0) s.shard->Wrote((n - 1) % kStreamBlock + 1);
   s.pos += n;
   if (own && own->Checksum() != expected) {
     throw Error(ErrorCode::kCorrupt, std::string(what) + ": checksum mismatch: metadata says " +
@@ -293,7 +380,7 @@ ChunkMeta ShardWriter::Stream::Finish() {
                                                  std::to_string(s.total) + " bytes given");
   }
   s.meta.checksum = s.digest->Checksum();
-  s.meta.stats = s.digest->Stats();
+  if (!s.meta.stats) s.meta.stats = s.digest->Stats();
   s.shard->RecordChunk(s.key, s.dtype, s.shape, s.meta, s.total ? s.offset : 0);
   return std::move(s.meta);
 }
@@ -314,6 +401,7 @@ ChunkMeta ShardWriter::WriteBytes(const std::string& key, const void* data, std:
 }
 
 uint64_t ShardWriter::Finish() {
+  if (impl_->copier) impl_->copier->Drain();
   const nlohmann::json index = {{"format", names::kShardIndexFormat},
                                 {"format_version", kFormatVersion},
                                 {"chunks", impl_->index}};

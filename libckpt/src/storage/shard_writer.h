@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -55,7 +56,9 @@ class ShardWriter {
     explicit Stream(std::unique_ptr<State> state);
     std::unique_ptr<State> state_;
   };
-  std::unique_ptr<Stream> Begin(const std::string& key, DType dtype, const Shape& shape, const Box& box);
+  // `stats`, when given, are recorded instead of computed.
+  std::unique_ptr<Stream> Begin(const std::string& key, DType dtype, const Shape& shape, const Box& box,
+                                const std::optional<ChunkStats>& stats = std::nullopt);
 
   // Writes a bytes entry as a 1-D uint8 dataset.
   ChunkMeta WriteBytes(const std::string& key, const void* data, std::size_t n);

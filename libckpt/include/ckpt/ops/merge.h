@@ -5,9 +5,14 @@
 //   - one .safetensors file (when the destination ends in .safetensors), or
 //   - one HDF5 file of virtual datasets stitching each full tensor from the source's
 //     shards (`virtual_file`): no byte copied.
-// Memory is bounded by `max_memory` whatever the size of the checkpoint: tensors are
-// copied in blocks of at most `chunk_bytes`, and larger tensors stored as several chunks. The output is
-// written to a temporary sibling, verified, and only then renamed into place.
+// Memory is bounded by `max_memory` whatever the size of the checkpoint. Where a tensor's
+// bytes stay as they are (no cast, no compression, an uncompressed source), each output
+// part (the whole tensor, or its slab with `world`) is one chunk copied file to file
+// inside the kernel, hashed as it goes and never through a buffer; otherwise tensors pass
+// through memory in blocks of at most `chunk_bytes`, and larger ones are stored as
+// several chunks. Every source chunk's checksum is checked on the way (a merge never
+// turns corrupt bytes into a fresh, valid checksum). The output is written to a temporary
+// sibling, verified, and only then renamed into place.
 //
 // Thread-safety: Merge is reentrant.
 #pragma once
@@ -35,6 +40,9 @@ struct MergeOptions {
   // Small blocks stay in the CPU cache between read and write; a larger value (up to
   // max_memory / 8) gives one dataset per tensor for readers that want that.
   uint64_t chunk_bytes = uint64_t{16} << 20;
+  // Parts smaller than this go through memory even when they could be copied file to
+  // file (one read and one write cost less than setting up a copy).
+  uint64_t copy_min_bytes = uint64_t{1} << 20;
   bool force = false;         // replace an existing destination
   bool virtual_file = false;  // write HDF5 virtual datasets instead of copies
   bool verify_data = false;   // also re-read and checksum the output before committing it
@@ -45,7 +53,8 @@ struct MergeReport {
   std::string src, dst;
   std::string output;  // "checkpoint", "safetensors" or "virtual"
   std::size_t tensors = 0, other_entries = 0, chunks = 0, files = 0;
-  uint64_t bytes = 0;  // logical tensor bytes written
+  uint64_t bytes = 0;         // logical tensor bytes written
+  uint64_t bytes_copied = 0;  // of which copied file to file (no cast, no compression)
   double seconds = 0;
   std::vector<std::string> notes;  // entries that could not be carried over, and why
 };

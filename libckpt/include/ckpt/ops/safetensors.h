@@ -58,6 +58,8 @@ class SafetensorsReader {
   // The "__metadata__" object, as (key, value) pairs in file order.
   const std::vector<std::pair<std::string, std::string>>& metadata() const { return metadata_; }
   uint64_t file_size() const { return file_size_; }
+  // File offset of the data buffer (tensor bytes start at data_start() + begin).
+  uint64_t data_start() const { return data_start_; }
 
   // Reads `length` bytes at `offset` inside tensor `t`'s bytes. REQUIRES: in range.
   void ReadRange(const SafetensorsTensor& t, uint64_t offset, uint64_t length, void* out) const;

@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ckpt/checkpoint.h"
 #include "ckpt/metadata.h"
 #include "ckpt/tensor.h"
 
@@ -40,6 +41,14 @@ class Source {
   virtual void ReadRegion(std::string_view key, const Box& region, void* out) = 0;
   // The blob of a bytes entry.
   virtual std::vector<uint8_t> ReadBytes(std::string_view key) = 0;
+  // Where chunk `chunk` of tensor `key` lies as raw bytes (row-major over its box, as in
+  // memory), for copying it file to file; nullopt where its stored bytes differ
+  // (compressed). Checks the chunk's dataset like a read would; reads no data.
+  virtual std::optional<FileRange> Locate(std::string_view key, std::size_t chunk) = 0;
+  // Checks the chunk against the checksum its metadata records (kCorrupt naming file and
+  // key), in bounded memory; nothing to check where none is recorded (safetensors, a
+  // lone shard's index).
+  virtual void VerifyChunk(std::string_view key, std::size_t chunk) = 0;
   // Total payload bytes read so far.
   virtual uint64_t bytes_read() const = 0;
 
