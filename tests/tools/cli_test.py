@@ -307,6 +307,19 @@ def test_merge(tools, tmp, st_path, ck):
     with h5py.File(vfile, "r") as h:
         for name, (st, arr) in tensors.items():
             check(np.array_equal(h[name][()], arr), f"{name}: virtual dataset")
+    # It names its sources relative to itself: moved together with them (and the original
+    # gone), it still reads the same from anywhere.
+    moved = os.path.join(tmp, "moved")
+    os.makedirs(moved)
+    shutil.copytree(ck, os.path.join(moved, os.path.basename(ck)))
+    shutil.copy(vfile, moved)
+    os.rename(ck, ck + ".away")
+    try:
+        with h5py.File(os.path.join(moved, "virtual.h5"), "r") as h:
+            for name, (st, arr) in tensors.items():
+                check(np.array_equal(h[name][()], arr), f"{name}: virtual dataset, moved")
+    finally:
+        os.rename(ck + ".away", ck)
     # Cast: bfloat16 round to nearest even, as numpy computes it here.
     bf = os.path.join(tmp, "bf16.safetensors")
     tools.run("ckpt-merge", ck, bf, "--dtype", "bfloat16", expect=0)

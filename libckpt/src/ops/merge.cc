@@ -368,7 +368,9 @@ void WriteVirtual(Source& src, const std::vector<Selected>& sel, const fs::path&
     throw Error(ErrorCode::kAlreadyExists, dst.string() + ": already exists (use --force to replace it)");
   h5::Init();
   const fs::path tmp = Sibling(dst, ".virtual-tmp-");
-  const fs::path src_dir = fs::absolute(src.path());
+  // Source files are named relative to the virtual file's directory (HDF5 resolves them
+  // from there), so the two can be moved or copied together.
+  const fs::path src_dir = fs::relative(fs::absolute(src.path()), fs::absolute(dst).parent_path());
   std::vector<uint8_t> buf;
   try {
     h5::Handle file = h5::File(h5::Check(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT),
