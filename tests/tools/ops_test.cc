@@ -383,6 +383,17 @@ TEST_CASE("diff: value drift, tolerance, renames, missing keys") {
   CHECK(d.diffs[0].key == "model.w");
   CHECK(d.diffs[0].num_different == 23);  // all but the 0
   CHECK(d.diffs[0].max_rel == doctest::Approx(1e-4).epsilon(0.01));
+  // Compared on several threads (each with its own sources): the same answer.
+  for (int threads : {2, 3}) {
+    ops::DiffOptions par;
+    par.threads = threads;
+    const auto p = ops::Diff(tmp / "a", tmp / "b", par);
+    REQUIRE(p.diffs.size() == 1);
+    CHECK(p.diffs[0].key == "model.w");
+    CHECK(p.diffs[0].num_different == 23);
+    CHECK(p.diffs[0].max_rel == d.diffs[0].max_rel);
+    CHECK(p.bytes_compared == d.bytes_compared);
+  }
   ops::DiffOptions tol;
   tol.rtol = 2e-4;
   CHECK(ops::Diff(tmp / "a", tmp / "b", tol).same());

@@ -2,7 +2,11 @@
 #include "ckpt/ops/diff.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <functional>
+#include <mutex>
+#include <thread>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -92,6 +96,100 @@ std::string ContentHash(Source& src, const std::string& key, const EntryMeta& e,
     d.Update(p, bytes);
   }
   return d.Checksum();
+}
+
+// Compares tensor `key` of A and B block by block.
+ValueStats CompareTensor(Source& a, Source& b, const std::string& key, const EntryMeta& e, uint64_t budget,
+                         const DiffOptions& o, detail::Buffer& ba, detail::Buffer& bb,
+                         const std::function<void(uint64_t)>& done) {
+  ValueStats s;
+  const std::size_t item = DTypeSize(e.dtype);
+  for (const Box& block : detail::SplitBox(Box::Full(e.shape), item, budget)) {
+    const auto n = static_cast<std::size_t>(block.NumElements());
+    uint8_t* pa = ba.Get(std::max<std::size_t>(n * item, 8));
+    uint8_t* pb = bb.Get(std::max<std::size_t>(n * item, 8));
+    if (n) {
+      a.ReadRegion(key, block, pa);
+      b.ReadRegion(key, block, pb);
+    }
+    CompareBlock(e.dtype, pa, pb, n, o, s);
+    done(n * item);
+  }
+  return s;
+}
+
+// Compares the values of `jobs` (tensors of the same dtype and shape in A and B) on
+// o.threads threads (automatic: up to kDiffThreads), each with its own pair of sources (the calling thread uses
+// `a` and `b`); tensors are handed out largest first. Memory: two blocks per thread.
+constexpr int kDiffThreads = 4;
+constexpr uint64_t kParallelBytes = uint64_t{64} << 20;  // below this, one thread
+
+std::vector<ValueStats> CompareAll(Source& a, Source& b, const std::vector<std::pair<const std::string*, const EntryMeta*>>& jobs,
+                                   uint64_t max_memory, const DiffOptions& o, detail::Progress& progress) {
+  std::vector<ValueStats> out(jobs.size());
+  uint64_t total = 0;
+  for (const auto& j : jobs) total += j.second->TensorBytes();
+  const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int wanted = o.threads > 0 ? o.threads : total < kParallelBytes ? 1 : std::min(kDiffThreads, hw);
+  const int threads = std::max(1, std::min(wanted, static_cast<int>(jobs.size())));
+  const uint64_t budget = std::max<uint64_t>(
+      std::min<uint64_t>(detail::kCacheBlockBytes, max_memory / (8 * static_cast<uint64_t>(std::max(threads, 1)))),
+      uint64_t{1} << 16);
+  std::vector<std::size_t> order(jobs.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) {
+    return jobs[x].second->TensorBytes() > jobs[y].second->TensorBytes();
+  });
+  std::atomic<std::size_t> next{0};
+  std::atomic<uint64_t> done{0};
+  std::mutex mu;
+  std::exception_ptr failed;
+  auto work = [&](Source& sa, Source& sb) {
+    detail::Buffer ba, bb;
+    try {
+      for (std::size_t k; (k = next.fetch_add(1)) < order.size();) {
+        const auto& [key, e] = jobs[order[k]];
+        out[order[k]] = CompareTensor(sa, sb, *key, *e, budget, o, ba, bb, [&](uint64_t n) { done += n; });
+        std::lock_guard<std::mutex> lock(mu);
+        if (failed) return;
+      }
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!failed) failed = std::current_exception();
+      next = order.size();
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t)
+    pool.emplace_back([&] {
+      std::unique_ptr<Source> sa, sb;
+      try {
+        sa = Source::Open(a.path());
+        sb = Source::Open(b.path());
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!failed) failed = std::current_exception();
+        return;
+      }
+      work(*sa, *sb);
+    });
+  std::atomic<bool> finished{false};
+  std::thread reporter([&] {
+    uint64_t shown = 0;
+    while (!finished) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      const uint64_t d = done;
+      progress.Add(d - shown);
+      shown = d;
+    }
+    progress.Add(done - shown);
+  });
+  work(a, b);
+  for (auto& t : pool) t.join();
+  finished = true;
+  reporter.join();
+  if (failed) std::rethrow_exception(failed);
+  return out;
 }
 
 }  // namespace
@@ -188,6 +286,21 @@ DiffReport Diff(const fs::path& a_path, const fs::path& b_path, const DiffOption
     }
   for (auto& d : renames) r.diffs.push_back(std::move(d));
 
+  // Tensor values first, in parallel; then every key in order.
+  std::vector<std::pair<const std::string*, const EntryMeta*>> value_jobs;
+  std::map<const std::string*, std::size_t> value_index;
+  if (!o.keys_only)
+    for (const auto& [kp, ea] : both) {
+      const EntryMeta& eb = *b->metadata().Find(*kp);
+      if (ea->kind == EntryKind::kTensor && eb.kind == EntryKind::kTensor && ea->dtype == eb.dtype &&
+          ea->shape == eb.shape) {
+        value_index[kp] = value_jobs.size();
+        value_jobs.emplace_back(kp, ea);
+      }
+    }
+  const std::vector<ValueStats> values = CompareAll(*a, *b, value_jobs, o.max_memory, o, progress);
+  for (const auto& v : value_jobs) r.bytes_compared += v.second->TensorBytes();
+
   for (const auto& [kp, ea] : both) {
     const std::string& key = *kp;
     const EntryMeta& eb = *b->metadata().Find(key);
@@ -219,20 +332,7 @@ DiffReport Diff(const fs::path& a_path, const fs::path& b_path, const DiffOption
       d.a = std::to_string(ea->size) + " bytes";
       d.b = std::to_string(eb.size) + " bytes";
     } else {
-      ValueStats s;
-      const std::size_t item = DTypeSize(ea->dtype);
-      for (const Box& block : detail::SplitBox(Box::Full(ea->shape), item, budget)) {
-        const auto n = static_cast<std::size_t>(block.NumElements());
-        uint8_t* pa = ba.Get(std::max<std::size_t>(n * item, 8));
-        uint8_t* pb = bb.Get(std::max<std::size_t>(n * item, 8));
-        if (n) {
-          a->ReadRegion(key, block, pa);
-          b->ReadRegion(key, block, pb);
-        }
-        CompareBlock(ea->dtype, pa, pb, n, o, s);
-        r.bytes_compared += n * item;
-        progress.Add(n * item);
-      }
+      const ValueStats& s = values[value_index.at(kp)];
       if (s.different == 0) continue;
       d.what = "values";
       d.max_abs = s.max_abs;

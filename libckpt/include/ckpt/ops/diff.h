@@ -22,6 +22,10 @@ struct DiffOptions {
   bool keys_only = false;     // layout only: keys, kinds, dtypes, shapes
   std::vector<std::string> exclude;
   uint64_t max_memory = uint64_t{1} << 30;
+  // Threads comparing tensor values, each reading its own pair of sources (within
+  // max_memory together). 0: up to 4 (and the cores there are) once there is more than
+  // 64 MiB to compare.
+  int threads = 0;
   bool progress = false;
 };
 
