@@ -2,11 +2,14 @@
 // safetensors parsing of hostile files, block splitting, casts, the schema validator,
 // and merge / reshard / diff / verify round trips over checkpoints saved by libckpt.
 #include <doctest/doctest.h>
+#include <hdf5.h>
 
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "ckpt/ckpt.h"
 #include "ckpt/ops/diff.h"
@@ -333,6 +336,11 @@ TEST_CASE("merge copies chunks file to file, bit for bit, and never launders a c
   CHECK(r3.bytes_copied == r3.bytes);
   CHECK(ReadAll(*ops::Source::Open(tmp / "re"), "model.w") == w);
 
+  // So does a safetensors destination.
+  const auto rs = ops::Merge(tmp / "src", tmp / "m.safetensors", copy);
+  CHECK(rs.bytes_copied == rs.bytes);
+  CHECK(ReadAll(*ops::Source::Open(tmp / "m.safetensors"), "model.w") == w);
+
   // Casting goes through memory.
   ops::MergeOptions cast = copy;
   cast.cast = DType::kFloat16;
@@ -343,7 +351,7 @@ TEST_CASE("merge copies chunks file to file, bit for bit, and never launders a c
   ops::MergeOptions cast_parts = cast;
   cast_parts.world = 3;  // through memory, each source chunk read in part
   for (const auto& [name, o] : std::vector<std::pair<std::string, ops::MergeOptions>>{
-           {"whole", copy}, {"parts", re}, {"memory", cast}, {"memory-parts", cast_parts}}) {
+           {"whole", copy}, {"parts", re}, {"memory", cast}, {"memory-parts", cast_parts}, {"st.safetensors", copy}}) {
     CAPTURE(name);
     const fs::path dst = tmp / ("bad-" + name);
     CHECK_THROWS_WITH_AS(ops::Merge(tmp / "src", dst, o), doctest::Contains("model.w"), Error);
@@ -485,4 +493,216 @@ TEST_CASE("inspect: layout, totals, statistics recorded and recomputed") {
   const auto m = ops::Inspect(tmp / "c", {});
   CHECK(m.problems.size() == 1);
   CHECK(m.keys.size() == 5);
+}
+
+namespace {
+
+// The file offset of a dataset's data (contiguous datasets).
+uint64_t DataOffset(const fs::path& file, const std::string& dataset) {
+  const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  REQUIRE(f >= 0);
+  const hid_t d = H5Dopen2(f, dataset.c_str(), H5P_DEFAULT);
+  REQUIRE(d >= 0);
+  const haddr_t at = H5Dget_offset(d);
+  H5Dclose(d);
+  H5Fclose(f);
+  REQUIRE(at != HADDR_UNDEF);
+  return at;
+}
+
+void FlipByte(const fs::path& file, uint64_t offset) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(offset));
+  char c = 0;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ 0x40);
+  f.seekp(static_cast<std::streamoff>(offset));
+  f.write(&c, 1);
+}
+
+// Three files, tensors larger than one read piece (256 KiB) split across them, small
+// tensors, an empty tensor, bytes and a scalar; `zstd` stores the chunks compressed.
+Metadata SaveWide(const fs::path& dir, bool zstd) {
+  CheckpointWriter::Options wo;
+  wo.world_size = wo.num_files = 3;
+  wo.state_dict_type = StateDictType::kSharded;
+  if (zstd) wo.compression.codec = Compression::Codec::kZstd;
+  auto w = CheckpointWriter::Create(dir, wo);
+  std::vector<float> big(300 * 1000);
+  for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i % 977) * 0.25f;
+  for (int f = 0; f < 3; ++f)
+    w->WriteChunk("big", DType::kFloat32, {300, 1000}, Box{{f * 100, 0}, {100, 1000}},
+                  big.data() + f * 100 * 1000, f);
+  std::vector<int64_t> mid(70000);
+  for (std::size_t i = 0; i < mid.size(); ++i) mid[i] = static_cast<int64_t>(i * i);
+  w->WriteChunk("mid", DType::kInt64, {70000}, Box::Full({70000}), mid.data(), 1);
+  for (int k = 0; k < 20; ++k) {
+    std::vector<double> v(17 + k, 0.5 * k);
+    w->WriteChunk("small." + std::to_string(k), DType::kFloat64, {17 + k}, Box::Full({17 + k}), v.data(), k % 3);
+  }
+  w->WriteChunk("empty", DType::kFloat32, {0, 4}, Box::Full({0, 4}), nullptr, 2);
+  const auto blob = ckpt_test::RandomBytes(400000, 7);
+  w->WriteBytes("blob", blob, 0);
+  w->WriteScalar("step", Scalar::Int(9));
+  return w->Commit();
+}
+
+std::multiset<std::string> Problems(const ops::VerifyReport& r) {
+  std::multiset<std::string> out;
+  for (const auto& p : r.problems) out.insert(p.check + "|" + p.file + "|" + p.key + "|" + p.message);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("verify: every chunk of every file is read, whatever the thread count") {
+  ckpt_test::TempDir tmp("vw");
+  for (bool zstd : {false, true}) {
+    CAPTURE(zstd);
+    const fs::path dir = tmp / (zstd ? "z" : "plain");
+    const Metadata md = SaveWide(dir, zstd);
+    uint64_t tensor_bytes = 300 * 1000 * 4 + 70000 * 8 + 400000;
+    for (int k = 0; k < 20; ++k) tensor_bytes += (17 + k) * 8;
+    for (int threads : {1, 2, 16}) {
+      ops::VerifyOptions o;
+      o.threads = threads;
+      const auto r = ops::Verify(dir, o);
+      CHECK(r.ok());
+      CHECK(r.files == 3);
+      CHECK(r.chunks == 3 + 1 + 20 + 1 + 1);
+      CHECK(r.bytes_read == tensor_bytes);
+      o.quick = true;
+      const auto q = ops::Verify(dir, o);
+      CHECK(q.ok());
+      CHECK(q.bytes_read == 0);
+    }
+    if (zstd) {
+      // A compressed chunk whose recorded checksum is wrong.
+      std::string text = ops::detail::ReadFileText(dir / "metadata.json");
+      const std::string sum = md.Find("mid")->chunks[0].checksum;
+      text.replace(text.find(sum), sum.size(), "xxh3-64:0123456789abcdef");
+      ops::detail::WriteFileText(dir / "metadata.json", text);
+      const auto r = ops::Verify(dir, {});
+      REQUIRE(r.problems.size() == 1);
+      CHECK(r.problems[0].check == "checksums");
+      CHECK(r.problems[0].key == "mid");
+      CHECK(r.problems[0].message.find("0123456789abcdef") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("verify: damaged data in several files, each problem named once, same for any thread count") {
+  ckpt_test::TempDir tmp("vd");
+  const fs::path dir = tmp / "c";
+  const Metadata md = SaveWide(dir, false);
+  // A byte in the second 256 KiB piece of a big chunk (400,000 bytes), the last byte of
+  // another, a byte of the bytes entry and of a small tensor.
+  const auto& big = md.Find("big")->chunks;
+  FlipByte(dir / big[1].file, DataOffset(dir / big[1].file, big[1].dataset) + 300000);
+  FlipByte(dir / big[2].file, DataOffset(dir / big[2].file, big[2].dataset) + 399999);
+  const auto& blob = md.Find("blob")->chunks[0];
+  FlipByte(dir / blob.file, DataOffset(dir / blob.file, blob.dataset) + 123456);
+  const auto& small = md.Find("small.4")->chunks[0];
+  FlipByte(dir / small.file, DataOffset(dir / small.file, small.dataset) + 3);
+  std::multiset<std::string> first;
+  for (int threads : {1, 2, 5}) {
+    ops::VerifyOptions o;
+    o.threads = threads;
+    const auto r = ops::Verify(dir, o);
+    REQUIRE(r.problems.size() == 4);
+    std::set<std::string> keys;
+    for (const auto& p : r.problems) {
+      CHECK(p.check == "checksums");
+      CHECK(!p.file.empty());
+      CHECK(p.message.find(p.file) != std::string::npos);
+      CHECK(p.message.find("'" + p.key + "'") != std::string::npos);
+      keys.insert(p.key);
+    }
+    CHECK(keys == std::set<std::string>{"big", "blob", "small.4"});
+    if (first.empty()) first = Problems(r);
+    CHECK(Problems(r) == first);
+    o.quick = true;  // no data read: nothing to see
+    CHECK(ops::Verify(dir, o).ok());
+  }
+}
+
+TEST_CASE("verify: a file that is not HDF5 is reported once; the other files are still read") {
+  ckpt_test::TempDir tmp("vh");
+  const fs::path dir = tmp / "c";
+  const Metadata md = SaveWide(dir, false);
+  const std::string victim = md.files[1].name;
+  const auto size = fs::file_size(dir / victim);
+  {
+    std::ofstream out(dir / victim, std::ios::binary | std::ios::trunc);
+    out << std::string(size, 'x');  // same size, no HDF5 signature
+  }
+  // And a dataset whose header disagrees with metadata in another file (dtype lie).
+  std::string text = ops::detail::ReadFileText(dir / "metadata.json");
+  const auto at = text.find("\"dtype\":\"float64\"");  // the first: small.0, in the first file
+  REQUIRE(at != std::string::npos);
+  text.replace(at, 17, "\"dtype\":\"float32\"");
+  ops::detail::WriteFileText(dir / "metadata.json", text);
+  for (bool quick : {false, true}) {
+    CAPTURE(quick);
+    ops::VerifyOptions o;
+    o.quick = quick;
+    const auto r = ops::Verify(dir, o);
+    std::size_t files = 0, datasets = 0;
+    for (const auto& p : r.problems) {
+      if (p.check == "files") {
+        ++files;
+        CHECK(p.file == victim);
+        CHECK(p.message.find(victim) != std::string::npos);
+      } else if (p.check == "datasets") {
+        ++datasets;
+        CHECK(p.message.find("does not match dtype float32") != std::string::npos);
+        CHECK(p.file != victim);
+      }
+    }
+    CHECK(files == 1);
+    CHECK(datasets == 1);
+    CHECK(r.problems.size() == 2);
+    if (!quick) CHECK(r.bytes_read > 300000 * 4 / 3);
+  }
+}
+
+TEST_CASE("schema validator: compiled once; messages carry JSON pointers; a malformed schema is refused") {
+  ops::detail::JsonSchema s(json::parse(R"({
+    "type": "object",
+    "properties": {"list": {"type": "array", "items": {"$ref": "#/$defs/item"}}},
+    "additionalProperties": {"type": "integer"},
+    "propertyNames": {"pattern": "^[a-z]+$"},
+    "$defs": {"item": {"type": "object", "required": ["a/b"],
+                       "properties": {"a/b": {"oneOf": [{"type": "string"}, {"type": "integer", "minimum": 3}]},
+                                      "n": {"not": {"const": 0}}}}}})"));
+  CHECK(s.Validate(json::parse(R"({"list": [{"a/b": "x"}, {"a/b": 4}], "extra": 1})")).empty());
+  const auto errs = s.Validate(json::parse(R"({"list": [{"a/b": 1, "n": 0}, {}], "X": 1, "y": "s"})"));
+  REQUIRE(errs.size() == 5);
+  CHECK(errs[0] == "/: member name \"X\" is not allowed");  // members in name order
+  CHECK(errs[1] == "/list/0/a~1b: matches 0 of the oneOf alternatives, expected 1");
+  CHECK(errs[2] == "/list/0/n: matches a schema it must not");
+  CHECK(errs[3] == "/list/1: missing required member \"a/b\"");
+  CHECK(errs[4] == "/y: expected type \"integer\", found \"s\"");
+  CHECK(s.Validate(json::parse(R"({"list": [{}, {}, {}]})"), 2).size() == 2);  // the limit
+  // Recursive schemas compile (a $ref back to the root).
+  ops::detail::JsonSchema tree(json::parse(R"({"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#"}}}})"));
+  CHECK(tree.Validate(json::parse(R"({"kids": [{"kids": []}, {"kids": [{}]}]})")).empty());
+  CHECK(tree.Validate(json::parse(R"({"kids": [{"kids": [1]}]})")).size() == 1);
+  // Malformed schemas are errors at construction, not crashes or silent passes.
+  auto refused = [](const char* text) {
+    try {
+      ops::detail::JsonSchema bad(json::parse(text));
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK(refused(R"({"$ref": "#/$defs/nowhere"})").find("does not resolve") != std::string::npos);
+  CHECK(refused(R"({"$ref": "other.json#/x"})").find("only local $ref") != std::string::npos);
+  CHECK(refused(R"({"pattern": "("})").find("not a valid regular expression") != std::string::npos);
+  CHECK(refused(R"({"minimum": "3"})").find("'minimum'") != std::string::npos);
+  CHECK(refused(R"({"type": 7})").find("'type'") != std::string::npos);
+  // The schema `false` and a boolean additionalProperties.
+  ops::detail::JsonSchema no(json::parse("false"));
+  CHECK(no.Validate(json::parse("1")) == std::vector<std::string>{"/: not allowed here"});
 }

@@ -2,6 +2,9 @@
 #include "ops/json_schema.h"
 
 #include <cmath>
+#include <map>
+#include <memory>
+#include <regex>
 
 #include "ckpt/error.h"
 
@@ -10,20 +13,34 @@ namespace {
 
 using nlohmann::json;
 
-bool IsType(const json& v, const std::string& t) {
-  if (t == "null") return v.is_null();
-  if (t == "boolean") return v.is_boolean();
-  if (t == "object") return v.is_object();
-  if (t == "array") return v.is_array();
-  if (t == "string") return v.is_string();
-  if (t == "number") return v.is_number();
-  if (t == "integer") {
+enum TypeBit : unsigned {
+  kNull = 1, kBoolean = 2, kObject = 4, kArray = 8, kString = 16, kNumber = 32, kInteger = 64,
+};
+
+unsigned TypeBitOf(const std::string& t) {
+  if (t == "null") return kNull;
+  if (t == "boolean") return kBoolean;
+  if (t == "object") return kObject;
+  if (t == "array") return kArray;
+  if (t == "string") return kString;
+  if (t == "number") return kNumber;
+  if (t == "integer") return kInteger;
+  return 0;  // matches nothing
+}
+
+bool HasType(const json& v, unsigned types) {
+  if ((types & kNull) && v.is_null()) return true;
+  if ((types & kBoolean) && v.is_boolean()) return true;
+  if ((types & kObject) && v.is_object()) return true;
+  if ((types & kArray) && v.is_array()) return true;
+  if ((types & kString) && v.is_string()) return true;
+  if ((types & kNumber) && v.is_number()) return true;
+  if (types & kInteger) {
     if (v.is_number_integer()) return true;
     if (v.is_number_float()) {
       const double d = v.get<double>();
       return std::isfinite(d) && std::floor(d) == d;
     }
-    return false;
   }
   return false;
 }
@@ -43,128 +60,263 @@ std::string Short(const json& v) {
   return s.size() > 60 ? s.substr(0, 57) + "..." : s;
 }
 
+[[noreturn]] void Malformed(const std::string& what) {
+  throw Error(ErrorCode::kInvalidArgument, "schema: " + what);
+}
+
 }  // namespace
 
-std::vector<std::string> JsonSchema::Validate(const json& doc, std::size_t limit) {
-  std::vector<std::string> out;
-  Check(root_, doc, "", out, limit);
-  return out;
-}
+// One schema object, its keywords looked up once.
+struct JsonSchema::Node {
+  bool reject = false;  // the schema `false`
+  const Node* ref = nullptr;
+  bool has_type = false;
+  unsigned types = 0;
+  std::string type_text;
+  const json* const_value = nullptr;
+  const json* enum_values = nullptr;
+  const json *minimum = nullptr, *maximum = nullptr;
+  double minimum_value = 0, maximum_value = 0;
+  const json *min_length = nullptr, *max_length = nullptr, *min_items = nullptr, *max_items = nullptr;
+  std::size_t min_length_value = 0, max_length_value = 0, min_items_value = 0, max_items_value = 0;
+  const json* pattern = nullptr;
+  std::unique_ptr<std::regex> pattern_regex;
+  const Node* items = nullptr;
+  std::vector<std::string> required;
+  bool has_properties = false;
+  std::map<std::string, const Node*, std::less<>> properties;
+  bool additional_false = false;
+  const Node* additional = nullptr;
+  const Node* property_names = nullptr;
+  std::vector<const Node*> all_of, any_of, one_of;
+  bool has_any_of = false, has_one_of = false;
+  const Node *not_schema = nullptr, *if_schema = nullptr, *then_schema = nullptr, *else_schema = nullptr;
+};
 
-const json& JsonSchema::Resolve(const std::string& ref) {
-  if (ref.empty() || ref[0] != '#')
-    throw Error(ErrorCode::kUnsupported, "schema: only local $ref are supported, found '" + ref + "'");
-  return root_.at(json::json_pointer(ref.substr(1)));
-}
+// Where a value is, as a chain of parents: rendered as a JSON pointer only when reported.
+struct JsonSchema::Path {
+  const Path* parent = nullptr;
+  const std::string* key = nullptr;  // a member name, or
+  std::size_t index = 0;             // an array index
 
-const std::regex& JsonSchema::Regex(const std::string& pattern) {
-  auto it = regex_cache_.find(pattern);
-  if (it == regex_cache_.end()) it = regex_cache_.emplace(pattern, std::regex(pattern, std::regex::ECMAScript)).first;
-  return it->second;
-}
-
-bool JsonSchema::Valid(const json& schema, const json& v) {
-  std::vector<std::string> errs;
-  Check(schema, v, "", errs, 1);
-  return errs.empty();
-}
-
-void JsonSchema::Check(const json& s, const json& v, const std::string& where,
-                       std::vector<std::string>& out, std::size_t limit) {
-  if (out.size() >= limit) return;
-  if (s.is_boolean()) {
-    if (!s.get<bool>()) out.push_back((where.empty() ? "/" : where) + ": not allowed here");
-    return;
+  std::string Render() const {
+    std::string s = parent ? parent->Render() : std::string();
+    if (!parent && !key) return s;  // the root
+    return s + "/" + (key ? Escape(*key) : std::to_string(index));
   }
-  if (!s.is_object()) return;
-  const std::string at = where.empty() ? "/" : where;
-  auto fail = [&](const std::string& msg) {
-    if (out.size() < limit) out.push_back(at + ": " + msg);
+};
+
+struct JsonSchema::Errors {
+  std::vector<std::string> list;
+  std::size_t limit;
+  bool full() const { return list.size() >= limit; }
+};
+
+JsonSchema::JsonSchema(json schema) : root_(std::move(schema)) { root_node_ = Compile(root_); }
+JsonSchema::~JsonSchema() = default;
+
+const JsonSchema::Node* JsonSchema::Compile(const json& s) {
+  if (auto it = compiled_.find(&s); it != compiled_.end()) return it->second;
+  Node& n = nodes_.emplace_back();
+  compiled_.emplace(&s, &n);  // before the children: a $ref may lead back here
+  if (s.is_boolean()) {
+    n.reject = !s.get<bool>();
+    return &n;
+  }
+  if (!s.is_object()) return &n;
+  auto sub = [&](const char* keyword) -> const Node* {
+    auto it = s.find(keyword);
+    return it == s.end() ? nullptr : Compile(*it);
   };
-  if (auto r = s.find("$ref"); r != s.end()) Check(Resolve(r->get<std::string>()), v, where, out, limit);
+  auto subs = [&](const char* keyword, std::vector<const Node*>& out) {
+    auto it = s.find(keyword);
+    if (it == s.end()) return false;
+    if (!it->is_array()) Malformed(std::string("'") + keyword + "' is not an array");
+    for (const auto& x : *it) out.push_back(Compile(x));
+    return true;
+  };
+  auto size_keyword = [&](const char* keyword, const json*& at, std::size_t& value) {
+    auto it = s.find(keyword);
+    if (it == s.end()) return;
+    if (!it->is_number_unsigned()) Malformed(std::string("'") + keyword + "' is not a non-negative integer");
+    at = &*it;
+    value = it->get<std::size_t>();
+  };
+  auto number_keyword = [&](const char* keyword, const json*& at, double& value) {
+    auto it = s.find(keyword);
+    if (it == s.end()) return;
+    if (!it->is_number()) Malformed(std::string("'") + keyword + "' is not a number");
+    at = &*it;
+    value = it->get<double>();
+  };
+
+  if (auto r = s.find("$ref"); r != s.end()) {
+    if (!r->is_string()) Malformed("'$ref' is not a string");
+    const std::string ref = r->get<std::string>();
+    if (ref.empty() || ref[0] != '#')
+      throw Error(ErrorCode::kUnsupported, "schema: only local $ref are supported, found '" + ref + "'");
+    const json* target = nullptr;
+    try {
+      target = &root_.at(json::json_pointer(ref.substr(1)));
+    } catch (const json::exception&) {
+      Malformed("$ref '" + ref + "' does not resolve");
+    }
+    n.ref = Compile(*target);
+  }
   if (auto t = s.find("type"); t != s.end()) {
-    bool ok = false;
-    if (t->is_string()) ok = IsType(v, t->get<std::string>());
-    else
-      for (const auto& x : *t) ok = ok || IsType(v, x.get<std::string>());
-    if (!ok) {
-      fail("expected type " + t->dump() + ", found " + Short(v));
-      return;
+    n.has_type = true;
+    n.type_text = t->dump();
+    if (t->is_string()) {
+      n.types = TypeBitOf(t->get<std::string>());
+    } else if (t->is_array()) {
+      for (const auto& x : *t) {
+        if (!x.is_string()) Malformed("'type' lists a non-string");
+        n.types |= TypeBitOf(x.get<std::string>());
+      }
+    } else {
+      Malformed("'type' is neither a string nor an array");
     }
   }
-  if (auto c = s.find("const"); c != s.end() && *c != v) fail("expected " + c->dump() + ", found " + Short(v));
+  if (auto c = s.find("const"); c != s.end()) n.const_value = &*c;
   if (auto e = s.find("enum"); e != s.end()) {
+    if (!e->is_array()) Malformed("'enum' is not an array");
+    n.enum_values = &*e;
+  }
+  number_keyword("minimum", n.minimum, n.minimum_value);
+  number_keyword("maximum", n.maximum, n.maximum_value);
+  size_keyword("minLength", n.min_length, n.min_length_value);
+  size_keyword("maxLength", n.max_length, n.max_length_value);
+  size_keyword("minItems", n.min_items, n.min_items_value);
+  size_keyword("maxItems", n.max_items, n.max_items_value);
+  if (auto p = s.find("pattern"); p != s.end()) {
+    if (!p->is_string()) Malformed("'pattern' is not a string");
+    n.pattern = &*p;
+    try {
+      n.pattern_regex = std::make_unique<std::regex>(p->get<std::string>(), std::regex::ECMAScript);
+    } catch (const std::regex_error& e) {
+      Malformed("pattern " + p->dump() + " is not a valid regular expression: " + e.what());
+    }
+  }
+  n.items = sub("items");
+  if (auto r = s.find("required"); r != s.end()) {
+    if (!r->is_array()) Malformed("'required' is not an array");
+    for (const auto& k : *r) {
+      if (!k.is_string()) Malformed("'required' lists a non-string");
+      n.required.push_back(k.get<std::string>());
+    }
+  }
+  if (auto p = s.find("properties"); p != s.end()) {
+    if (!p->is_object()) Malformed("'properties' is not an object");
+    n.has_properties = true;
+    for (auto it = p->begin(); it != p->end(); ++it) n.properties.emplace(it.key(), Compile(it.value()));
+  }
+  if (auto a = s.find("additionalProperties"); a != s.end()) {
+    n.additional_false = a->is_boolean() && !a->get<bool>();
+    n.additional = Compile(*a);
+  }
+  n.property_names = sub("propertyNames");
+  subs("allOf", n.all_of);
+  n.has_any_of = subs("anyOf", n.any_of);
+  n.has_one_of = subs("oneOf", n.one_of);
+  n.not_schema = sub("not");
+  n.if_schema = sub("if");
+  n.then_schema = sub("then");
+  n.else_schema = sub("else");
+  return &n;
+}
+
+std::vector<std::string> JsonSchema::Validate(const json& doc, std::size_t limit) const {
+  Errors out{{}, limit};
+  const Path root;
+  Check(*root_node_, doc, &root, out);
+  return std::move(out.list);
+}
+
+bool JsonSchema::Valid(const Node& n, const json& v) const {
+  Errors errs{{}, 1};
+  const Path root;
+  Check(n, v, &root, errs);
+  return errs.list.empty();
+}
+
+void JsonSchema::Check(const Node& n, const json& v, const Path* where, Errors& out) const {
+  if (out.full()) return;
+  auto fail = [&](const std::string& msg) {
+    if (out.full()) return;
+    std::string at = where->Render();
+    out.list.push_back((at.empty() ? "/" : at) + ": " + msg);
+  };
+  if (n.reject) {
+    fail("not allowed here");
+    return;
+  }
+  if (n.ref) Check(*n.ref, v, where, out);
+  if (n.has_type && !HasType(v, n.types)) {
+    fail("expected type " + n.type_text + ", found " + Short(v));
+    return;
+  }
+  if (n.const_value && *n.const_value != v) fail("expected " + n.const_value->dump() + ", found " + Short(v));
+  if (n.enum_values) {
     bool ok = false;
-    for (const auto& x : *e) ok = ok || x == v;
-    if (!ok) fail("expected one of " + e->dump() + ", found " + Short(v));
+    for (const auto& x : *n.enum_values) ok = ok || x == v;
+    if (!ok) fail("expected one of " + n.enum_values->dump() + ", found " + Short(v));
   }
   if (v.is_number()) {
     const double d = v.get<double>();
-    if (auto m = s.find("minimum"); m != s.end() && d < m->get<double>())
-      fail("expected a number >= " + m->dump() + ", found " + Short(v));
-    if (auto m = s.find("maximum"); m != s.end() && d > m->get<double>())
-      fail("expected a number <= " + m->dump() + ", found " + Short(v));
+    if (n.minimum && d < n.minimum_value) fail("expected a number >= " + n.minimum->dump() + ", found " + Short(v));
+    if (n.maximum && d > n.maximum_value) fail("expected a number <= " + n.maximum->dump() + ", found " + Short(v));
   }
   if (v.is_string()) {
     const auto& str = v.get_ref<const std::string&>();
-    if (auto m = s.find("minLength"); m != s.end() && str.size() < m->get<std::size_t>())
-      fail("string shorter than " + m->dump());
-    if (auto m = s.find("maxLength"); m != s.end() && str.size() > m->get<std::size_t>())
-      fail("string longer than " + m->dump());
-    if (auto p = s.find("pattern"); p != s.end() &&
-        !std::regex_search(str, Regex(p->get<std::string>())))
-      fail("string " + Short(v) + " does not match " + p->dump());
+    if (n.min_length && str.size() < n.min_length_value) fail("string shorter than " + n.min_length->dump());
+    if (n.max_length && str.size() > n.max_length_value) fail("string longer than " + n.max_length->dump());
+    if (n.pattern_regex && !std::regex_search(str, *n.pattern_regex))
+      fail("string " + Short(v) + " does not match " + n.pattern->dump());
   }
   if (v.is_array()) {
-    if (auto m = s.find("maxItems"); m != s.end() && v.size() > m->get<std::size_t>())
-      fail("array longer than " + m->dump());
-    if (auto m = s.find("minItems"); m != s.end() && v.size() < m->get<std::size_t>())
-      fail("array shorter than " + m->dump());
-    if (auto it = s.find("items"); it != s.end())
-      for (std::size_t i = 0; i < v.size(); ++i) Check(*it, v[i], where + "/" + std::to_string(i), out, limit);
+    if (n.max_items && v.size() > n.max_items_value) fail("array longer than " + n.max_items->dump());
+    if (n.min_items && v.size() < n.min_items_value) fail("array shorter than " + n.min_items->dump());
+    if (n.items)
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        const Path child{where, nullptr, i};
+        Check(*n.items, v[i], &child, out);
+      }
   }
   if (v.is_object()) {
-    if (auto r = s.find("required"); r != s.end())
-      for (const auto& k : *r)
-        if (!v.contains(k.get<std::string>())) fail("missing required member " + k.dump());
-    const json* props = s.contains("properties") ? &s["properties"] : nullptr;
-    const json* extra = s.contains("additionalProperties") ? &s["additionalProperties"] : nullptr;
-    const json* names = s.contains("propertyNames") ? &s["propertyNames"] : nullptr;
-    for (auto it = v.begin(); it != v.end(); ++it) {
-      const std::string child = where + "/" + Escape(it.key());
-      if (names) {
-        std::vector<std::string> e;
-        Check(*names, json(it.key()), "", e, 1);
-        if (!e.empty()) fail("member name " + json(it.key()).dump() + " is not allowed");
-      }
-      if (props && props->contains(it.key())) {
-        Check((*props)[it.key()], it.value(), child, out, limit);
-      } else if (extra) {
-        if (extra->is_boolean() && !extra->get<bool>())
-          fail("unknown member " + json(it.key()).dump());
-        else
-          Check(*extra, it.value(), child, out, limit);
+    for (const auto& k : n.required)
+      if (!v.contains(k)) fail("missing required member " + json(k).dump());
+    if (n.has_properties || n.additional || n.property_names) {
+      for (auto it = v.begin(); it != v.end(); ++it) {
+        const Path child{where, &it.key(), 0};
+        if (n.property_names && !Valid(*n.property_names, json(it.key())))
+          fail("member name " + json(it.key()).dump() + " is not allowed");
+        const auto p = n.has_properties ? n.properties.find(it.key()) : n.properties.end();
+        if (p != n.properties.end()) {
+          Check(*p->second, it.value(), &child, out);
+        } else if (n.additional) {
+          if (n.additional_false) fail("unknown member " + json(it.key()).dump());
+          else Check(*n.additional, it.value(), &child, out);
+        }
       }
     }
   }
-  if (auto a = s.find("allOf"); a != s.end())
-    for (const auto& sub : *a) Check(sub, v, where, out, limit);
-  if (auto a = s.find("anyOf"); a != s.end()) {
+  for (const Node* sub : n.all_of) Check(*sub, v, where, out);
+  if (n.has_any_of) {
     bool ok = false;
-    for (const auto& sub : *a) ok = ok || Valid(sub, v);
+    for (const Node* sub : n.any_of) ok = ok || Valid(*sub, v);
     if (!ok) fail("matches none of the anyOf alternatives");
   }
-  if (auto a = s.find("oneOf"); a != s.end()) {
-    int n = 0;
-    for (const auto& sub : *a) n += Valid(sub, v) ? 1 : 0;
-    if (n != 1) fail("matches " + std::to_string(n) + " of the oneOf alternatives, expected 1");
+  if (n.has_one_of) {
+    int count = 0;
+    for (const Node* sub : n.one_of) count += Valid(*sub, v) ? 1 : 0;
+    if (count != 1) fail("matches " + std::to_string(count) + " of the oneOf alternatives, expected 1");
   }
-  if (auto n = s.find("not"); n != s.end() && Valid(*n, v)) fail("matches a schema it must not");
-  if (auto i = s.find("if"); i != s.end()) {
-    if (Valid(*i, v)) {
-      if (auto t = s.find("then"); t != s.end()) Check(*t, v, where, out, limit);
-    } else if (auto e = s.find("else"); e != s.end()) {
-      Check(*e, v, where, out, limit);
+  if (n.not_schema && Valid(*n.not_schema, v)) fail("matches a schema it must not");
+  if (n.if_schema) {
+    if (Valid(*n.if_schema, v)) {
+      if (n.then_schema) Check(*n.then_schema, v, where, out);
+    } else if (n.else_schema) {
+      Check(*n.else_schema, v, where, out);
     }
   }
 }

@@ -4,33 +4,46 @@
 // min/maxLength, pattern, local $ref, allOf/anyOf/oneOf/not, if/then/else. Unknown
 // keywords are ignored, as the specification says for annotations.
 //
-// Thread-safety: a validator is immutable after construction except for its regex
-// cache; use one per thread.
+// The schema is compiled once, at construction, into a graph of nodes (keywords looked
+// up, $ref resolved, patterns compiled), so validating a large document does no keyword
+// lookups and builds no JSON pointer unless it reports a violation. A malformed schema
+// (a $ref that does not resolve, a bad pattern, a keyword of the wrong type) throws
+// Error(kInvalidArgument) from the constructor.
+//
+// Thread-safety: immutable after construction; Validate may be called from any thread.
 #pragma once
 
-#include <map>
+#include <cstddef>
+#include <deque>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace ckpt::ops::detail {
 
 class JsonSchema {
  public:
-  explicit JsonSchema(nlohmann::json schema) : root_(std::move(schema)) {}
+  explicit JsonSchema(nlohmann::json schema);
+  ~JsonSchema();
+  JsonSchema(const JsonSchema&) = delete;
+  JsonSchema& operator=(const JsonSchema&) = delete;
+
   // Every violation as "<JSON pointer>: <message>", at most `limit` of them.
-  std::vector<std::string> Validate(const nlohmann::json& doc, std::size_t limit = 100);
+  std::vector<std::string> Validate(const nlohmann::json& doc, std::size_t limit = 100) const;
 
  private:
-  void Check(const nlohmann::json& schema, const nlohmann::json& v, const std::string& where,
-             std::vector<std::string>& out, std::size_t limit);
-  bool Valid(const nlohmann::json& schema, const nlohmann::json& v);
-  const nlohmann::json& Resolve(const std::string& ref);
-  const std::regex& Regex(const std::string& pattern);
+  struct Node;
+  struct Path;
+  struct Errors;
+  const Node* Compile(const nlohmann::json& schema);
+  void Check(const Node& n, const nlohmann::json& v, const Path* where, Errors& out) const;
+  bool Valid(const Node& n, const nlohmann::json& v) const;
 
   nlohmann::json root_;
-  std::map<std::string, std::regex> regex_cache_;
+  std::deque<Node> nodes_;
+  std::unordered_map<const nlohmann::json*, const Node*> compiled_;
+  const Node* root_node_ = nullptr;
 };
 
 // schemas/metadata.schema.json, compiled into the library.

@@ -1,18 +1,28 @@
 // ops/verify.cc: see ckpt/ops/verify.h.
 //
-// Structure first (metadata, files, tiling, datasets), on the calling thread; then data
-// (checksums, finiteness) on `threads` threads, each with its own ShardReader per file
-// (without the shard index: every dataset's own HDF5 header is checked),
-// reading every chunk in blocks of kBlockBytes so memory stays bounded whatever the size.
+// The calling thread parses metadata.json (another thread validates it against the schema
+// meanwhile), checks the files and the tiling, then checks every dataset's own HDF5 header
+// (ShardReader without the shard index) file by file, while data threads (no more than the
+// cores) hash the files it has checked, each in file order (see DataRun). Memory stays
+// bounded whatever the size: each data thread holds one piece (kPiece) or, for a filtered
+// chunk, one block (kBlockBytes) at a time.
 #include "ckpt/ops/verify.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
+#include <cstring>
+#include <functional>
+#include <future>
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
@@ -21,9 +31,11 @@
 #include "ckpt/error.h"
 #include "ckpt/metadata.h"
 #include "ckpt/ops/source.h"
+#include "format/checked.h"
 #include "ops/json_schema.h"
 #include "ops/util.h"
 #include "storage/digest.h"
+#include "storage/fs.h"
 #include "storage/shard_reader.h"
 
 namespace ckpt::ops {
@@ -45,8 +57,23 @@ struct DataJob {
   DType dtype = DType::kUInt8;
   ChunkMeta chunk;  // a copy: bytes entries get a 1-D box here
   bool hash = true, finite = false;
-  std::string problem_check, problem;  // filled by the worker
+  bool recorded_nonfinite = false;  // quick --check-finite: the recorded statistics count NaN/Inf
+  // Filled by the data threads:
+  bool located = false;     // the dataset passed its checks
+  bool contiguous = false;  // its bytes lie at `offset` in the file, unfiltered
+  uint64_t offset = 0;
+  std::string problem_check, problem;
 };
+
+// The chunk's size in bytes; 0 when it overflows (the dataset check reports that).
+uint64_t ChunkBytes(const DataJob& j) {
+  try {
+    return static_cast<uint64_t>(
+        internal::CheckedMul(j.chunk.box.NumElements(), static_cast<int64_t>(DTypeSize(j.dtype)), j.key));
+  } catch (const Error&) {
+    return 0;
+  }
+}
 
 std::string TensorWhere(const std::string& file, const std::string& key, const ChunkMeta* c) {
   std::string s = file.empty() ? "" : file + ": ";
@@ -139,68 +166,275 @@ void CheckExpect(const Metadata& md, const fs::path& ref_path, Collector& c) {
     if (!ref.count(k)) c.Add("expect", "", k, "key '" + k + "' is not in " + ref_name);
 }
 
-// Reads every job's chunk block by block on `threads` threads.
-uint64_t RunDataJobs(const fs::path& dir, std::vector<DataJob>& jobs, int threads, bool progress_on) {
-  uint64_t total = 0;
-  for (const auto& j : jobs)
-    total += static_cast<uint64_t>(j.chunk.box.NumElements()) * DTypeSize(j.dtype);
-  std::atomic<std::size_t> next{0};
-  std::atomic<uint64_t> done{0};
-  std::atomic<int> running{0};
-  auto worker = [&] {
-    std::map<std::string, std::unique_ptr<storage::ShardReader>> readers;
-    std::vector<uint8_t> buf;
-    for (;;) {
-      const std::size_t i = next.fetch_add(1);
-      if (i >= jobs.size()) break;
-      DataJob& job = jobs[i];
-      try {
-        auto& reader = readers[job.file];
-        if (!reader) reader = std::make_unique<storage::ShardReader>(dir, job.file, /*use_index=*/false);
-        const std::size_t item = DTypeSize(job.dtype);
-        storage::Digest digest(job.dtype, job.finite);
-        for (const Box& block : detail::SplitBox(job.chunk.box, item, kBlockBytes)) {
-          const auto bytes = static_cast<std::size_t>(block.NumElements()) * item;
-          buf.resize(std::max<std::size_t>(bytes, 8));
-          reader->Read(job.key, job.dtype, job.chunk, block, buf.data(), block, nullptr);
-          digest.Update(buf.data(), bytes);
-          done.fetch_add(bytes);
-        }
-        if (job.hash && digest.Checksum() != job.chunk.checksum) {
-          job.problem_check = "checksums";
-          job.problem = TensorWhere(job.file, job.key, &job.chunk) + ": checksum mismatch: metadata says " +
-                        job.chunk.checksum + ", the data hashes to " + digest.Checksum();
-        } else if (job.finite) {
-          const auto stats = digest.Stats();
-          if (stats && (stats->nan_count || stats->inf_count)) {
-            job.problem_check = "finite";
-            job.problem = TensorWhere(job.file, job.key, &job.chunk) + ": " +
-                          std::to_string(stats->nan_count) + " NaN and " +
-                          std::to_string(stats->inf_count) + " Inf elements";
-          }
-        }
-      } catch (const std::exception& e) {
-        job.problem_check = "datasets";  // missing dataset, wrong dtype or extent, short read
-        job.problem = e.what();
+// Reading the data. The calling thread checks every dataset's HDF5 header file by file
+// (ShardReader::Locate; HDF5 serialises these behind its global lock, so one thread does
+// them all) and sorts each file's chunks by offset; data threads hash the files it has
+// located meanwhile, each file's chunks in offset order, so every file is read front to
+// back however the keys interleave in it. Contiguous chunks are read with pread, a piece
+// at a time; filtered ones through HDF5 in blocks.
+struct FileWork {
+  std::string name;
+  std::vector<std::size_t> jobs;   // indices into the job list; data order once located
+  uint64_t bytes = 0;              // data bytes to read
+  bool ready = false;              // located: `jobs` holds what is left to read
+  std::atomic<std::size_t> next{0};  // next entry of `jobs` to read, once ready
+  std::string open_problem;          // not readable HDF5
+};
+
+// What one thread keeps open per file.
+struct OpenFile {
+  std::unique_ptr<storage::ShardReader> reader;
+  storage::Fd fd;
+  uint64_t advised = 0;  // the kernel was asked to fetch the file up to here
+};
+
+class DataRun {
+ public:
+  DataRun(const fs::path& dir, std::vector<DataJob>& jobs, std::vector<std::unique_ptr<FileWork>>& files)
+      : dir_(dir), jobs_(jobs), files_(files) {}
+
+  // On the calling thread: locates every file's chunks, largest file first, handing each
+  // file to the data threads as soon as it is done. `located` is called after each file.
+  void LocateAll(const std::function<void()>& located) {
+    std::vector<std::size_t> order(files_.size());
+    for (std::size_t f = 0; f < order.size(); ++f) order[f] = f;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](std::size_t a, std::size_t b) { return files_[a]->bytes > files_[b]->bytes; });
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      // The dataset headers lie all over the file: from a cold disk, locating is many
+      // small reads unless the file is already on its way (and the next file after it).
+      // (Only when its data is to be read.)
+      if (i == 0) Prefetch(*files_[order[0]]);
+      if (i + 1 < order.size()) Prefetch(*files_[order[i + 1]]);
+      FileWork& fw = *files_[order[i]];
+      OpenFile of;
+      Locate(fw, of);
+      {
+        std::lock_guard lock(mu_);
+        fw.ready = true;
+        ++located_;
+      }
+      cv_.notify_all();
+      located();
+    }
+  }
+
+  // Lets the data threads finish when the locating thread fails.
+  void Abandon() {
+    {
+      std::lock_guard lock(mu_);
+      located_ = files_.size();
+      for (auto& f : files_) {
+        if (!f->ready) f->jobs.clear();
+        f->ready = true;
       }
     }
-    running.fetch_sub(1);
-  };
-  const int n = std::max(1, std::min<int>(threads, static_cast<int>(jobs.size())));
-  running = n;
+    cv_.notify_all();
+  }
+
+  // A data thread: hashes located files until all are done.
+  void Worker() {
+    std::vector<OpenFile> open(files_.size());
+    std::vector<unsigned char> buf;
+    for (long f; (f = Next()) >= 0;) {
+      FileWork& fw = *files_[f];
+      for (std::size_t i; (i = fw.next.fetch_add(1)) < fw.jobs.size();) Hash(jobs_[fw.jobs[i]], fw, open[f], buf);
+      open[f] = OpenFile();  // done with it
+    }
+  }
+
+  std::atomic<uint64_t> done{0};
+
+ private:
+  static constexpr std::size_t kPiece = std::size_t{256} << 10;  // read and hashed at a time
+  static constexpr uint64_t kReadAhead = uint64_t{64} << 20;     // fetched ahead of hashing
+
+  // Asks the kernel to read the whole file into the page cache in the background, when it
+  // is small enough to stay there until it is hashed (an eighth of the memory), else its
+  // beginning (the data threads then ask for more ahead of what they hash).
+  void Prefetch(const FileWork& fw) {
+    if (fw.bytes == 0) return;
+    static const uint64_t budget =
+        static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)) / 8;
+    try {
+      const storage::Fd fd = storage::OpenRegularFile(dir_ / fw.name);
+      const uint64_t size = storage::FileSize(fd.get(), dir_ / fw.name);
+      ::posix_fadvise(fd.get(), 0, static_cast<off_t>(size <= budget ? size : kReadAhead), POSIX_FADV_WILLNEED);
+    } catch (const std::exception&) {
+      // only a hint; Locate reports an unreadable file
+    }
+  }
+
+  // A located file with chunks left to read (the one with most left), waiting for the
+  // locating thread when there is none yet; -1 when all is done.
+  long Next() {
+    std::unique_lock lock(mu_);
+    for (;;) {
+      long best = -1;
+      std::size_t most = 0;
+      for (std::size_t f = 0; f < files_.size(); ++f) {
+        const FileWork& fw = *files_[f];
+        if (!fw.ready) continue;
+        const std::size_t next = std::min(fw.next.load(), fw.jobs.size());
+        if (fw.jobs.size() - next > most) {
+          most = fw.jobs.size() - next;
+          best = static_cast<long>(f);
+        }
+      }
+      if (best >= 0 || located_ == files_.size()) return best;
+      cv_.wait(lock);
+    }
+  }
+
+  // Checks every dataset of the file against metadata; leaves in fw.jobs the chunks to
+  // read, contiguous ones in file order first.
+  void Locate(FileWork& fw, OpenFile& of) {
+    try {
+      of.reader = std::make_unique<storage::ShardReader>(dir_, fw.name, /*use_index=*/false);
+    } catch (const std::exception& e) {
+      fw.open_problem = e.what();
+      fw.jobs.clear();
+      return;
+    }
+    std::vector<std::pair<uint64_t, std::size_t>> mapped;
+    std::vector<std::size_t> other;
+    for (const std::size_t i : fw.jobs) {
+      DataJob& job = jobs_[i];
+      try {
+        if (const auto at = of.reader->Locate(job.key, job.dtype, job.chunk)) {
+          job.contiguous = true;
+          job.offset = *at;
+        }
+      } catch (const std::exception& e) {
+        job.problem_check = "datasets";  // missing dataset, wrong dtype or extent, data past the end
+        job.problem = e.what();
+        continue;
+      }
+      job.located = true;
+      if (!job.hash && !job.finite) continue;
+      if (job.contiguous) mapped.emplace_back(job.offset, i);
+      else other.push_back(i);
+    }
+    std::sort(mapped.begin(), mapped.end());
+    fw.jobs.clear();
+    for (const auto& m : mapped) fw.jobs.push_back(m.second);
+    fw.jobs.insert(fw.jobs.end(), other.begin(), other.end());
+  }
+
+  void Hash(DataJob& job, const FileWork& fw, OpenFile& of, std::vector<unsigned char>& buf) {
+    try {
+      const std::size_t item = DTypeSize(job.dtype);
+      const uint64_t bytes = static_cast<uint64_t>(job.chunk.box.NumElements()) * item;  // checked by Locate
+      storage::Digest digest(job.dtype, job.finite);
+      if (bytes == 0) {
+        // nothing to read: the checksum of no bytes
+      } else if (job.contiguous) {
+        HashRange(fw, of, job.offset, bytes, digest, buf);
+      } else {
+        if (!of.reader) of.reader = std::make_unique<storage::ShardReader>(dir_, fw.name, /*use_index=*/false);
+        for (const Box& block : detail::SplitBox(job.chunk.box, item, kBlockBytes)) {
+          const auto n = static_cast<std::size_t>(block.NumElements()) * item;
+          buf.resize(std::max<std::size_t>(n, 8));
+          of.reader->Read(job.key, job.dtype, job.chunk, block, buf.data(), block, nullptr);
+          digest.Update(buf.data(), n);
+          done.fetch_add(n);
+        }
+      }
+      if (job.hash && digest.Checksum() != job.chunk.checksum) {
+        job.problem_check = "checksums";
+        job.problem = TensorWhere(job.file, job.key, &job.chunk) + ": checksum mismatch: metadata says " +
+                      job.chunk.checksum + ", the data hashes to " + digest.Checksum();
+      } else if (job.finite) {
+        const auto stats = digest.Stats();
+        if (stats && (stats->nan_count || stats->inf_count)) {
+          job.problem_check = "finite";
+          job.problem = TensorWhere(job.file, job.key, &job.chunk) + ": " + std::to_string(stats->nan_count) +
+                        " NaN and " + std::to_string(stats->inf_count) + " Inf elements";
+        }
+      }
+    } catch (const std::exception& e) {
+      job.problem_check = "datasets";  // a short read, an I/O error
+      job.problem = e.what();
+    }
+  }
+
+  // Feeds `n` bytes at `offset` of the file to `digest`, read a piece at a time into a
+  // buffer that stays in the CPU's cache while it is hashed. The kernel is asked to fetch
+  // kReadAhead beyond what is hashed, so a cold disk stays busy while this thread hashes.
+  // (Hashing the page cache's pages mapped instead of copied measured no faster here: the
+  // mapping costs what the copy does, and a file that shrank would raise SIGBUS.)
+  void HashRange(const FileWork& fw, OpenFile& of, uint64_t offset, uint64_t n, storage::Digest& digest,
+                 std::vector<unsigned char>& buf) {
+    const fs::path path = dir_ / fw.name;
+    if (!of.fd) of.fd = storage::OpenRegularFile(path);
+    buf.resize(kPiece);
+    for (uint64_t pos = 0; pos < n;) {
+      const auto len = static_cast<std::size_t>(std::min<uint64_t>(kPiece, n - pos));
+      Advise(of, offset + pos, offset + pos + len);
+      storage::ReadExact(of.fd.get(), buf.data(), len, offset + pos, path);
+      digest.Update(buf.data(), len);
+      done.fetch_add(len);
+      pos += len;
+    }
+  }
+
+  // Asks for [from, until + kReadAhead) once `until` comes within half of kReadAhead of
+  // what was asked for.
+  void Advise(OpenFile& of, uint64_t from, uint64_t until) {
+    if (of.advised >= until + kReadAhead / 2) return;
+    const uint64_t to = until + kReadAhead;
+    from = std::max(of.advised, from);
+    ::posix_fadvise(of.fd.get(), static_cast<off_t>(from), static_cast<off_t>(to - from), POSIX_FADV_WILLNEED);
+    of.advised = to;
+  }
+
+  const fs::path& dir_;
+  std::vector<DataJob>& jobs_;
+  std::vector<std::unique_ptr<FileWork>>& files_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::size_t located_ = 0;
+};
+
+// Starts `threads` data threads, runs `meanwhile` and then the dataset checks on the
+// calling thread, and shows progress until the data threads are done. Returns the bytes read.
+uint64_t RunDataJobs(const fs::path& dir, std::vector<DataJob>& jobs, std::vector<std::unique_ptr<FileWork>>& files,
+                     int threads, bool progress_on, const std::function<void()>& meanwhile) {
+  uint64_t total = 0;
+  for (const auto& f : files) total += f->bytes;
+  DataRun run(dir, jobs, files);
+  std::mutex mu;
+  std::condition_variable finished;
+  int running = threads;
   std::vector<std::thread> pool;
-  for (int t = 0; t < n; ++t) pool.emplace_back(worker);
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([&] {
+      run.Worker();
+      std::lock_guard lock(mu);
+      if (--running == 0) finished.notify_all();
+    });
   detail::Progress progress("verify", total, progress_on);
   uint64_t shown = 0;
-  while (running.load() > 0) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    const uint64_t d = done.load();
+  auto show = [&] {
+    const uint64_t d = run.done.load();
     progress.Add(d - shown);
     shown = d;
+  };
+  try {
+    meanwhile();
+    run.LocateAll(show);
+  } catch (...) {
+    run.Abandon();
+    for (auto& t : pool) t.join();
+    throw;
+  }
+  {
+    std::unique_lock lock(mu);
+    while (!finished.wait_for(lock, std::chrono::milliseconds(100), [&] { return running == 0; })) show();
   }
   for (auto& t : pool) t.join();
   progress.Done();
-  return done.load();
+  return run.done.load();
 }
 
 // A lone shard or a safetensors file: what its self-description allows.
@@ -264,7 +498,8 @@ VerifyReport Verify(const fs::path& path, const VerifyOptions& o) {
     return finish();
   }
 
-  // metadata
+  // metadata: the schema check runs on a thread of its own while the metadata is parsed
+  // and the data read (it only reports, nothing waits on it).
   const fs::path meta_path = path / kMetadataFileName;
   if (!fs::exists(meta_path, ec)) {
     c.Add("metadata", kMetadataFileName, "",
@@ -272,60 +507,67 @@ VerifyReport Verify(const fs::path& path, const VerifyOptions& o) {
     return finish();
   }
   const std::string text = detail::ReadFileText(meta_path);
-  CheckSchema(text, o, c);
+  VerifyReport schema_report;
+  auto schema_check = std::async(std::launch::async, [&] {
+    Collector sc(schema_report);
+    CheckSchema(text, o, sc);
+  });
+  auto schema_problems = [&] {
+    schema_check.get();  // rethrows an unreadable --schema
+    r.problems.insert(r.problems.begin(), schema_report.problems.begin(), schema_report.problems.end());
+  };
   Metadata md;
   try {
     md = ParseMetadata(text, kMetadataFileName);
   } catch (const Error& e) {
     c.Add("metadata", kMetadataFileName, "", e.what());
+    schema_problems();
     return finish();
   }
   md.BuildIndex();
   r.keys = md.entries.size();
   r.files = md.files.size();
 
-  // files
-  std::map<std::string, bool> file_ok;
-  for (const auto& f : md.files) {
-    file_ok[f.name] = false;
+  // files: present, regular, of the recorded size (each is opened as HDF5 when its
+  // datasets are checked, below).
+  std::map<std::string, std::size_t> file_index;  // files worth opening
+  std::vector<std::unique_ptr<FileWork>> files;
+  std::vector<std::vector<VerifyProblem>> file_problems(md.files.size());
+  for (std::size_t fi = 0; fi < md.files.size(); ++fi) {
+    const auto& f = md.files[fi];
+    auto add = [&](std::string message) { file_problems[fi].push_back({"files", f.name, "", std::move(message)}); };
     if (!IsSafeFileName(f.name)) {
-      c.Add("files", f.name, "", "file name '" + f.name + "' escapes the checkpoint directory");
+      add("file name '" + f.name + "' escapes the checkpoint directory");
       continue;
     }
     const fs::path p = path / f.name;
     struct stat sb;
     if (::lstat(p.c_str(), &sb) != 0) {
-      c.Add("files", f.name, "", f.name + ": missing (listed in metadata.json for rank " +
-                                     std::to_string(f.rank) + ")");
+      add(f.name + ": missing (listed in metadata.json for rank " + std::to_string(f.rank) + ")");
       continue;
     }
     if (!S_ISREG(sb.st_mode)) {
-      c.Add("files", f.name, "", f.name + ": not a regular file (symlinks and devices are refused)");
+      add(f.name + ": not a regular file (symlinks and devices are refused)");
       continue;
     }
     if (static_cast<uint64_t>(sb.st_size) != f.bytes)
-      c.Add("files", f.name, "", f.name + ": size is " + std::to_string(sb.st_size) +
-                                     " bytes, metadata says " + std::to_string(f.bytes) +
-                                     (static_cast<uint64_t>(sb.st_size) < f.bytes ? " (truncated?)" : ""));
-    try {
-      storage::ShardReader probe(path, f.name, /*use_index=*/false);
-      file_ok[f.name] = true;
-    } catch (const Error& e) {
-      c.Add("files", f.name, "", e.what());
+      add(f.name + ": size is " + std::to_string(sb.st_size) + " bytes, metadata says " + std::to_string(f.bytes) +
+          (static_cast<uint64_t>(sb.st_size) < f.bytes ? " (truncated?)" : ""));
+    if (file_index.emplace(f.name, files.size()).second) {
+      files.push_back(std::make_unique<FileWork>());
+      files.back()->name = f.name;
     }
   }
 
-  // tiling, datasets
+  // datasets, checksums, finite: one job per chunk in a usable file (its dataset is checked
+  // even when its data is not read)
   std::vector<DataJob> jobs;
-  std::map<std::string, std::unique_ptr<storage::ShardReader>> readers;
-  uint8_t tiny[8];
   for (const auto& [key, e] : md.entries) {
     if (e.kind == EntryKind::kScalar || e.kind == EntryKind::kJson) continue;
-    if (e.kind == EntryKind::kTensor)
-      for (const auto& msg : CheckTiling(key, e)) c.Add("tiling", "", key, msg);
     for (const auto& chunk : e.chunks) {
       ++r.chunks;
-      if (!file_ok[chunk.file]) continue;  // already reported under "files"
+      const auto fit = file_index.find(chunk.file);
+      if (fit == file_index.end()) continue;  // already reported under "files"
       DataJob job;
       job.key = key;
       job.file = chunk.file;
@@ -337,35 +579,51 @@ VerifyReport Verify(const fs::path& path, const VerifyOptions& o) {
       }
       const bool floating = e.kind == EntryKind::kTensor && IsFloating(e.dtype);
       job.finite = o.check_finite && floating && !(o.quick && chunk.stats);  // quick: trust recorded stats
+      job.recorded_nonfinite = o.check_finite && floating && o.quick && chunk.stats &&
+                               (chunk.stats->nan_count || chunk.stats->inf_count);
       job.hash = !o.quick;
-      if (job.hash || job.finite) {
-        jobs.push_back(std::move(job));  // reading it checks its dataset too
-        continue;
-      }
-      // Dataset exists with the dtype and extent metadata says (an empty read checks only).
-      try {
-        auto& reader = readers[chunk.file];
-        if (!reader) reader = std::make_unique<storage::ShardReader>(path, chunk.file, /*use_index=*/false);
-        Box probe{job.chunk.box.offsets, Shape(job.chunk.box.sizes.size(), 0)};
-        if (job.chunk.box.sizes.empty() || job.chunk.box.NumElements() == 0) probe = job.chunk.box;
-        reader->Read(key, job.dtype, job.chunk, probe, tiny, probe, nullptr);
-      } catch (const Error& err) {
-        c.Add("datasets", chunk.file, key, err.what());
-        continue;
-      }
-      if (o.check_finite && floating && chunk.stats && (chunk.stats->nan_count || chunk.stats->inf_count))
-        c.Add("finite", chunk.file, key, TensorWhere(chunk.file, key, &chunk) + ": " +
-                                             std::to_string(chunk.stats->nan_count) + " NaN and " +
-                                             std::to_string(chunk.stats->inf_count) +
-                                             " Inf elements (recorded statistics)");
+      FileWork& fw = *files[fit->second];
+      if (job.hash || job.finite) fw.bytes += ChunkBytes(job);
+      fw.jobs.push_back(jobs.size());
+      jobs.push_back(std::move(job));
     }
   }
-  readers.clear();
 
-  // checksums, finite
-  r.bytes_read = RunDataJobs(path, jobs, o.threads, o.progress);
-  for (const auto& j : jobs)
-    if (!j.problem.empty()) c.Add(j.problem_check, j.file, j.key, j.problem);
+  // Data threads: no more than the cores; none when no data is read (the dataset checks
+  // run on this thread: HDF5's lock serialises them anyway).
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  int threads = std::min<int>(std::max(1, o.threads), static_cast<int>(cores));
+  if (o.quick && !o.check_finite) threads = 0;  // no data to read
+  std::vector<std::pair<std::string, std::string>> tiling;  // key, message
+  r.bytes_read = RunDataJobs(path, jobs, files, threads, o.progress, [&] {
+    // tiling, on this thread while the data is read
+    for (const auto& [key, e] : md.entries)
+      if (e.kind == EntryKind::kTensor)
+        for (auto& msg : CheckTiling(key, e)) tiling.emplace_back(key, std::move(msg));
+  });
+
+  for (std::size_t fi = 0; fi < md.files.size(); ++fi) {
+    for (auto& p : file_problems[fi]) r.problems.push_back(std::move(p));
+    if (const auto it = file_index.find(md.files[fi].name); it != file_index.end()) {
+      FileWork& fw = *files[it->second];
+      if (!fw.open_problem.empty()) {
+        c.Add("files", fw.name, "", fw.open_problem);
+        fw.open_problem.clear();  // a name listed twice is reported once
+      }
+    }
+  }
+  for (auto& [key, msg] : tiling) c.Add("tiling", "", key, std::move(msg));
+  for (const auto& j : jobs) {
+    if (!j.problem.empty()) {
+      c.Add(j.problem_check, j.file, j.key, j.problem);
+    } else if (j.located && j.recorded_nonfinite) {
+      c.Add("finite", j.file, j.key, TensorWhere(j.file, j.key, &j.chunk) + ": " +
+                                         std::to_string(j.chunk.stats->nan_count) + " NaN and " +
+                                         std::to_string(j.chunk.stats->inf_count) +
+                                         " Inf elements (recorded statistics)");
+    }
+  }
+  schema_problems();
 
   if (o.expect) CheckExpect(md, *o.expect, c);
   return finish();

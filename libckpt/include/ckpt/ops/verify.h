@@ -8,7 +8,8 @@
 //   finite     no NaN/Inf in floating tensors (with `check_finite`)
 //   expect     key set, dtypes and shapes equal those of a reference (with `expect`)
 //
-// Thread-safety: Verify is reentrant; it reads data on `threads` threads of its own.
+// Thread-safety: Verify is reentrant; it reads data on threads of its own (`threads` at
+// most) and validates the schema on another.
 #pragma once
 
 #include <cstdint>
@@ -26,7 +27,7 @@ struct VerifyOptions {
   std::optional<std::filesystem::path> expect;
   // Overrides the schema compiled into the library.
   std::optional<std::filesystem::path> schema;
-  int threads = 4;            // data-reading threads
+  int threads = 4;            // data-reading threads, at most (never more than the cores)
   bool progress = false;
 };
 
