@@ -150,10 +150,17 @@ ShardReader::Located ShardReader::Find(const std::string& key, DType dtype, cons
                                          ", metadata says " + DimsString(expected));
   }
   if (at.chunk_bytes == 0) return at;
-  h5::Handle dcpl = h5::Plist(H5Dget_create_plist(at.ds.get()));
-  at.contiguous = H5Pget_layout(dcpl.get()) == H5D_CONTIGUOUS && H5Pget_nfilters(dcpl.get()) == 0;
-  if (!at.contiguous) return at;
+  // Only contiguous storage has one data address, and HDF5 filters only chunked storage:
+  // a dataset with an address is contiguous and unfiltered, no need to copy its creation
+  // properties (a tenth of the cost of checking a dataset) to ask.
   const haddr_t base = H5Dget_offset(at.ds.get());
+  if (base != HADDR_UNDEF) {
+    at.contiguous = true;
+  } else {
+    h5::Handle dcpl = h5::Plist(H5Dget_create_plist(at.ds.get()));
+    at.contiguous = H5Pget_layout(dcpl.get()) == H5D_CONTIGUOUS && H5Pget_nfilters(dcpl.get()) == 0;
+  }
+  if (!at.contiguous) return at;
   if (base == HADDR_UNDEF || base > m.size || at.chunk_bytes > m.size - base) {
     throw Error(ErrorCode::kCorrupt, m.Where(key, chunk) + ": data lies past the end of the file (" +
                                          std::to_string(m.size) + " bytes): truncated");
