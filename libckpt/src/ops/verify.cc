@@ -168,17 +168,31 @@ void CheckExpect(const Metadata& md, const fs::path& ref_path, Collector& c) {
 
 // Reading the data. The calling thread checks every dataset's HDF5 header file by file
 // (ShardReader::Locate; HDF5 serialises these behind its global lock, so one thread does
-// them all) and sorts each file's chunks by offset; data threads hash the files it has
-// located meanwhile, each file's chunks in offset order, so every file is read front to
-// back however the keys interleave in it. Contiguous chunks are read with pread, a piece
-// at a time; filtered ones through HDF5 in blocks.
+// them all), largest chunks first, and hands the checked chunks to the data threads in
+// batches, each batch in file order; the data threads hash them meanwhile. Contiguous
+// chunks are read with pread, a piece at a time; filtered ones through HDF5 in blocks.
 struct FileWork {
   std::string name;
-  std::vector<std::size_t> jobs;   // indices into the job list; data order once located
-  uint64_t bytes = 0;              // data bytes to read
-  bool ready = false;              // located: `jobs` holds what is left to read
-  std::atomic<std::size_t> next{0};  // next entry of `jobs` to read, once ready
-  std::string open_problem;          // not readable HDF5
+  std::vector<std::size_t> jobs;  // indices into the job list
+  uint64_t bytes = 0;             // data bytes to read
+  // Filled by the checking thread; read by the data threads up to `published`.
+  std::vector<std::size_t> order;     // chunks to read, batch after batch
+  std::atomic<std::size_t> published{0};
+  std::atomic<std::size_t> next{0};   // next entry of `order` to read
+  std::atomic<bool> checked{false};   // all of `order` is published
+  std::string open_problem;           // not readable HDF5
+
+  // Claims the next published chunk; false when there is none now.
+  bool Claim(std::size_t& i) {
+    i = next.load();
+    while (i < published.load())
+      if (next.compare_exchange_weak(i, i + 1)) return true;
+    return false;
+  }
+  std::size_t Left() const {
+    const std::size_t p = published.load(), n = next.load();
+    return p > n ? p - n : 0;
+  }
 };
 
 // What one thread keeps open per file.
@@ -193,53 +207,40 @@ class DataRun {
   DataRun(const fs::path& dir, std::vector<DataJob>& jobs, std::vector<std::unique_ptr<FileWork>>& files)
       : dir_(dir), jobs_(jobs), files_(files) {}
 
-  // On the calling thread: locates every file's chunks, largest file first, handing each
-  // file to the data threads as soon as it is done. `located` is called after each file.
-  void LocateAll(const std::function<void()>& located) {
+  // On the calling thread: checks every file's datasets, largest file first, handing
+  // their chunks to the data threads as it goes. `progress` is called now and then.
+  void LocateAll(const std::function<void()>& progress) {
     std::vector<std::size_t> order(files_.size());
     for (std::size_t f = 0; f < order.size(); ++f) order[f] = f;
     std::stable_sort(order.begin(), order.end(),
                      [&](std::size_t a, std::size_t b) { return files_[a]->bytes > files_[b]->bytes; });
+    std::vector<char> whole(files_.size(), 0);  // prefetched whole
     for (std::size_t i = 0; i < order.size(); ++i) {
-      // The dataset headers lie all over the file: from a cold disk, locating is many
+      // The dataset headers lie all over the file: from a cold disk, checking them is many
       // small reads unless the file is already on its way (and the next file after it).
-      // (Only when its data is to be read.)
-      if (i == 0) Prefetch(*files_[order[0]]);
-      if (i + 1 < order.size()) Prefetch(*files_[order[i + 1]]);
-      FileWork& fw = *files_[order[i]];
-      OpenFile of;
-      Locate(fw, of);
-      {
-        std::lock_guard lock(mu_);
-        fw.ready = true;
-        ++located_;
-      }
-      cv_.notify_all();
-      located();
+      if (i == 0) whole[order[0]] = Prefetch(*files_[order[0]]);
+      if (i + 1 < order.size()) whole[order[i + 1]] = Prefetch(*files_[order[i + 1]]);
+      Locate(*files_[order[i]], whole[order[i]], progress);
     }
   }
 
-  // Lets the data threads finish when the locating thread fails.
+  // Lets the data threads finish when the checking thread fails.
   void Abandon() {
     {
       std::lock_guard lock(mu_);
-      located_ = files_.size();
-      for (auto& f : files_) {
-        if (!f->ready) f->jobs.clear();
-        f->ready = true;
-      }
+      for (auto& f : files_) f->checked = true;
     }
     cv_.notify_all();
   }
 
-  // A data thread: hashes located files until all are done.
+  // A data thread: hashes published chunks until all files are checked and read.
   void Worker() {
     std::vector<OpenFile> open(files_.size());
     std::vector<unsigned char> buf;
     for (long f; (f = Next()) >= 0;) {
       FileWork& fw = *files_[f];
-      for (std::size_t i; (i = fw.next.fetch_add(1)) < fw.jobs.size();) Hash(jobs_[fw.jobs[i]], fw, open[f], buf);
-      open[f] = OpenFile();  // done with it
+      for (std::size_t i; fw.Claim(i);) Hash(jobs_[fw.order[i]], fw, open[f], buf);
+      if (fw.checked && fw.Left() == 0) open[f] = OpenFile();  // done with it
     }
   }
 
@@ -248,57 +249,80 @@ class DataRun {
  private:
   static constexpr std::size_t kPiece = std::size_t{256} << 10;  // read and hashed at a time
   static constexpr uint64_t kReadAhead = uint64_t{64} << 20;     // fetched ahead of hashing
+  static constexpr uint64_t kBatch = uint64_t{64} << 20;         // handed over at a time
 
-  // Asks the kernel to read the whole file into the page cache in the background, when it
-  // is small enough to stay there until it is hashed (an eighth of the memory), else its
-  // beginning (the data threads then ask for more ahead of what they hash).
-  void Prefetch(const FileWork& fw) {
-    if (fw.bytes == 0) return;
+  // Asks the kernel to read the whole file into the page cache in the background when it
+  // is small enough to stay there until it is hashed (an eighth of the memory; returns
+  // true), else its beginning (the data threads then ask for more ahead of what they hash).
+  // Nothing when no data of the file is to be read.
+  bool Prefetch(const FileWork& fw) {
+    if (fw.bytes == 0) return false;
     static const uint64_t budget =
         static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)) / 8;
     try {
       const storage::Fd fd = storage::OpenRegularFile(dir_ / fw.name);
       const uint64_t size = storage::FileSize(fd.get(), dir_ / fw.name);
       ::posix_fadvise(fd.get(), 0, static_cast<off_t>(size <= budget ? size : kReadAhead), POSIX_FADV_WILLNEED);
+      return size <= budget;
     } catch (const std::exception&) {
-      // only a hint; Locate reports an unreadable file
+      return false;  // only a hint; Locate reports an unreadable file
     }
   }
 
-  // A located file with chunks left to read (the one with most left), waiting for the
-  // locating thread when there is none yet; -1 when all is done.
+  // A file with published chunks left to read (the one with most left), waiting for the
+  // checking thread when there is none yet; -1 when all is done.
   long Next() {
     std::unique_lock lock(mu_);
     for (;;) {
       long best = -1;
       std::size_t most = 0;
+      bool all_checked = true;
       for (std::size_t f = 0; f < files_.size(); ++f) {
-        const FileWork& fw = *files_[f];
-        if (!fw.ready) continue;
-        const std::size_t next = std::min(fw.next.load(), fw.jobs.size());
-        if (fw.jobs.size() - next > most) {
-          most = fw.jobs.size() - next;
+        all_checked = all_checked && files_[f]->checked;
+        if (const std::size_t left = files_[f]->Left(); left > most) {
+          most = left;
           best = static_cast<long>(f);
         }
       }
-      if (best >= 0 || located_ == files_.size()) return best;
+      if (best >= 0 || all_checked) return best;
       cv_.wait(lock);
     }
   }
 
-  // Checks every dataset of the file against metadata; leaves in fw.jobs the chunks to
-  // read, contiguous ones in file order first.
-  void Locate(FileWork& fw, OpenFile& of) {
+  void Publish(FileWork& fw, std::vector<std::pair<uint64_t, std::size_t>>& batch, bool last) {
+    std::sort(batch.begin(), batch.end());
+    {
+      std::lock_guard lock(mu_);
+      for (const auto& b : batch) fw.order.push_back(b.second);  // capacity reserved: no reallocation
+      fw.published.store(fw.order.size());
+      fw.checked = last;
+    }
+    cv_.notify_all();
+    batch.clear();
+  }
+
+  // Checks every dataset of the file against metadata, largest chunks first, publishing
+  // the chunks to read in batches of up to kBatch bytes, each in file order (filtered
+  // chunks last); in one batch when the file is not prefetched whole, so that it is read
+  // front to back from a cold disk.
+  void Locate(FileWork& fw, bool batches, const std::function<void()>& progress) {
+    std::vector<std::pair<uint64_t, std::size_t>> batch, filtered;
+    fw.order.reserve(fw.jobs.size());
+    OpenFile of;
     try {
       of.reader = std::make_unique<storage::ShardReader>(dir_, fw.name, /*use_index=*/false);
     } catch (const std::exception& e) {
       fw.open_problem = e.what();
-      fw.jobs.clear();
+      Publish(fw, batch, true);
       return;
     }
-    std::vector<std::pair<uint64_t, std::size_t>> mapped;
-    std::vector<std::size_t> other;
-    for (const std::size_t i : fw.jobs) {
+    std::vector<std::pair<uint64_t, std::size_t>> by_size;
+    for (const std::size_t i : fw.jobs) by_size.emplace_back(ChunkBytes(jobs_[i]), i);
+    std::stable_sort(by_size.begin(), by_size.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    // At least four batches a file (so the data threads start early on small files too).
+    const uint64_t batch_limit = std::max<uint64_t>(1, std::min(kBatch, fw.bytes / 4));
+    uint64_t batch_bytes = 0;
+    for (const auto& [bytes, i] : by_size) {
       DataJob& job = jobs_[i];
       try {
         if (const auto at = of.reader->Locate(job.key, job.dtype, job.chunk)) {
@@ -312,13 +336,21 @@ class DataRun {
       }
       job.located = true;
       if (!job.hash && !job.finite) continue;
-      if (job.contiguous) mapped.emplace_back(job.offset, i);
-      else other.push_back(i);
+      if (!job.contiguous) {
+        filtered.emplace_back(filtered.size(), i);
+        continue;
+      }
+      batch.emplace_back(job.offset, i);
+      batch_bytes += bytes;
+      if (batches && batch_bytes >= batch_limit) {
+        Publish(fw, batch, false);
+        batch_bytes = 0;
+        progress();
+      }
     }
-    std::sort(mapped.begin(), mapped.end());
-    fw.jobs.clear();
-    for (const auto& m : mapped) fw.jobs.push_back(m.second);
-    fw.jobs.insert(fw.jobs.end(), other.begin(), other.end());
+    Publish(fw, batch, false);
+    Publish(fw, filtered, true);
+    progress();
   }
 
   void Hash(DataJob& job, const FileWork& fw, OpenFile& of, std::vector<unsigned char>& buf) {
@@ -393,7 +425,6 @@ class DataRun {
   std::vector<std::unique_ptr<FileWork>>& files_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::size_t located_ = 0;
 };
 
 // Starts `threads` data threads, runs `meanwhile` and then the dataset checks on the
