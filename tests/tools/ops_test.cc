@@ -336,6 +336,11 @@ TEST_CASE("merge copies chunks file to file, bit for bit, and never launders a c
   CHECK(r3.bytes_copied == r3.bytes);
   CHECK(ReadAll(*ops::Source::Open(tmp / "re"), "model.w") == w);
 
+  // So does a safetensors destination.
+  const auto rs = ops::Merge(tmp / "src", tmp / "m.safetensors", copy);
+  CHECK(rs.bytes_copied == rs.bytes);
+  CHECK(ReadAll(*ops::Source::Open(tmp / "m.safetensors"), "model.w") == w);
+
   // Casting goes through memory.
   ops::MergeOptions cast = copy;
   cast.cast = DType::kFloat16;
@@ -346,7 +351,7 @@ TEST_CASE("merge copies chunks file to file, bit for bit, and never launders a c
   ops::MergeOptions cast_parts = cast;
   cast_parts.world = 3;  // through memory, each source chunk read in part
   for (const auto& [name, o] : std::vector<std::pair<std::string, ops::MergeOptions>>{
-           {"whole", copy}, {"parts", re}, {"memory", cast}, {"memory-parts", cast_parts}}) {
+           {"whole", copy}, {"parts", re}, {"memory", cast}, {"memory-parts", cast_parts}, {"st.safetensors", copy}}) {
     CAPTURE(name);
     const fs::path dst = tmp / ("bad-" + name);
     CHECK_THROWS_WITH_AS(ops::Merge(tmp / "src", dst, o), doctest::Contains("model.w"), Error);

@@ -14,6 +14,7 @@
 #include "ckpt/error.h"
 #include "layout/box.h"
 #include "ops/util.h"
+#include "storage/fs.h"
 
 namespace ckpt::ops {
 namespace {
@@ -297,6 +298,18 @@ void SafetensorsWriter::Append(const void* data, uint64_t bytes) {
                 path_.string() + ": more bytes appended than the header declares");
   detail::PwriteAll(fd_, data, bytes, file_pos_, tmp_path_);
   file_pos_ += bytes, written_ += bytes;
+}
+
+void SafetensorsWriter::AppendCopy(const FileRange& range) {
+  if (fd_ < 0) throw Error(ErrorCode::kInvalidArgument, path_.string() + ": writer is closed");
+  if (range.length > data_total_ - written_)
+    throw Error(ErrorCode::kInvalidArgument,
+                path_.string() + ": more bytes appended than the header declares");
+  const storage::Fd in = storage::OpenRegularFile(range.file);
+  const storage::MappedRange map(in.get(), range.offset, static_cast<std::size_t>(range.length), range.file);
+  storage::CopyRange(in.get(), range.offset, fd_, file_pos_, static_cast<std::size_t>(range.length), map.data(),
+                     range.file, tmp_path_);
+  file_pos_ += range.length, written_ += range.length;
 }
 
 void SafetensorsWriter::Commit() {

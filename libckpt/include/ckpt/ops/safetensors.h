@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "ckpt/checkpoint.h"
 #include "ckpt/dtype.h"
 #include "ckpt/tensor.h"
 
@@ -97,6 +98,8 @@ class SafetensorsWriter {
 
   // Appends bytes of the current tensor (moving to the next when one is complete).
   void Append(const void* data, uint64_t bytes);
+  // Appends the bytes of a file range, copied file to file inside the kernel.
+  void AppendCopy(const FileRange& range);
   void Commit();
 
  private:
