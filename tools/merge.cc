@@ -23,7 +23,9 @@ void AddWriteFlags(CLI::App& app, MergeFlags& f) {
   app.add_option("--compress", f.compress, "none, zstd or zstd:LEVEL")->capture_default_str();
   app.add_flag("--force", f.o.force, "Replace an existing DST");
   app.add_option("--chunk-size", f.chunk_size,
-                 "Tensors larger than this are stored as several chunks (up to --max-memory / 8)")
+                 "When tensors pass through memory (--dtype, --compress, a compressed source), those larger\n"
+                 "than this are stored as several chunks (up to --max-memory / 8); others are copied file\n"
+                 "to file, one chunk per tensor (or per --world part)")
       ->capture_default_str();
 }
 
@@ -45,7 +47,9 @@ int RunWrite(CLI::App& app, Common& common, MergeFlags& f, int argc, char** argv
 
 int MergeMain(int argc, char** argv) {
   CLI::App app("Merge a sharded checkpoint into one FULL file, or reshard it for another world size.\n"
-               "Streams chunk by chunk within --max-memory; the output is verified, then committed atomically.",
+               "Tensors are copied file to file inside the kernel where their bytes stay as they are, else\n"
+               "streamed through memory within --max-memory; every source chunk's checksum is checked on the\n"
+               "way; the output is verified, then committed atomically.",
                "ckpt-merge");
   app.footer("Examples:\n  ckpt-merge ckpt/step-1000 full/                      # FULL, one file\n"
              "  ckpt-merge ckpt/step-1000 resharded/ --world 8       # 8 files, split along dim 0\n"
@@ -61,7 +65,8 @@ int MergeMain(int argc, char** argv) {
   app.add_option("--exclude", f.o.exclude, "Skip keys matching this glob (repeatable), e.g. 'optimizer.*'")
       ->allow_extra_args(false)->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_flag("--virtual", f.o.virtual_file,
-               "Write one HDF5 file of virtual datasets that stitch each tensor from the shards");
+               "Write one HDF5 file of virtual datasets that stitch each tensor from the shards\n"
+               "(named relative to it: move the two together)");
   app.add_flag("--verify-data", f.o.verify_data, "Re-read and checksum the output before committing it");
   return RunWrite(app, common, f, argc, argv);
 }
