@@ -4,7 +4,11 @@
 #include <cmath>
 #include <cstring>
 
+#include <nlohmann/json.hpp>
+
 #include "ckpt/ckpt.h"
+#include "format/json_reader.h"
+#include "format/metadata_internal.h"
 
 using namespace ckpt;
 
@@ -159,4 +163,202 @@ TEST_CASE("absurd world sizes, ranks and compression levels are corruption, not 
           head +
           R"("world_size":1,"files":[{"name":"a.h5","rank":0,"bytes":1}],"entries":{"k":{"type":"tensor","dtype":"uint8","shape":[1],"chunks":[{"offsets":[0],"sizes":[1],"file":"a.h5","dataset":"k","checksum":"xxh3-64:0000000000000000","compression":{"codec":"zstd","level":18446744073709551615}}]}}})"),
       doctest::Contains("out of range"), Error);
+}
+
+// --- the one-pass reader of metadata.json (format/json_reader.h, ParseMetadata) ---------
+
+namespace {
+
+// A valid document around one tensor entry `k` whose chunk is `chunk` (JSON members).
+std::string TensorDoc(const std::string& entry_extra = "", const std::string& chunk_extra = "") {
+  return R"({"format":"ckpt","format_version":1,"state_dict_type":"FULL","world_size":1,)"
+         R"("files":[{"name":"f.h5","rank":0,"bytes":1}],"entries":{"k":{"type":"tensor","dtype":"float32",)"
+         R"("shape":[2],)" + entry_extra + R"("chunks":[{"offsets":[0],"sizes":[2],"file":"f.h5","dataset":"k",)"
+         R"("checksum":"xxh3-64:0000000000000000",)" + chunk_extra +
+         R"("stats":{"min":0,"max":1,"mean":0.5,"l2":1,"nan_count":0,"inf_count":0,"finite_count":2}}]}}})";
+}
+
+std::string ParseError(const std::string& text, const ParseLimits& limits = {}) {
+  try {
+    ParseMetadata(text, "m.json", limits);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(parsed)";
+}
+
+// Whether the reader walks `text` as one JSON document without a problem.
+bool ReaderAccepts(std::string_view text) {
+  try {
+    internal::JsonReader r(text, 64);
+    r.Skip();
+    r.Finish();
+    return true;
+  } catch (const internal::JsonError&) {
+    return false;
+  }
+}
+
+}  // namespace
+
+TEST_CASE("the JSON reader accepts exactly what nlohmann::json accepts") {
+  const std::vector<std::string> cases = {
+      "{}", "[]", "0", "-0", "-0.0", "1e5", "1E+5", "1e-5", "1.5e308", "1e400", "-1e400", "1e-400",
+      "01", "-", "1.", ".5", "+1", "1e", "1e+", "0x10", "18446744073709551616", "-9223372036854775809",
+      "true", "false", "null", "tru", "nul", "True", "NaN", "Infinity",
+      "\"\"", "\"a\\\"b\"", "\"\\u00e9\"", "\"\\ud83d\\ude00\"", "\"\\ud83d\"", "\"\\ude00\"", "\"\\ud83dx\"",
+      "\"\\ud83d\\u0041\"", "\"\\u0000\"", "\"\\x41\"", "\"\\u12\"", "\"\\uZZZZ\"", "\"tab\there\"",
+      "\"\xc3\xa9\"", "\"\xc3\"", "\"\xc0\x80\"", "\"\xed\xa0\x80\"", "\"\xf4\x90\x80\x80\"", "\"\xf0\x9f\x98\x80\"",
+      "\"\xff\"", "\"unterminated", "[1,]", "[,1]", "[1 2]", "{\"a\":1,}", "{\"a\" 1}", "{,}", "{\"a\":}", "{1:2}",
+      "[[[]]]", "{\"a\":{\"b\":[1,{\"c\":null}]}}", " \t\r\n{} \n", "{} x", "{}{}", "",
+      "\xEF\xBB\xBF{}", "\xEF\xBB{}", std::string("{}\0garbage", 10), std::string("{\0}", 3),
+      std::string("\"a\0b\"", 5)};
+  for (const std::string& text : cases) {
+    CAPTURE(text);
+    CHECK(ReaderAccepts(text) == nlohmann::json::accept(text));
+  }
+}
+
+TEST_CASE("ParseMetadata: a JSON problem anywhere wins over a problem of meaning") {
+  // The entry's dtype is unknown (kUnsupported), but the text is cut short / repeats a key later.
+  std::string doc = TensorDoc();
+  doc.replace(doc.find("float32"), 7, "complex128");
+  CHECK_THROWS_WITH_AS(ParseMetadata(doc), doctest::Contains("unknown dtype 'complex128'"), Error);
+  CHECK_THROWS_WITH_AS(ParseMetadata(doc.substr(0, doc.size() - 1)), doctest::Contains("invalid JSON"), Error);
+  std::string dup = doc;
+  dup.insert(dup.size() - 1, R"(,"world_size":1)");
+  CHECK_THROWS_WITH_AS(ParseMetadata(dup), doctest::Contains("duplicate key 'world_size'"), Error);
+  // nlohmann::json's words for a syntax error, with the place.
+  CHECK(ParseError(R"({"format": "ckpt", )").find("invalid JSON: [json.exception.parse_error.101] parse error at line 1, column 20") !=
+        std::string::npos);
+}
+
+TEST_CASE("ParseMetadata checks in a fixed order, whatever the order of the fields") {
+  // `entries` before `files`: still parses, and the chunk's file is checked against them.
+  const std::string head = R"({"format":"ckpt","format_version":1,"state_dict_type":"FULL","world_size":1,)";
+  const std::string entries =
+      R"("entries":{"k":{"chunks":[{"checksum":"xxh3-64:0000000000000000","dataset":"k","file":"f.h5","sizes":[2],"offsets":[0]}],"shape":[2],"dtype":"int8","type":"tensor"}})";
+  const Metadata m = ParseMetadata(head + entries + R"(,"files":[{"name":"f.h5","rank":0,"bytes":1}]})");
+  REQUIRE(m.Find("k"));
+  CHECK(m.Find("k")->chunks.at(0).box.sizes == Shape{2});
+  CHECK_THROWS_WITH_AS(ParseMetadata(head + entries + R"(,"files":[{"name":"g.h5","rank":0,"bytes":1}]})"),
+                       doctest::Contains("entry 'k': file 'f.h5' is not listed"), Error);
+  // A problem in the top-level fields wins over one in an entry, even when it comes last.
+  std::string late_format = TensorDoc("", R"("stored_bytes":-1,)");
+  CHECK_THROWS_WITH_AS(ParseMetadata(late_format), doctest::Contains("entry 'k': stored_bytes is negative (-1)"), Error);
+  late_format.replace(late_format.find(R"("format":"ckpt",)"), 16, "");
+  late_format.insert(late_format.size() - 1, R"(,"format":"kpt")");
+  CHECK_THROWS_WITH_AS(ParseMetadata(late_format), doctest::Contains("'format' is not \"ckpt\""), Error);
+  // Within an entry: its shape is checked before its chunks, even when the chunks come first.
+  const std::string chunks_first = head + R"("files":[],"entries":{"k":{"type":"tensor","dtype":"int8",)"
+                                          R"("chunks":[{"offsets":[0]}],"shape":[-2]}}})";
+  CHECK_THROWS_WITH_AS(ParseMetadata(chunks_first), doctest::Contains("entry 'k': an element of 'shape' is negative (-2)"),
+                       Error);
+  // The first entry in the document with a problem is the one reported.
+  const std::string two = head + R"("files":[],"entries":{"a":{"type":"blob"},"b":{"type":"json"}}})";
+  CHECK_THROWS_WITH_AS(ParseMetadata(two), doctest::Contains("entry 'a': unknown entry type 'blob'"), Error);
+}
+
+TEST_CASE("ParseMetadata refuses duplicate keys at any depth, also spelled with escapes") {
+  CHECK(ParseError(TensorDoc("", R"("file":"f.h5",)")).find("m.json: duplicate key 'file'") != std::string::npos);
+  std::string in_stats = TensorDoc();
+  in_stats.insert(in_stats.find("\"finite_count\""), R"("nan_count":1,)");
+  CHECK(ParseError(in_stats) == "m.json: duplicate key 'nan_count'");
+  CHECK(ParseError(TensorDoc(R"("\u0074ype":"tensor",)")) == "m.json: duplicate key 'type'");
+  std::string in_user = TensorDoc();
+  in_user.insert(1, R"("user":{"a":[{"x":1,"y":{"z":2,"z":3}}]},)");
+  CHECK(ParseError(in_user) == "m.json: duplicate key 'z'");
+  std::string twice = TensorDoc();
+  twice.insert(twice.find(R"("k":{)"), std::string(R"("k":{"type":"json","value":1},)"));
+  CHECK(ParseError(twice) == "m.json: duplicate key 'k'");
+  // Many keys in one object (a set, not a scan): the 40th repeats the first.
+  std::string wide = R"({"user":{)";
+  for (int i = 0; i < 40; ++i) wide += "\"u" + std::to_string(i) + "\":" + std::to_string(i) + ",";
+  CHECK(ParseError(wide + R"("u0":0}})") == "m.json: duplicate key 'u0'");
+}
+
+TEST_CASE("ParseMetadata's depth limit counts every array and object") {
+  // document 1, entries 2, entry 3, chunks 4, chunk 5, offsets/sizes/stats 6.
+  ParseLimits limits;
+  limits.max_depth = 6;
+  CHECK_NOTHROW(ParseMetadata(TensorDoc(), "m.json", limits));
+  limits.max_depth = 5;
+  CHECK(ParseError(TensorDoc(), limits) == "m.json: JSON nesting deeper than 5");
+  limits.max_depth = 64;
+  CHECK(ParseError(TensorDoc(R"("deep":)" + std::string(62, '[') + std::string(62, ']') + ",")) ==
+        "m.json: JSON nesting deeper than 64");
+  // Deep but within the limit, in a value kept as text.
+  const std::string deep = std::string(60, '[') + std::string(60, ']');
+  std::string doc = TensorDoc();
+  doc.insert(1, R"("user":{"a":)" + deep + "},");
+  CHECK(ParseMetadata(doc, "m.json", limits).user == R"({"a":)" + deep + "}");
+}
+
+TEST_CASE("ParseMetadata reads numbers as nlohmann::json did") {
+  CHECK(ParseError(TensorDoc(R"("x":1e400,)")).find("number overflow") != std::string::npos);
+  auto with_rank = [](const std::string& rank) {
+    return R"({"format":"ckpt","format_version":1,"state_dict_type":"FULL","world_size":1,"files":[{"name":"f.h5","rank":)" +
+           rank + R"(,"bytes":1}],"entries":{}})";
+  };
+  CHECK(ParseError(with_rank("18446744073709551616")) ==
+        "m.json: field 'rank' must be a non-negative integer, found 1.8446744073709552e+19");
+  CHECK(ParseError(with_rank("-0")) == "m.json: field 'rank' is negative (0)");
+  CHECK(ParseError(with_rank("2.0")) == "m.json: field 'rank' must be a non-negative integer, found 2.0");
+  CHECK(ParseError(with_rank("\"1\"")) == "m.json: field 'rank' must be a non-negative integer, found \"1\"");
+  CHECK(ParseError(with_rank("[1]")) == "m.json: field 'rank' must be a non-negative integer, found [1]");
+  CHECK(ParseMetadata(with_rank("1073741824")).files.at(0).rank == 1073741824);
+  std::string big_dim = TensorDoc();
+  big_dim.replace(big_dim.find(R"("shape":[2])"), 11, R"("shape":[9223372036854775808])");
+  CHECK(ParseError(big_dim) == "m.json: entry 'k': an element of 'shape' is too large");
+  auto scalar = [](const std::string& value) {
+    return R"({"format":"ckpt","format_version":1,"state_dict_type":"FULL","world_size":1,"files":[],)"
+           R"("entries":{"s":{"type":"scalar","dtype":"float64","value":)" + value + "}}}";
+  };
+  CHECK(ParseMetadata(scalar("1e-400")).Find("s")->value == "0.0");
+  CHECK(ParseMetadata(scalar("-1E-400")).Find("s")->value == "-0.0");
+  CHECK(ParseMetadata(scalar("1e300")).Find("s")->value == "1e+300");
+  CHECK(ParseMetadata(scalar("0.1")).Find("s")->value == "0.1");
+  CHECK(ParseMetadata(scalar("-0")).Find("s")->value == "0");
+  CHECK(ParseMetadata(scalar("true")).Find("s")->value == "true");
+  CHECK(ParseMetadata(scalar("18446744073709551615")).Find("s")->value == "18446744073709551615");
+}
+
+TEST_CASE("ParseMetadata keeps JSON values as normalised text, as before") {
+  std::string doc = TensorDoc();
+  doc.insert(1, R"("user":{"b":1,"a":[1.50,true,"\u00e9\n"]},"mesh":{"shape":[2]},)");
+  const Metadata m = ParseMetadata(doc);
+  CHECK(m.user == "{\"a\":[1.5,true,\"\xc3\xa9\\n\"],\"b\":1}");
+  CHECK(m.mesh == R"({"shape":[2]})");
+  const Metadata bare = ParseMetadata(TensorDoc());
+  CHECK(bare.user == "{}");
+  CHECK(bare.mesh == "null");
+  // A UTF-8 byte order mark, escaped keys and strings.
+  std::string escaped = "\xEF\xBB\xBF" + TensorDoc();
+  escaped.replace(escaped.find(R"("dataset":"k")"), 13, R"("d\u0061taset":"k\/\u00e9")");
+  CHECK(ParseMetadata(escaped).Find("k")->chunks.at(0).dataset == "k/\xc3\xa9");
+}
+
+TEST_CASE("chunk messages between ranks parse as metadata.json's chunks") {
+  using nlohmann::json;
+  ChunkMeta c;
+  c.box = Box{{0, 2}, {4, 2}};
+  c.file = "shard-00001-of-00002.h5";
+  c.dataset = "w@0,2";
+  c.checksum = "xxh3-64:0123456789abcdef";
+  c.stored_bytes = 32;
+  c.compression.codec = Compression::Codec::kZstd;
+  c.compression.level = 5;
+  c.stats = ChunkStats{-1, 1, 0, 2, 0, 0, 8};
+  const ChunkMeta back = internal::ChunkFromJson(json::parse(internal::ChunkToJson(c, true)), true);
+  CHECK(back.box == c.box);
+  CHECK(back.dataset == c.dataset);
+  CHECK(back.compression == c.compression);
+  CHECK(back.stats->finite_count == 8);
+  json bad = json::parse(internal::ChunkToJson(c, true));
+  bad["compression"]["codec"] = "lz4";
+  CHECK_THROWS_WITH_AS(internal::ChunkFromJson(bad, true), doctest::Contains("unknown compression codec 'lz4'"), Error);
+  bad.erase("compression");
+  bad.erase("checksum");
+  CHECK_THROWS_WITH_AS(internal::ChunkFromJson(bad, true), "chunk message: missing field 'checksum'", Error);
+  CHECK_THROWS_WITH_AS(internal::ChunkFromJson(json::array(), true), "chunk message: a chunk must be an object", Error);
 }

@@ -80,7 +80,9 @@ struct Metadata {
   void BuildIndex();  // call after changing `entries`; Find() uses it
 
  private:
-  std::unordered_map<std::string, std::size_t> index_;
+  // Hash index of `entries` by key: (hash, position + 1) slots, open addressing (metadata.cc).
+  std::vector<std::pair<std::size_t, std::size_t>> index_;
+  std::size_t indexed_ = 0;  // entries.size() when index_ was built
 };
 
 struct ParseLimits {

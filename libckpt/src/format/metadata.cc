@@ -1,21 +1,40 @@
 // format/metadata.cc: metadata.json <-> Metadata (FORMAT.md §3), with the reader's limits
 // (§8): size, nesting depth, duplicate keys, unsafe file names, overflowing shapes.
+//
+// Reading is one pass over the text with a pull reader (format/json_reader.h) straight
+// into the model: no tree of the whole document, which for 100,000 keys took seconds and
+// several times the text's size in memory. The checks and their messages are those of the
+// two-pass parser that came before, in the same order of precedence: a JSON problem
+// anywhere (syntax, depth, duplicate key) wins over any problem of meaning, which is
+// reported as the checks meet it in their fixed order (format, format_version,
+// state_dict_type, world_size, files, then the entries in document order; within an
+// entry its fields in a fixed order). So the fields of an object are read first and
+// checked when the object ends, and the first problem of meaning is kept while the rest
+// of the document is still read for JSON problems.
 #include "ckpt/metadata.h"
 
 #include <cmath>
+#include <exception>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <unordered_set>
 
 #include "ckpt/error.h"
 #include "format/checked.h"
+#include "format/flat_index.h"
+#include "format/json_reader.h"
 #include "format/names.h"
 
 namespace ckpt {
 namespace {
 
-using json = nlohmann::json;           // parsing: std::map objects, O(log n) per key
+using json = nlohmann::json;           // values kept as JSON text are normalised by dump()
 using ojson = nlohmann::ordered_json;  // writing small objects in a readable order
+using internal::JsonError;
+using internal::JsonReader;
+using internal::KeySet;
+using Next = JsonReader::Next;
+using NumberKind = JsonReader::NumberKind;
 namespace n = names;
 
 // Ranks and world sizes beyond this are corruption, not a job (FORMAT.md §8).
@@ -25,45 +44,174 @@ constexpr int64_t kMaxRanks = int64_t{1} << 30;
   throw Error(ErrorCode::kCorrupt, std::string(source) + ": " + what);
 }
 
+// Where a problem is: the file, and the entry's key when in an entry.
 struct Ctx {
   std::string_view source;
-  std::string where;  // "entry 'key'" etc.
+  const std::string* key = nullptr;
 
-  [[noreturn]] void Fail(const std::string& what) const {
-    Corrupt(source, where.empty() ? what : where + ": " + what);
+  std::string Where() const { return key ? "entry '" + *key + "'" : std::string(); }
+  Error Problem(const std::string& what) const {
+    const std::string where = Where();
+    return Error(ErrorCode::kCorrupt, std::string(source) + ": " + (where.empty() ? what : where + ": " + what));
   }
-  const json& Req(const json& obj, const char* key) const {
-    auto it = obj.find(key);
-    if (it == obj.end()) Fail(std::string("missing field '") + key + "'");
-    return *it;
-  }
-  std::string Str(const json& obj, const char* key) const {
-    const json& v = Req(obj, key);
-    if (!v.is_string()) Fail(std::string("field '") + key + "' must be a string");
-    return v.get<std::string>();
-  }
-  int64_t NonNeg(const json& v, const std::string& what) const {
-    if (v.is_number_unsigned()) {
-      const uint64_t u = v.get<uint64_t>();
-      if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) Fail(what + " is too large");
-      return static_cast<int64_t>(u);
-    }
-    if (v.is_number_integer()) Fail(what + " is negative (" + v.dump() + ")");
-    Fail(what + " must be a non-negative integer, found " + v.dump());
-  }
-  int64_t NonNeg(const json& obj, const char* key) const { return NonNeg(Req(obj, key), std::string("field '") + key + "'"); }
-  Shape Dims(const json& obj, const char* key, int max_rank) const {
-    const json& v = Req(obj, key);
-    if (!v.is_array()) Fail(std::string("field '") + key + "' must be an array");
-    if (v.size() > static_cast<std::size_t>(max_rank)) {
-      Fail(std::string("field '") + key + "' has " + std::to_string(v.size()) +
-           " dimensions, the limit is " + std::to_string(max_rank));
-    }
-    Shape s;
-    for (const json& d : v) s.push_back(NonNeg(d, std::string("an element of '") + key + "'"));
-    return s;
+  [[noreturn]] void Fail(const std::string& what) const { throw Problem(what); }
+  [[noreturn]] void Unsupported(const std::string& what) const {
+    throw Error(ErrorCode::kUnsupported, std::string(source) + ": " + Where() + ": " + what);
   }
 };
+
+// A value's text as nlohmann::json::dump() writes it (what the model keeps for JSON
+// values, and what messages quote).
+std::string Dump(std::string_view text) {
+  try {
+    return json::parse(text).dump();
+  } catch (const json::exception&) {
+    throw JsonError{};  // the reader accepted what nlohmann::json refuses: explained by the caller
+  }
+}
+
+// One value as read, checked later: whether it was there, its type, a scalar's value,
+// and its text for messages.
+struct Val {
+  bool present = false;
+  Next type = Next::kNull;
+  bool boolean = false;
+  JsonReader::Number num;
+  std::string str;
+  std::string_view text;
+
+  bool IsInteger() const { return type == Next::kNumber && num.kind != NumberKind::kFloat; }
+  bool IsUnsigned() const { return type == Next::kNumber && num.kind == NumberKind::kUint; }
+  std::string Dump() const {
+    switch (type) {
+      case Next::kNumber:
+        return num.kind == NumberKind::kUint ? json(num.u).dump()
+               : num.kind == NumberKind::kInt ? json(num.i).dump() : json(num.d).dump();
+      case Next::kBool: return boolean ? "true" : "false";
+      case Next::kNull: return "null";
+      default: return ckpt::Dump(text);
+    }
+  }
+};
+
+void Read(JsonReader& r, Val& v) {
+  v.present = true;
+  v.type = r.Peek();
+  const char* start = r.pos();
+  switch (v.type) {
+    case Next::kString: v.str.assign(r.ReadString()); break;
+    case Next::kNumber: v.num = r.ReadNumber(); break;
+    case Next::kBool: v.boolean = r.ReadBool(); break;
+    case Next::kNull: r.ReadNull(); break;
+    case Next::kArray:
+    case Next::kObject: r.Skip(); break;
+  }
+  v.text = std::string_view(start, static_cast<std::size_t>(r.pos() - start));
+}
+
+// Calls field(key) for each member of the object that comes next; field reads the value.
+template <class F>
+void Members(JsonReader& r, F&& field) {
+  r.BeginObject();
+  KeySet keys;
+  bool first = true;
+  std::string_view key;
+  while (r.NextMember(&first, keys, &key)) field(key);
+}
+
+// A value that should be an object: its members go to field(key); anything else to `whole`.
+template <class F>
+void ReadObject(JsonReader& r, Val& whole, F&& field) {
+  if (r.Peek() != Next::kObject) return Read(r, whole);
+  whole.present = true;
+  whole.type = Next::kObject;
+  Members(r, field);
+}
+
+// An array of dimensions (shape, offsets, sizes): its elements while they are valid, and
+// the first element that is not a non-negative 64-bit integer.
+struct Dims {
+  Val field;
+  std::size_t count = 0;
+  Shape values;
+  Val bad;  // bad.present: there is one
+};
+
+void Read(JsonReader& r, Dims& d, int max_rank) {
+  d.count = 0;
+  d.values.clear();
+  d.bad.present = false;
+  if (r.Peek() != Next::kArray) return Read(r, d.field);
+  d.field.present = true;
+  d.field.type = Next::kArray;
+  r.BeginArray();
+  bool first = true;
+  while (r.NextElement(&first)) {
+    if (++d.count > static_cast<std::size_t>(max_rank) || d.bad.present) {
+      r.Skip();
+      continue;
+    }
+    Read(r, d.bad);
+    if (d.bad.IsUnsigned() && d.bad.num.u <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      d.values.push_back(static_cast<int64_t>(d.bad.num.u));
+      d.bad.present = false;
+    }
+  }
+}
+
+// The fields of a chunk: a tensor's chunk object, or a bytes entry's own fields.
+struct RawChunk {
+  Dims offsets, sizes;
+  Val file, dataset, checksum, stored_bytes;
+  Val compression, codec, level;
+  Val stats, min, max, mean, l2, nan_count, inf_count, finite_count;
+
+  void Clear() {
+    for (Val* v : {&offsets.field, &sizes.field, &file, &dataset, &checksum, &stored_bytes, &compression, &codec,
+                   &level, &stats, &min, &max, &mean, &l2, &nan_count, &inf_count, &finite_count}) {
+      v->present = false;
+    }
+  }
+};
+
+// Reads the value of member `key` if it is a chunk field; false if it is not one.
+bool ReadChunkField(JsonReader& r, std::string_view key, RawChunk& c, bool tensor_chunk, int max_rank) {
+  if (tensor_chunk && key == n::kOffsets) {
+    Read(r, c.offsets, max_rank);
+  } else if (tensor_chunk && key == n::kSizes) {
+    Read(r, c.sizes, max_rank);
+  } else if (key == n::kFile) {
+    Read(r, c.file);
+  } else if (key == n::kDataset) {
+    Read(r, c.dataset);
+  } else if (key == n::kChecksum) {
+    Read(r, c.checksum);
+  } else if (key == n::kStoredBytes) {
+    Read(r, c.stored_bytes);
+  } else if (key == n::kCompression) {
+    ReadObject(r, c.compression, [&](std::string_view k) {
+      if (k == n::kCodec) Read(r, c.codec);
+      else if (k == n::kLevel) Read(r, c.level);
+      else r.Skip();
+    });
+  } else if (key == n::kStats) {
+    ReadObject(r, c.stats, [&](std::string_view k) {
+      if (k == "min") Read(r, c.min);
+      else if (k == "max") Read(r, c.max);
+      else if (k == "mean") Read(r, c.mean);
+      else if (k == "l2") Read(r, c.l2);
+      else if (k == "nan_count") Read(r, c.nan_count);
+      else if (k == "inf_count") Read(r, c.inf_count);
+      else if (k == "finite_count") Read(r, c.finite_count);
+      else r.Skip();
+    });
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// --- the checks, on values already read -------------------------------------------------
 
 std::string FormatDims(const Shape& s) {
   std::string r = "[";
@@ -81,18 +229,396 @@ bool IsValidChecksum(const std::string& s) {
   return true;
 }
 
-double StatNumber(const json& v) {
-  return v.is_number() ? v.get<double>() : std::numeric_limits<double>::quiet_NaN();
+std::string& Str(const Ctx& ctx, Val& v, const char* key) {
+  if (!v.present) ctx.Fail(std::string("missing field '") + key + "'");
+  if (v.type != Next::kString) ctx.Fail(std::string("field '") + key + "' must be a string");
+  return v.str;
+}
+
+int64_t NonNeg(const Ctx& ctx, const Val& v, const std::string& what) {
+  if (v.IsUnsigned()) {
+    if (v.num.u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) ctx.Fail(what + " is too large");
+    return static_cast<int64_t>(v.num.u);
+  }
+  if (v.IsInteger()) ctx.Fail(what + " is negative (" + v.Dump() + ")");
+  ctx.Fail(what + " must be a non-negative integer, found " + v.Dump());
+}
+
+int64_t NonNeg(const Ctx& ctx, const Val& v, const char* key) {
+  if (!v.present) ctx.Fail(std::string("missing field '") + key + "'");
+  return NonNeg(ctx, v, std::string("field '") + key + "'");
+}
+
+Shape CheckDims(const Ctx& ctx, Dims& d, const char* key, int max_rank) {
+  if (!d.field.present) ctx.Fail(std::string("missing field '") + key + "'");
+  if (d.field.type != Next::kArray) ctx.Fail(std::string("field '") + key + "' must be an array");
+  if (d.count > static_cast<std::size_t>(max_rank)) {
+    ctx.Fail(std::string("field '") + key + "' has " + std::to_string(d.count) + " dimensions, the limit is " +
+             std::to_string(max_rank));
+  }
+  if (d.bad.present) NonNeg(ctx, d.bad, std::string("an element of '") + key + "'");
+  return std::move(d.values);
+}
+
+double StatNumber(const Val& v) {
+  return v.present && v.type == Next::kNumber ? v.num.AsDouble() : std::numeric_limits<double>::quiet_NaN();
 }
 json StatJson(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
 
-// First pass over the text: nesting depth, duplicate keys (nlohmann::json would silently
-// keep the last one) and the order of the entries. A SAX pass, linear in the text; the
-// callback parser would rescan every parent object at each member's end.
-class LimitsChecker : public nlohmann::json_sax<json> {
+ChunkMeta CheckChunk(const Ctx& ctx, RawChunk& c, bool tensor_chunk, int max_rank) {
+  ChunkMeta m;
+  if (tensor_chunk) {
+    m.box.offsets = CheckDims(ctx, c.offsets, n::kOffsets, max_rank);
+    m.box.sizes = CheckDims(ctx, c.sizes, n::kSizes, max_rank);
+  }
+  m.file = std::move(Str(ctx, c.file, n::kFile));
+  m.dataset = std::move(Str(ctx, c.dataset, n::kDataset));
+  if (m.dataset.empty()) ctx.Fail("empty dataset name");
+  m.checksum = std::move(Str(ctx, c.checksum, n::kChecksum));
+  if (!IsValidChecksum(m.checksum)) {
+    ctx.Fail("checksum '" + m.checksum + "' is not of the form xxh3-64:<16 hex digits>");
+  }
+  if (c.stored_bytes.present) m.stored_bytes = NonNeg(ctx, c.stored_bytes, std::string("stored_bytes"));
+  if (c.compression.present && c.compression.type != Next::kNull) {
+    if (c.compression.type != Next::kObject) ctx.Fail("'compression' must be an object");
+    const std::string& codec = Str(ctx, c.codec, n::kCodec);
+    if (codec != n::kZstd) ctx.Unsupported("unknown compression codec '" + codec + "'");
+    m.compression.codec = Compression::Codec::kZstd;
+    if (c.level.present && c.level.IsInteger()) {
+      const double level = c.level.num.AsDouble();  // compared as a double: no wrap-around
+      if (level < -131072 || level > 22) ctx.Fail("zstd level " + c.level.Dump() + " is out of range");
+      m.compression.level = static_cast<int>(level);
+    }
+  }
+  if (c.stats.present && c.stats.type != Next::kNull) {
+    if (c.stats.type != Next::kObject) ctx.Fail("'stats' must be an object");
+    ChunkStats s;
+    s.min = StatNumber(c.min);
+    s.max = StatNumber(c.max);
+    s.mean = StatNumber(c.mean);
+    s.l2 = StatNumber(c.l2);
+    s.nan_count = NonNeg(ctx, c.nan_count, "nan_count");
+    s.inf_count = NonNeg(ctx, c.inf_count, "inf_count");
+    s.finite_count = NonNeg(ctx, c.finite_count, "finite_count");
+    m.stats = s;
+  }
+  return m;
+}
+
+// The fields of an entry. A tensor's chunks are checked one by one as they are read
+// (their own checks need nothing else); those that pass are kept, and reading stops
+// keeping them at the first that fails, whose problem waits for the entry's own checks.
+struct RawEntry {
+  Val type, dtype, value, size;
+  Dims shape;
+  Val chunks;
+  std::vector<ChunkMeta> chunk_list;
+  std::exception_ptr chunk_problem;
+  RawChunk chunk;  // the chunk being read
+  RawChunk own;    // a bytes entry's chunk fields
+
+  void Clear() {
+    for (Val* v : {&type, &dtype, &value, &size, &shape.field, &chunks}) v->present = false;
+    chunk_list.clear();
+    chunk_problem = nullptr;
+    own.Clear();
+  }
+};
+
+void ReadChunks(JsonReader& r, const Ctx& ctx, RawEntry& e, int max_rank) {
+  if (r.Peek() != Next::kArray) return Read(r, e.chunks);
+  e.chunks.present = true;
+  e.chunks.type = Next::kArray;
+  r.BeginArray();
+  bool first = true;
+  while (r.NextElement(&first)) {
+    if (e.chunk_problem) {
+      r.Skip();
+      continue;
+    }
+    if (r.Peek() != Next::kObject) {
+      r.Skip();
+      e.chunk_problem = std::make_exception_ptr(ctx.Problem("a chunk must be an object"));
+      continue;
+    }
+    e.chunk.Clear();
+    Members(r, [&](std::string_view key) {
+      if (!ReadChunkField(r, key, e.chunk, /*tensor_chunk=*/true, max_rank)) r.Skip();
+    });
+    try {
+      e.chunk_list.push_back(CheckChunk(ctx, e.chunk, /*tensor_chunk=*/true, max_rank));
+    } catch (const Error&) {
+      e.chunk_problem = std::current_exception();
+    }
+  }
+}
+
+void ReadEntry(JsonReader& r, const Ctx& ctx, RawEntry& e, int max_rank) {
+  e.Clear();
+  Members(r, [&](std::string_view key) {
+    if (key == n::kType) Read(r, e.type);
+    else if (key == n::kDType) Read(r, e.dtype);
+    else if (key == n::kShape) Read(r, e.shape, max_rank);
+    else if (key == n::kChunks) ReadChunks(r, ctx, e, max_rank);
+    else if (key == n::kValue) Read(r, e.value);
+    else if (key == n::kSize) Read(r, e.size);
+    else if (!ReadChunkField(r, key, e.own, /*tensor_chunk=*/false, max_rank)) r.Skip();
+  });
+}
+
+EntryMeta CheckEntry(const Ctx& ctx, RawEntry& e, const std::unordered_set<std::string>& files,
+                     const ParseLimits& limits) {
+  EntryMeta m;
+  const std::string& type = Str(ctx, e.type, n::kType);
+  auto parse_dtype = [&] {
+    const std::string& name = Str(ctx, e.dtype, n::kDType);
+    auto dt = DTypeFromName(name);
+    if (!dt) ctx.Unsupported("unknown dtype '" + name + "'");
+    return *dt;
+  };
+  auto check_file = [&](const ChunkMeta& c) {
+    if (!IsSafeFileName(c.file)) ctx.Fail("file name '" + c.file + "' is not a plain file name");
+    if (!files.count(c.file)) ctx.Fail("file '" + c.file + "' is not listed in 'files'");
+  };
+  if (type == "tensor") {
+    m.kind = EntryKind::kTensor;
+    m.dtype = parse_dtype();
+    m.shape = CheckDims(ctx, e.shape, n::kShape, limits.max_rank);
+    const int64_t elements = [&] {
+      try {
+        return NumElements(m.shape);
+      } catch (const Error&) {
+        ctx.Fail("shape " + FormatDims(m.shape) + " has more elements than fit in 64 bits");
+      }
+    }();
+    int64_t bytes;
+    if (__builtin_mul_overflow(elements, static_cast<int64_t>(DTypeSize(m.dtype)), &bytes)) {
+      internal::CheckedMul(elements, static_cast<int64_t>(DTypeSize(m.dtype)),
+                           std::string(ctx.source) + ": " + ctx.Where());  // throws, worded as ever
+    }
+    if (!e.chunks.present) ctx.Fail("missing field 'chunks'");
+    if (e.chunks.type != Next::kArray) ctx.Fail("'chunks' must be an array");
+    for (const ChunkMeta& chunk : e.chunk_list) {
+      if (chunk.box.offsets.size() != m.shape.size() || chunk.box.sizes.size() != m.shape.size()) {
+        ctx.Fail("chunk " + chunk.box.ToString() + " has a different rank than shape " + FormatDims(m.shape));
+      }
+      for (std::size_t d = 0; d < m.shape.size(); ++d) {
+        int64_t end;
+        if (__builtin_add_overflow(chunk.box.offsets[d], chunk.box.sizes[d], &end)) {
+          internal::CheckedAdd(chunk.box.offsets[d], chunk.box.sizes[d],
+                               std::string(ctx.source) + ": " + ctx.Where());  // throws
+        }
+        if (end > m.shape[d]) {
+          ctx.Fail("chunk " + chunk.box.ToString() + " lies outside shape " + FormatDims(m.shape));
+        }
+      }
+      check_file(chunk);
+    }
+    if (e.chunk_problem) std::rethrow_exception(e.chunk_problem);
+    m.chunks = std::move(e.chunk_list);
+  } else if (type == "scalar") {
+    m.kind = EntryKind::kScalar;
+    m.dtype = parse_dtype();
+    const Val& v = e.value;
+    if (!v.present) ctx.Fail("missing field 'value'");
+    if (v.type != Next::kNumber && v.type != Next::kBool) ctx.Fail("a scalar value must be a number or boolean");
+    // Readers convert an integer or bool scalar to int64_t (FORMAT.md §9.5): a value
+    // outside its range would wrap, or be undefined behaviour when it is a float.
+    if (!IsFloating(m.dtype) &&
+        ((v.IsUnsigned() && v.num.u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) ||
+         (v.type == Next::kNumber && v.num.kind == NumberKind::kFloat && !(v.num.d >= -0x1p63 && v.num.d < 0x1p63)))) {
+      ctx.Fail("scalar value " + v.Dump() + " does not fit dtype " + std::string(DTypeName(m.dtype)));
+    }
+    m.value = v.Dump();
+  } else if (type == "bytes") {
+    m.kind = EntryKind::kBytes;
+    m.dtype = DType::kUInt8;
+    m.size = static_cast<uint64_t>(NonNeg(ctx, e.size, n::kSize));
+    ChunkMeta chunk = CheckChunk(ctx, e.own, /*tensor_chunk=*/false, limits.max_rank);
+    chunk.box = Box{{0}, {static_cast<int64_t>(m.size)}};
+    check_file(chunk);
+    m.chunks.push_back(std::move(chunk));
+  } else if (type == "json") {
+    m.kind = EntryKind::kJson;
+    if (!e.value.present) ctx.Fail("missing field 'value'");
+    m.value = e.value.Dump();
+  } else {
+    ctx.Fail("unknown entry type '" + type + "'");
+  }
+  return m;
+}
+
+// The whole document. Top-level fields are read, then checked in the fixed order when the
+// document ends; `files` and `entries` are read and checked element by element, their
+// first problem kept for its turn.
+class MetadataParser {
  public:
-  LimitsChecker(int max_depth, std::vector<std::string>* entry_order)
-      : max_depth_(max_depth), entry_order_(entry_order) {}
+  MetadataParser(std::string_view text, std::string_view source, const ParseLimits& limits)
+      : text_(text), ctx_{source, nullptr}, limits_(limits) {}
+
+  Metadata Run() {
+    JsonReader r(text_, limits_.max_depth);
+    if (r.Peek() != Next::kObject) {
+      r.Skip();
+      r.Finish();
+      ctx_.Fail("the document must be a JSON object");
+    }
+    bool entries_later = false;  // `entries` came before `files`: read again at the end
+    Members(r, [&](std::string_view key) {
+      if (key == n::kFormat) Read(r, format_);
+      else if (key == n::kFormatVersion) Read(r, version_);
+      else if (key == n::kStateDictType) Read(r, state_dict_type_);
+      else if (key == n::kWorldSize) Read(r, world_size_);
+      else if (key == n::kLibraryVersion) Read(r, library_version_);
+      else if (key == n::kCreated) Read(r, created_);
+      else if (key == n::kMesh) Read(r, mesh_);
+      else if (key == n::kUser) Read(r, user_);
+      else if (key == n::kFiles) ReadFiles(r);
+      else if (key == n::kEntries && files_.present) ReadEntries(r);
+      else if (key == n::kEntries) Read(r, entries_), entries_later = true;
+      else r.Skip();
+    });
+    r.Finish();
+
+    Metadata& m = m_;
+    if (Str(ctx_, format_, n::kFormat) != n::kFormatName) ctx_.Fail("'format' is not \"ckpt\"");
+    const Val& version = version_;
+    if (!version.present) ctx_.Fail("missing field 'format_version'");
+    if (!version.IsInteger()) ctx_.Fail("'format_version' must be an integer");
+    // Compared in 64 bits before narrowing: 4294967297 must not wrap to 1.
+    if (version.IsUnsigned() ? version.num.u > static_cast<uint64_t>(kFormatVersion) : version.num.i > kFormatVersion) {
+      throw Error(ErrorCode::kUnsupported,
+                  std::string(ctx_.source) + ": format_version " + version.Dump() +
+                      " is newer than this library supports (" + std::to_string(kFormatVersion) + ")");
+    }
+    const int64_t v = version.IsUnsigned() ? static_cast<int64_t>(version.num.u) : version.num.i;
+    if (v < 1) ctx_.Fail("format_version " + version.Dump() + " is invalid");
+    m.format_version = static_cast<int>(v);
+    const std::string& type = Str(ctx_, state_dict_type_, n::kStateDictType);
+    auto sdt = StateDictTypeFromName(type);
+    if (!sdt) ctx_.Fail("unknown state_dict_type '" + type + "' (FULL, SHARDED or LOCAL)");
+    m.state_dict_type = *sdt;
+    const int64_t world_size = NonNeg(ctx_, world_size_, n::kWorldSize);
+    if (world_size > kMaxRanks) {
+      ctx_.Fail("world_size " + std::to_string(world_size) + " is absurd (limit " + std::to_string(kMaxRanks) + ")");
+    }
+    m.world_size = static_cast<int>(world_size);
+    if (m.world_size < 1) ctx_.Fail("world_size must be at least 1");
+    if (library_version_.present && library_version_.type == Next::kString) m.library_version = library_version_.str;
+    if (created_.present && created_.type == Next::kString) m.created = created_.str;
+    m.mesh = mesh_.present ? mesh_.Dump() : "null";
+    m.user = user_.present ? user_.Dump() : "{}";
+
+    if (!files_.present) ctx_.Fail("missing field 'files'");
+    if (files_.type != Next::kArray) ctx_.Fail("'files' must be an array");
+    if (files_problem_) std::rethrow_exception(files_problem_);
+    if (!entries_.present) ctx_.Fail("missing field 'entries'");
+    if (entries_.type != Next::kObject) ctx_.Fail("'entries' must be an object");
+    if (entries_later) {
+      JsonReader again(entries_.text, limits_.max_depth, /*depth=*/1);
+      ReadEntries(again);
+    }
+    if (entries_problem_) std::rethrow_exception(entries_problem_);
+    m.BuildIndex();
+    return std::move(m_);
+  }
+
+ private:
+  void ReadFiles(JsonReader& r) {
+    if (r.Peek() != Next::kArray) return Read(r, files_);
+    files_.present = true;
+    files_.type = Next::kArray;
+    r.BeginArray();
+    bool first = true;
+    Val name, rank, bytes;
+    while (r.NextElement(&first)) {
+      if (files_problem_) {
+        r.Skip();
+        continue;
+      }
+      if (r.Peek() != Next::kObject) {
+        r.Skip();
+        files_problem_ = std::make_exception_ptr(ctx_.Problem("an element of 'files' must be an object"));
+        continue;
+      }
+      name.present = rank.present = bytes.present = false;
+      Members(r, [&](std::string_view key) {
+        if (key == n::kName) Read(r, name);
+        else if (key == n::kRank) Read(r, rank);
+        else if (key == n::kBytes) Read(r, bytes);
+        else r.Skip();
+      });
+      try {
+        FileMeta fm;
+        fm.name = Str(ctx_, name, n::kName);
+        if (!IsSafeFileName(fm.name)) ctx_.Fail("file name '" + fm.name + "' is not a plain file name");
+        if (!file_names_.insert(fm.name).second) ctx_.Fail("file '" + fm.name + "' is listed twice");
+        const int64_t r64 = NonNeg(ctx_, rank, n::kRank);
+        if (r64 > kMaxRanks) {
+          ctx_.Fail("file '" + fm.name + "' has rank " + std::to_string(r64) + " (limit " +
+                    std::to_string(kMaxRanks) + ")");
+        }
+        fm.rank = static_cast<int>(r64);
+        fm.bytes = static_cast<uint64_t>(NonNeg(ctx_, bytes, n::kBytes));
+        m_.files.push_back(std::move(fm));
+      } catch (const Error&) {
+        files_problem_ = std::current_exception();
+      }
+    }
+  }
+
+  void ReadEntries(JsonReader& r) {
+    if (r.Peek() != Next::kObject) return Read(r, entries_);
+    const char* start = r.pos();
+    r.BeginObject();
+    KeySet keys;
+    bool first = true;
+    std::string_view view;
+    RawEntry raw;
+    while (r.NextMember(&first, keys, &view)) {
+      if (entries_problem_) {
+        r.Skip();
+        continue;
+      }
+      std::string key(view);
+      if (std::string why = KeyProblem(key); !why.empty()) {
+        r.Skip();
+        entries_problem_ = std::make_exception_ptr(ctx_.Problem("entries: " + why));
+        continue;
+      }
+      const Ctx ectx{ctx_.source, &key};
+      if (r.Peek() != Next::kObject) {
+        r.Skip();
+        entries_problem_ = std::make_exception_ptr(ectx.Problem("an entry must be an object"));
+        continue;
+      }
+      ReadEntry(r, ectx, raw, limits_.max_rank);
+      try {
+        EntryMeta e = CheckEntry(ectx, raw, file_names_, limits_);
+        m_.entries.emplace_back(std::move(key), std::move(e));
+      } catch (const Error&) {
+        entries_problem_ = std::current_exception();
+      }
+    }
+    entries_.present = true;
+    entries_.type = Next::kObject;
+    entries_.text = std::string_view(start, static_cast<std::size_t>(r.pos() - start));
+  }
+
+  std::string_view text_;
+  Ctx ctx_;
+  const ParseLimits& limits_;
+  Metadata m_;
+  Val format_, version_, state_dict_type_, world_size_, library_version_, created_, mesh_, user_, files_, entries_;
+  std::unordered_set<std::string> file_names_;
+  std::exception_ptr files_problem_, entries_problem_;
+};
+
+// Words for a document the reader found not to be JSON: those of nlohmann::json's parser,
+// run again with the same limits (depth, duplicate keys), as before the one-pass reader.
+class ProblemFinder : public nlohmann::json_sax<json> {
+ public:
+  explicit ProblemFinder(int max_depth) : max_depth_(max_depth) {}
   const std::string& problem() const { return problem_; }
 
   bool null() override { return true; }
@@ -103,28 +629,24 @@ class LimitsChecker : public nlohmann::json_sax<json> {
   bool string(string_t&) override { return true; }
   bool binary(binary_t&) override { return true; }
   bool start_object(std::size_t) override {
-    objects_.emplace_back();
+    keys_.emplace_back();
     return Enter();
   }
   bool key(string_t& k) override {
-    Open& o = objects_.back();
-    if (!o.keys.insert(k).second) return Fail("duplicate key '" + k + "'");
-    o.last_key = k;
-    // Keys of the top-level "entries" object, in document order.
-    if (objects_.size() == 2 && depth_ == 2 && objects_[0].last_key == n::kEntries) entry_order_->push_back(k);
+    if (!keys_.back().insert(k).second) return Fail("duplicate key '" + k + "'");
     return true;
   }
   bool end_object() override {
-    objects_.pop_back();
+    keys_.pop_back();
     --depth_;
     return true;
   }
   bool start_array(std::size_t) override {
-    objects_.emplace_back();  // arrays have no keys; keeps objects_[i] aligned with depth
+    keys_.emplace_back();  // arrays have no keys; keeps keys_ aligned with depth
     return Enter();
   }
   bool end_array() override {
-    objects_.pop_back();
+    keys_.pop_back();
     --depth_;
     return true;
   }
@@ -133,10 +655,6 @@ class LimitsChecker : public nlohmann::json_sax<json> {
   }
 
  private:
-  struct Open {
-    std::unordered_set<std::string> keys;
-    std::string last_key;
-  };
   bool Enter() {
     if (++depth_ > max_depth_) return Fail("JSON nesting deeper than " + std::to_string(max_depth_));
     return true;
@@ -147,148 +665,15 @@ class LimitsChecker : public nlohmann::json_sax<json> {
   }
   int max_depth_;
   int depth_ = 0;
-  std::vector<Open> objects_;
-  std::vector<std::string>* entry_order_;
+  std::vector<std::unordered_set<std::string>> keys_;
   std::string problem_;
 };
 
-json ParseWithLimits(std::string_view text, std::string_view source, const ParseLimits& limits,
-                     std::vector<std::string>* entry_order) {
-  if (text.size() > limits.max_bytes) {
-    Corrupt(source, std::to_string(text.size()) + " bytes exceeds the limit of " +
-                        std::to_string(limits.max_bytes));
-  }
-  LimitsChecker checker(limits.max_depth, entry_order);
-  if (!json::sax_parse(text.begin(), text.end(), &checker) || !checker.problem().empty()) {
-    Corrupt(source, checker.problem().empty() ? std::string("invalid JSON") : checker.problem());
-  }
-  try {
-    return json::parse(text.begin(), text.end());
-  } catch (const json::exception& e) {
-    Corrupt(source, std::string("invalid JSON: ") + e.what());
-  }
-}
-
-ChunkMeta ParseChunk(const Ctx& ctx, const json& c, bool tensor_chunk, int max_rank) {
-  if (!c.is_object()) ctx.Fail("a chunk must be an object");
-  ChunkMeta m;
-  if (tensor_chunk) {
-    m.box.offsets = ctx.Dims(c, n::kOffsets, max_rank);
-    m.box.sizes = ctx.Dims(c, n::kSizes, max_rank);
-  }
-  m.file = ctx.Str(c, n::kFile);
-  m.dataset = ctx.Str(c, n::kDataset);
-  if (m.dataset.empty()) ctx.Fail("empty dataset name");
-  m.checksum = ctx.Str(c, n::kChecksum);
-  if (!IsValidChecksum(m.checksum)) {
-    ctx.Fail("checksum '" + m.checksum + "' is not of the form xxh3-64:<16 hex digits>");
-  }
-  if (auto it = c.find(n::kStoredBytes); it != c.end()) m.stored_bytes = ctx.NonNeg(*it, std::string("stored_bytes"));
-  if (auto it = c.find(n::kCompression); it != c.end() && !it->is_null()) {
-    if (!it->is_object()) ctx.Fail("'compression' must be an object");
-    const std::string codec = ctx.Str(*it, n::kCodec);
-    if (codec != n::kZstd) {
-      throw Error(ErrorCode::kUnsupported, std::string(ctx.source) + ": " + ctx.where +
-                                               ": unknown compression codec '" + codec + "'");
-    }
-    m.compression.codec = Compression::Codec::kZstd;
-    if (auto lv = it->find(n::kLevel); lv != it->end() && lv->is_number_integer()) {
-      const double level = lv->get<double>();  // compared as a double: no wrap-around
-      if (level < -131072 || level > 22) ctx.Fail("zstd level " + lv->dump() + " is out of range");
-      m.compression.level = static_cast<int>(level);
-    }
-  }
-  if (auto it = c.find(n::kStats); it != c.end() && !it->is_null()) {
-    if (!it->is_object()) ctx.Fail("'stats' must be an object");
-    ChunkStats s;
-    s.min = StatNumber(it->value("min", json()));
-    s.max = StatNumber(it->value("max", json()));
-    s.mean = StatNumber(it->value("mean", json()));
-    s.l2 = StatNumber(it->value("l2", json()));
-    s.nan_count = ctx.NonNeg(*it, "nan_count");
-    s.inf_count = ctx.NonNeg(*it, "inf_count");
-    s.finite_count = ctx.NonNeg(*it, "finite_count");
-    m.stats = s;
-  }
-  return m;
-}
-
-EntryMeta ParseEntry(const Ctx& ctx, const json& e, const std::unordered_set<std::string>& files,
-                     const ParseLimits& limits) {
-  if (!e.is_object()) ctx.Fail("an entry must be an object");
-  EntryMeta m;
-  const std::string type = ctx.Str(e, n::kType);
-  auto parse_dtype = [&] {
-    const std::string name = ctx.Str(e, n::kDType);
-    auto dt = DTypeFromName(name);
-    if (!dt) {
-      throw Error(ErrorCode::kUnsupported,
-                  std::string(ctx.source) + ": " + ctx.where + ": unknown dtype '" + name + "'");
-    }
-    return *dt;
-  };
-  auto check_file = [&](const ChunkMeta& c) {
-    if (!IsSafeFileName(c.file)) ctx.Fail("file name '" + c.file + "' is not a plain file name");
-    if (!files.count(c.file)) ctx.Fail("file '" + c.file + "' is not listed in 'files'");
-  };
-  if (type == "tensor") {
-    m.kind = EntryKind::kTensor;
-    m.dtype = parse_dtype();
-    m.shape = ctx.Dims(e, n::kShape, limits.max_rank);
-    const int64_t elements = [&] {
-      try {
-        return NumElements(m.shape);
-      } catch (const Error&) {
-        ctx.Fail("shape " + FormatDims(m.shape) + " has more elements than fit in 64 bits");
-      }
-    }();
-    internal::CheckedMul(elements, static_cast<int64_t>(DTypeSize(m.dtype)),
-                         std::string(ctx.source) + ": " + ctx.where);
-    const json& chunks = ctx.Req(e, n::kChunks);
-    if (!chunks.is_array()) ctx.Fail("'chunks' must be an array");
-    for (const json& c : chunks) {
-      ChunkMeta chunk = ParseChunk(ctx, c, true, limits.max_rank);
-      if (chunk.box.offsets.size() != m.shape.size() || chunk.box.sizes.size() != m.shape.size()) {
-        ctx.Fail("chunk " + chunk.box.ToString() + " has a different rank than shape " + FormatDims(m.shape));
-      }
-      for (std::size_t d = 0; d < m.shape.size(); ++d) {
-        const int64_t end = internal::CheckedAdd(chunk.box.offsets[d], chunk.box.sizes[d],
-                                                 std::string(ctx.source) + ": " + ctx.where);
-        if (end > m.shape[d]) {
-          ctx.Fail("chunk " + chunk.box.ToString() + " lies outside shape " + FormatDims(m.shape));
-        }
-      }
-      check_file(chunk);
-      m.chunks.push_back(std::move(chunk));
-    }
-  } else if (type == "scalar") {
-    m.kind = EntryKind::kScalar;
-    m.dtype = parse_dtype();
-    const json& v = ctx.Req(e, n::kValue);
-    if (!v.is_number() && !v.is_boolean()) ctx.Fail("a scalar value must be a number or boolean");
-    // Readers convert an integer or bool scalar to int64_t (FORMAT.md §9.5): a value
-    // outside its range would wrap, or be undefined behaviour when it is a float.
-    if (!IsFloating(m.dtype) &&
-        ((v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) ||
-         (v.is_number_float() && !(v.get<double>() >= -0x1p63 && v.get<double>() < 0x1p63)))) {
-      ctx.Fail("scalar value " + v.dump() + " does not fit dtype " + std::string(DTypeName(m.dtype)));
-    }
-    m.value = v.dump();
-  } else if (type == "bytes") {
-    m.kind = EntryKind::kBytes;
-    m.dtype = DType::kUInt8;
-    m.size = static_cast<uint64_t>(ctx.NonNeg(e, n::kSize));
-    ChunkMeta chunk = ParseChunk(ctx, e, false, limits.max_rank);
-    chunk.box = Box{{0}, {static_cast<int64_t>(m.size)}};
-    check_file(chunk);
-    m.chunks.push_back(std::move(chunk));
-  } else if (type == "json") {
-    m.kind = EntryKind::kJson;
-    m.value = ctx.Req(e, n::kValue).dump();
-  } else {
-    ctx.Fail("unknown entry type '" + type + "'");
-  }
-  return m;
+std::string ExplainInvalidJson(std::string_view text, int max_depth, std::size_t offset) {
+  ProblemFinder finder(max_depth);
+  json::sax_parse(text.begin(), text.end(), &finder);
+  if (!finder.problem().empty()) return finder.problem();
+  return "invalid JSON at byte " + std::to_string(offset);
 }
 
 }  // namespace
@@ -328,8 +713,26 @@ ojson ChunkJson(const ChunkMeta& c, bool tensor_chunk) {
 std::string internal::ChunkToJson(const ChunkMeta& c, bool tensor_chunk) { return ChunkJson(c, tensor_chunk).dump(); }
 
 ChunkMeta internal::ChunkFromJson(const json& chunk, bool tensor_chunk) {
-  const Ctx ctx{"chunk message", ""};
-  return ParseChunk(ctx, chunk, tensor_chunk, ParseLimits{}.max_rank);
+  const Ctx ctx{"chunk message", nullptr};
+  const int max_rank = ParseLimits{}.max_rank;
+  if (!chunk.is_object()) ctx.Fail("a chunk must be an object");
+  std::string text;
+  try {
+    text = chunk.dump();
+  } catch (const json::exception& e) {
+    ctx.Fail(std::string("invalid JSON: ") + e.what());
+  }
+  try {
+    JsonReader r(text, std::numeric_limits<int>::max());  // a tree already: no depth limit, as before
+    RawChunk raw;
+    Members(r, [&](std::string_view key) {
+      if (!ReadChunkField(r, key, raw, tensor_chunk, max_rank)) r.Skip();
+    });
+    r.Finish();
+    return CheckChunk(ctx, raw, tensor_chunk, max_rank);
+  } catch (const JsonError& e) {
+    ctx.Fail(e.syntax ? std::string("invalid JSON") : e.what);
+  }
 }
 
 std::string_view StateDictTypeName(StateDictType type) {
@@ -361,74 +764,38 @@ uint64_t EntryMeta::TensorBytes() const {
 }
 
 const EntryMeta* Metadata::Find(std::string_view key) const {
-  if (index_.size() != entries.size()) const_cast<Metadata*>(this)->BuildIndex();
-  auto it = index_.find(std::string(key));
-  return it == index_.end() ? nullptr : &entries[it->second].second;
+  if (indexed_ != entries.size()) const_cast<Metadata*>(this)->BuildIndex();
+  const std::size_t p = internal::IndexLookup(index_, std::hash<std::string_view>{}(key),
+                                              [&](std::size_t i) { return entries[i].first == key; });
+  return p ? &entries[p - 1].second : nullptr;
 }
 
 void Metadata::BuildIndex() {
-  index_.clear();
-  index_.reserve(entries.size());
-  for (std::size_t i = 0; i < entries.size(); ++i) index_.emplace(entries[i].first, i);
+  std::size_t size = 16;
+  while (size < 2 * entries.size()) size *= 2;  // at most half full: IndexInsert never grows it
+  index_.assign(entries.empty() ? 0 : size, {0, 0});
+  std::size_t count = 0;
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    const std::string& key = entries[i].first;
+    const std::size_t hash = std::hash<std::string_view>{}(key);
+    // A repeated key (only a caller's own model can have one) finds its first entry.
+    if (!internal::IndexLookup(index_, hash, [&](std::size_t j) { return entries[j].first == key; })) {
+      internal::IndexInsert(index_, count, hash, i);
+    }
+  }
+  indexed_ = entries.size();
 }
 
 Metadata ParseMetadata(std::string_view text, std::string_view source, const ParseLimits& limits) {
-  std::vector<std::string> order;
-  const json doc = ParseWithLimits(text, source, limits, &order);
-  Ctx ctx{source, ""};
-  if (!doc.is_object()) ctx.Fail("the document must be a JSON object");
-  Metadata m;
-  if (ctx.Str(doc, n::kFormat) != n::kFormatName) ctx.Fail("'format' is not \"ckpt\"");
-  const json& version = ctx.Req(doc, n::kFormatVersion);
-  if (!version.is_number_integer()) ctx.Fail("'format_version' must be an integer");
-  // Compared in 64 bits before narrowing: get<int>() would wrap 4294967297 to 1.
-  if (version.is_number_unsigned() ? version.get<uint64_t>() > static_cast<uint64_t>(kFormatVersion)
-                                   : version.get<int64_t>() > kFormatVersion) {
-    throw Error(ErrorCode::kUnsupported,
-                std::string(source) + ": format_version " + version.dump() +
-                    " is newer than this library supports (" + std::to_string(kFormatVersion) + ")");
+  if (text.size() > limits.max_bytes) {
+    Corrupt(source, std::to_string(text.size()) + " bytes exceeds the limit of " + std::to_string(limits.max_bytes));
   }
-  if (version.get<int64_t>() < 1) ctx.Fail("format_version " + version.dump() + " is invalid");
-  m.format_version = version.get<int>();
-  const std::string type = ctx.Str(doc, n::kStateDictType);
-  auto sdt = StateDictTypeFromName(type);
-  if (!sdt) ctx.Fail("unknown state_dict_type '" + type + "' (FULL, SHARDED or LOCAL)");
-  m.state_dict_type = *sdt;
-  const int64_t world_size = ctx.NonNeg(doc, n::kWorldSize);
-  if (world_size > kMaxRanks) ctx.Fail("world_size " + std::to_string(world_size) + " is absurd (limit " + std::to_string(kMaxRanks) + ")");
-  m.world_size = static_cast<int>(world_size);
-  if (m.world_size < 1) ctx.Fail("world_size must be at least 1");
-  if (auto it = doc.find(n::kLibraryVersion); it != doc.end() && it->is_string()) m.library_version = *it;
-  if (auto it = doc.find(n::kCreated); it != doc.end() && it->is_string()) m.created = *it;
-  m.mesh = doc.contains(n::kMesh) ? doc[n::kMesh].dump() : "null";
-  m.user = doc.contains(n::kUser) ? doc[n::kUser].dump() : "{}";
-
-  const json& files = ctx.Req(doc, n::kFiles);
-  if (!files.is_array()) ctx.Fail("'files' must be an array");
-  std::unordered_set<std::string> file_names;
-  for (const json& f : files) {
-    if (!f.is_object()) ctx.Fail("an element of 'files' must be an object");
-    FileMeta fm;
-    fm.name = ctx.Str(f, n::kName);
-    if (!IsSafeFileName(fm.name)) ctx.Fail("file name '" + fm.name + "' is not a plain file name");
-    if (!file_names.insert(fm.name).second) ctx.Fail("file '" + fm.name + "' is listed twice");
-    const int64_t rank = ctx.NonNeg(f, n::kRank);
-    if (rank > kMaxRanks) ctx.Fail("file '" + fm.name + "' has rank " + std::to_string(rank) + " (limit " + std::to_string(kMaxRanks) + ")");
-    fm.rank = static_cast<int>(rank);
-    fm.bytes = static_cast<uint64_t>(ctx.NonNeg(f, n::kBytes));
-    m.files.push_back(std::move(fm));
+  try {
+    return MetadataParser(text, source, limits).Run();
+  } catch (const JsonError& e) {
+    if (!e.syntax) Corrupt(source, e.what);
+    Corrupt(source, ExplainInvalidJson(text, limits.max_depth, e.offset));
   }
-  const json& entries = ctx.Req(doc, n::kEntries);
-  if (!entries.is_object()) ctx.Fail("'entries' must be an object");
-  if (order.size() != entries.size()) ctx.Fail("could not read the order of 'entries'");
-  m.entries.reserve(entries.size());
-  for (const std::string& key : order) {
-    if (std::string why = KeyProblem(key); !why.empty()) ctx.Fail("entries: " + why);
-    Ctx ectx{source, "entry '" + key + "'"};
-    m.entries.emplace_back(key, ParseEntry(ectx, entries.at(key), file_names, limits));
-  }
-  m.BuildIndex();
-  return m;
 }
 
 std::string SerializeMetadata(const Metadata& m) {
