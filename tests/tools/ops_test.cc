@@ -706,3 +706,23 @@ TEST_CASE("schema validator: compiled once; messages carry JSON pointers; a malf
   ops::detail::JsonSchema no(json::parse("false"));
   CHECK(no.Validate(json::parse("1")) == std::vector<std::string>{"/: not allowed here"});
 }
+
+TEST_CASE("inspect --json: written key by key, exactly as one dump(2) of the whole report") {
+  ckpt_test::TempDir tmp("inj");
+  SaveSample(tmp / "c");
+  ops::InspectOptions o;
+  o.stats = true;
+  ops::InspectOptions none;
+  none.keys = {"nothing.*"};
+  ops::InspectReport odd;  // strings with escaped newlines, nested user data, problems
+  odd.user = R"({"a":{"b":[1,2.5]},"s":"x\ny"})";
+  odd.keys.push_back(ops::KeyInfo{"k\n", EntryKind::kJson, "", {}, 0, 0, 0, "-", R"({"v":"1\n2","w":[]})", {}});
+  odd.problems = {"one", "two"};
+  for (const ops::InspectReport& r : {ops::Inspect(tmp / "c", o), ops::Inspect(tmp / "c", none), odd}) {
+    const std::string text = ops::RenderInspectJson(r);
+    const auto doc = nlohmann::ordered_json::parse(text);
+    CHECK(doc.dump(2) + "\n" == text);
+    CHECK(doc["keys"].size() == r.keys.size());
+    CHECK(doc["problems"].size() == r.problems.size());
+  }
+}

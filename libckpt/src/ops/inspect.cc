@@ -47,10 +47,18 @@ TensorStats StreamStats(Source& src, const std::string& key, const EntryMeta& e,
   return TensorStats{acc.min, acc.max, acc.mean(), acc.stddev(), acc.nan, acc.inf, acc.finite, true};
 }
 
+// Whether `box` is the whole of `shape` (Box::Full without building one).
+bool CoversWhole(const Box& box, const Shape& shape) {
+  if (box.offsets.size() != shape.size() || box.sizes != shape) return false;
+  for (int64_t o : box.offsets)
+    if (o != 0) return false;
+  return true;
+}
+
 }  // namespace
 
 std::string DescribeLayout(const EntryMeta& e, int world_size) {
-  if (e.chunks.size() == 1 && e.chunks[0].box == Box::Full(e.shape))
+  if (e.chunks.size() == 1 && CoversWhole(e.chunks[0].box, e.shape))
     return world_size > 1 ? "replicated" : "full";
   if (e.chunks.empty()) return "empty";
   // Sharded along one dimension d: every chunk spans the whole of every other dimension.
@@ -100,6 +108,7 @@ InspectReport Inspect(const std::filesystem::path& path, const InspectOptions& o
     r.files.push_back(std::move(fi));
   }
   r.total_keys = md.entries.size();
+  if (options.keys.empty()) r.keys.reserve(md.entries.size());
   const uint64_t budget =
       std::max<uint64_t>(std::min(detail::kCacheBlockBytes, options.max_memory / 4), uint64_t{1} << 16);
   uint64_t stats_bytes = 0;
@@ -118,9 +127,12 @@ InspectReport Inspect(const std::filesystem::path& path, const InspectOptions& o
           k.stored_bytes += c.stored_bytes;
           if (c.compression.codec != Compression::Codec::kNone) r.compressed = true;
         }
-        k.layout = src->HoldsWhole(key) ? DescribeLayout(e, md.world_size) : "part:";
-        if (!src->HoldsWhole(key))
+        if (src->HoldsWhole(key)) {
+          k.layout = DescribeLayout(e, md.world_size);
+        } else {
+          k.layout = "part:";
           for (const auto& c : e.chunks) k.layout += " " + c.box.ToString();
+        }
         if (options.stats && IsFloating(e.dtype)) {
           k.stats = RecordedStats(e);
           if (!k.stats) stats_bytes += k.bytes;
@@ -295,6 +307,52 @@ std::string RenderInspectText(const InspectReport& r, bool tree, bool stats) {
   return out.str();
 }
 
+namespace {
+
+// `text` (a dump(2)) with every line after the first indented by `n` more spaces: how it
+// reads nested in a larger dump(2). Strings never hold a raw newline, so each is a line.
+void AppendIndented(std::string& out, const std::string& text, std::size_t n) {
+  std::size_t start = 0;
+  for (std::size_t nl; (nl = text.find('\n', start)) != std::string::npos; start = nl + 1) {
+    out.append(text, start, nl + 1 - start);
+    out.append(n, ' ');
+  }
+  out.append(text, start, std::string::npos);
+}
+
+ordered_json KeyJson(const KeyInfo& k) {
+  auto num = [](double v) { return std::isfinite(v) ? ordered_json(v) : ordered_json(nullptr); };
+  ordered_json kj = {{"key", k.key}, {"type", std::string(EntryKindName(k.kind))}};
+  if (k.kind == EntryKind::kTensor || k.kind == EntryKind::kScalar) kj["dtype"] = k.dtype;
+  if (k.kind == EntryKind::kTensor) {
+    kj["shape"] = k.shape;
+    kj["layout"] = k.layout;
+  }
+  if (k.kind == EntryKind::kTensor || k.kind == EntryKind::kBytes) {
+    kj["chunks"] = k.num_chunks;
+    kj["bytes"] = k.bytes;
+    kj["stored_bytes"] = k.stored_bytes;
+  }
+  if (k.kind == EntryKind::kScalar || k.kind == EntryKind::kJson)
+    kj["value"] = ordered_json::parse(k.value, nullptr, false);
+  if (k.stats) {
+    const bool f = k.stats->finite_count > 0;
+    kj["stats"] = {{"min", f ? num(k.stats->min) : nullptr},
+                   {"max", f ? num(k.stats->max) : nullptr},
+                   {"mean", f ? num(k.stats->mean) : nullptr},
+                   {"std", f ? num(k.stats->std) : nullptr},
+                   {"nan_count", k.stats->nan_count},
+                   {"inf_count", k.stats->inf_count},
+                   {"finite_count", k.stats->finite_count},
+                   {"source", k.stats->recomputed ? "computed" : "recorded"}};
+  }
+  return kj;
+}
+
+}  // namespace
+
+// The text of one dump(2) of the whole report, written key by key: a tree of 100,000 keys
+// would take several times the text's size.
 std::string RenderInspectJson(const InspectReport& r) {
   ordered_json j;
   j["path"] = r.path;
@@ -320,37 +378,19 @@ std::string RenderInspectJson(const InspectReport& r) {
   j["compression_ratio"] = r.compressed && r.stored_bytes
                                ? ordered_json(static_cast<double>(r.tensor_bytes) / static_cast<double>(r.stored_bytes))
                                : ordered_json(nullptr);
-  j["keys"] = ordered_json::array();
-  auto num = [](double v) { return std::isfinite(v) ? ordered_json(v) : ordered_json(nullptr); };
-  for (const auto& k : r.keys) {
-    ordered_json kj = {{"key", k.key}, {"type", std::string(EntryKindName(k.kind))}};
-    if (k.kind == EntryKind::kTensor || k.kind == EntryKind::kScalar) kj["dtype"] = k.dtype;
-    if (k.kind == EntryKind::kTensor) {
-      kj["shape"] = k.shape;
-      kj["layout"] = k.layout;
-    }
-    if (k.kind == EntryKind::kTensor || k.kind == EntryKind::kBytes) {
-      kj["chunks"] = k.num_chunks;
-      kj["bytes"] = k.bytes;
-      kj["stored_bytes"] = k.stored_bytes;
-    }
-    if (k.kind == EntryKind::kScalar || k.kind == EntryKind::kJson)
-      kj["value"] = ordered_json::parse(k.value, nullptr, false);
-    if (k.stats) {
-      const bool f = k.stats->finite_count > 0;
-      kj["stats"] = {{"min", f ? num(k.stats->min) : nullptr},
-                     {"max", f ? num(k.stats->max) : nullptr},
-                     {"mean", f ? num(k.stats->mean) : nullptr},
-                     {"std", f ? num(k.stats->std) : nullptr},
-                     {"nan_count", k.stats->nan_count},
-                     {"inf_count", k.stats->inf_count},
-                     {"finite_count", k.stats->finite_count},
-                     {"source", k.stats->recomputed ? "computed" : "recorded"}};
-    }
-    j["keys"].push_back(std::move(kj));
+  std::string out = j.dump(2);
+  out.resize(out.size() - 2);  // the closing "\n}": "keys" and "problems" follow
+  out += ",\n  \"keys\": [";
+  for (std::size_t i = 0; i < r.keys.size(); ++i) {
+    const std::string key = KeyJson(r.keys[i]).dump(2);
+    if (i == 0) out.reserve(out.size() + r.keys.size() * (key.size() + key.size() / 4 + 8) + 4096);
+    out += i ? ",\n    " : "\n    ";
+    AppendIndented(out, key, 4);
   }
-  j["problems"] = r.problems;
-  return j.dump(2) + "\n";
+  out += r.keys.empty() ? "],\n  \"problems\": " : "\n  ],\n  \"problems\": ";
+  AppendIndented(out, ordered_json(r.problems).dump(2), 2);
+  out += "\n}\n";
+  return out;
 }
 
 }  // namespace ckpt::ops
