@@ -520,19 +520,20 @@ void FlipByte(const fs::path& file, uint64_t offset) {
   f.write(&c, 1);
 }
 
-// Three files, tensors larger than one read piece (256 KiB) split across them, small
-// tensors, an empty tensor, bytes and a scalar; `zstd` stores the chunks compressed.
-Metadata SaveWide(const fs::path& dir, bool zstd) {
+// Three files: chunks larger than the 1 MiB above which verify maps data (with `huge`, one
+// of 34 MiB: two 32 MiB windows) split across them, small tensors, an empty tensor, bytes
+// and a scalar; `zstd` stores the chunks compressed.
+Metadata SaveWide(const fs::path& dir, bool zstd, bool huge = false) {
   CheckpointWriter::Options wo;
   wo.world_size = wo.num_files = 3;
   wo.state_dict_type = StateDictType::kSharded;
   if (zstd) wo.compression.codec = Compression::Codec::kZstd;
   auto w = CheckpointWriter::Create(dir, wo);
-  std::vector<float> big(300 * 1000);
+  std::vector<float> big(900 * 1000);
   for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i % 977) * 0.25f;
   for (int f = 0; f < 3; ++f)
-    w->WriteChunk("big", DType::kFloat32, {300, 1000}, Box{{f * 100, 0}, {100, 1000}},
-                  big.data() + f * 100 * 1000, f);
+    w->WriteChunk("big", DType::kFloat32, {900, 1000}, Box{{f * 300, 0}, {300, 1000}},
+                  big.data() + f * 300 * 1000, f);
   std::vector<int64_t> mid(70000);
   for (std::size_t i = 0; i < mid.size(); ++i) mid[i] = static_cast<int64_t>(i * i);
   w->WriteChunk("mid", DType::kInt64, {70000}, Box::Full({70000}), mid.data(), 1);
@@ -544,6 +545,10 @@ Metadata SaveWide(const fs::path& dir, bool zstd) {
   const auto blob = ckpt_test::RandomBytes(400000, 7);
   w->WriteBytes("blob", blob, 0);
   w->WriteScalar("step", Scalar::Int(9));
+  if (huge) {
+    const auto h = ckpt_test::RandomBytes(std::size_t{34} << 20, 11);
+    w->WriteChunk("huge", DType::kUInt8, {int64_t{34} << 20}, Box::Full({int64_t{34} << 20}), h.data(), 2);
+  }
   return w->Commit();
 }
 
@@ -561,7 +566,7 @@ TEST_CASE("verify: every chunk of every file is read, whatever the thread count"
     CAPTURE(zstd);
     const fs::path dir = tmp / (zstd ? "z" : "plain");
     const Metadata md = SaveWide(dir, zstd);
-    uint64_t tensor_bytes = 300 * 1000 * 4 + 70000 * 8 + 400000;
+    uint64_t tensor_bytes = 900 * 1000 * 4 + 70000 * 8 + 400000;
     for (int k = 0; k < 20; ++k) tensor_bytes += (17 + k) * 8;
     for (int threads : {1, 2, 16}) {
       ops::VerifyOptions o;
@@ -594,12 +599,15 @@ TEST_CASE("verify: every chunk of every file is read, whatever the thread count"
 TEST_CASE("verify: damaged data in several files, each problem named once, same for any thread count") {
   ckpt_test::TempDir tmp("vd");
   const fs::path dir = tmp / "c";
-  const Metadata md = SaveWide(dir, false);
-  // A byte in the second 256 KiB piece of a big chunk (400,000 bytes), the last byte of
-  // another, a byte of the bytes entry and of a small tensor.
+  const Metadata md = SaveWide(dir, false, /*huge=*/true);
+  // A byte inside a big chunk (1.2 MB: mapped), the last byte of another, a byte in the
+  // second 32 MiB window of the huge chunk, a byte of the bytes entry (400 kB: read in
+  // pieces) and of a small tensor.
   const auto& big = md.Find("big")->chunks;
   FlipByte(dir / big[1].file, DataOffset(dir / big[1].file, big[1].dataset) + 300000);
-  FlipByte(dir / big[2].file, DataOffset(dir / big[2].file, big[2].dataset) + 399999);
+  FlipByte(dir / big[2].file, DataOffset(dir / big[2].file, big[2].dataset) + 1199999);
+  const auto& huge = md.Find("huge")->chunks[0];
+  FlipByte(dir / huge.file, DataOffset(dir / huge.file, huge.dataset) + (uint64_t{33} << 20) + 5);
   const auto& blob = md.Find("blob")->chunks[0];
   FlipByte(dir / blob.file, DataOffset(dir / blob.file, blob.dataset) + 123456);
   const auto& small = md.Find("small.4")->chunks[0];
@@ -609,7 +617,7 @@ TEST_CASE("verify: damaged data in several files, each problem named once, same 
     ops::VerifyOptions o;
     o.threads = threads;
     const auto r = ops::Verify(dir, o);
-    REQUIRE(r.problems.size() == 4);
+    REQUIRE(r.problems.size() == 5);
     std::set<std::string> keys;
     for (const auto& p : r.problems) {
       CHECK(p.check == "checksums");
@@ -618,7 +626,7 @@ TEST_CASE("verify: damaged data in several files, each problem named once, same 
       CHECK(p.message.find("'" + p.key + "'") != std::string::npos);
       keys.insert(p.key);
     }
-    CHECK(keys == std::set<std::string>{"big", "blob", "small.4"});
+    CHECK(keys == std::set<std::string>{"big", "blob", "huge", "small.4"});
     if (first.empty()) first = Problems(r);
     CHECK(Problems(r) == first);
     o.quick = true;  // no data read: nothing to see
@@ -662,7 +670,7 @@ TEST_CASE("verify: a file that is not HDF5 is reported once; the other files are
     CHECK(files == 1);
     CHECK(datasets == 1);
     CHECK(r.problems.size() == 2);
-    if (!quick) CHECK(r.bytes_read > 300000 * 4 / 3);
+    if (!quick) CHECK(r.bytes_read > 900000 * 4 / 3);
   }
 }
 
