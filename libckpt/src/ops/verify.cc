@@ -562,7 +562,9 @@ VerifyReport Verify(const fs::path& path, const VerifyOptions& o) {
   }
 
   // metadata: the schema check runs on a thread of its own while the metadata is parsed
-  // and the data read (it only reports, nothing waits on it).
+  // and the data read (it only reports, nothing waits on it), unless metadata.json is
+  // large: the validator holds it as a JSON document tree, about ten times its size, which
+  // had better be gone before the parsed metadata and the chunk list are built.
   const fs::path meta_path = path / kMetadataFileName;
   if (!fs::exists(meta_path, ec)) {
     c.Add("metadata", kMetadataFileName, "",
@@ -571,10 +573,14 @@ VerifyReport Verify(const fs::path& path, const VerifyOptions& o) {
   }
   const std::string text = detail::ReadFileText(meta_path);
   VerifyReport schema_report;
-  auto schema_check = std::async(std::launch::async, [&] {
+  auto check_schema = [&] {
     Collector sc(schema_report);
     CheckSchema(text, o, sc);
-  });
+  };
+  constexpr std::size_t kConcurrentSchemaBytes = std::size_t{8} << 20;
+  auto schema_check = std::async(
+      text.size() <= kConcurrentSchemaBytes ? std::launch::async : std::launch::deferred, check_schema);
+  if (text.size() > kConcurrentSchemaBytes) schema_check.wait();  // runs it here, now
   auto schema_problems = [&] {
     schema_check.get();  // rethrows an unreadable --schema
     r.problems.insert(r.problems.begin(), schema_report.problems.begin(), schema_report.problems.end());
