@@ -24,8 +24,7 @@ class CheckpointSource final : public Source {
  public:
   explicit CheckpointSource(const std::filesystem::path& dir) {
     path_ = dir;
-    metadata_ = ReadMetadata(dir);
-    metadata_.BuildIndex();
+    metadata_ = ReadMetadata(dir);  // indexed by the parser
   }
   SourceKind kind() const override { return SourceKind::kCheckpoint; }
   void ReadRegion(std::string_view key, const Box& region, void* out) override {

@@ -424,18 +424,11 @@ class DataRun {
       if (len < n - pos) len -= (at + len) % page;  // windows end on page boundaries
       Advise(of, at, at + len);
       const storage::MappedRange map(of.fd.get(), at, static_cast<std::size_t>(len), path);
-#ifdef MADV_POPULATE_READ
-      auto* first = const_cast<unsigned char*>(map.data()) - at % page;
-      if (::madvise(first, static_cast<std::size_t>(len + at % page), MADV_POPULATE_READ) != 0 &&
-          errno != EINVAL) {  // EINVAL: a kernel without it (before 5.14); the pages fault in
-        const int err = errno;
-        throw Error(err == EFAULT ? ErrorCode::kCorrupt : ErrorCode::kIO,
-                    TensorWhere(fw.name, job.key, &job.chunk) + ": cannot read " + std::to_string(len) +
-                        " bytes at offset " + std::to_string(at) + ": " +
-                        (err == EFAULT ? "the file is shorter than when it was checked (truncated?)"
-                                       : std::string(std::strerror(err))));
+      try {
+        map.Populate(0, static_cast<std::size_t>(len));
+      } catch (const Error& e) {
+        throw Error(e.code(), TensorWhere(fw.name, job.key, &job.chunk) + ": " + e.what());
       }
-#endif
       digest.Update(map.data(), static_cast<std::size_t>(len));
       done.fetch_add(len);
       pos += len;

@@ -103,7 +103,8 @@ void WriteExact(int fd, const void* buf, std::size_t n, uint64_t offset, const f
   }
 }
 
-MappedRange::MappedRange(int fd, uint64_t offset, std::size_t n, const fs::path& path) : size_(n) {
+MappedRange::MappedRange(int fd, uint64_t offset, std::size_t n, const fs::path& path)
+    : size_(n), offset_(offset), path_(path) {
   if (n == 0) return;
   static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   const uint64_t start = offset - offset % page;
@@ -114,6 +115,27 @@ MappedRange::MappedRange(int fd, uint64_t offset, std::size_t n, const fs::path&
     Fail(path, "mmap of " + std::to_string(n) + " bytes at offset " + std::to_string(offset), errno);
   }
   data_ = static_cast<const unsigned char*>(base_) + (offset - start);
+}
+
+void MappedRange::Populate(std::size_t pos, std::size_t n) const {
+#ifdef MADV_POPULATE_READ
+  if (n == 0) return;
+  static const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  const auto* from = data_ + pos;
+  auto* first = const_cast<unsigned char*>(from - reinterpret_cast<uintptr_t>(from) % page);
+  const std::size_t len = static_cast<std::size_t>(from - first) + n;
+  if (::madvise(first, len, MADV_POPULATE_READ) == 0 || errno == EINVAL) return;  // EINVAL: kernel < 5.14
+  const int err = errno;
+  if (err == EFAULT) {
+    throw Error(ErrorCode::kCorrupt, path_.string() + ": " + std::to_string(n) + " bytes at offset " +
+                                         std::to_string(offset_ + pos) +
+                                         " cannot be read: the file is shorter than when it was checked (truncated?)");
+  }
+  Fail(path_, "reading " + std::to_string(n) + " bytes at offset " + std::to_string(offset_ + pos), err);
+#else
+  (void)pos;
+  (void)n;
+#endif
 }
 
 MappedRange::~MappedRange() {

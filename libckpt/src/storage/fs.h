@@ -40,9 +40,9 @@ uint64_t FileSize(int fd, const fs::path& path);
 void ReadExact(int fd, void* buf, std::size_t n, uint64_t offset, const fs::path& path);
 void WriteExact(int fd, const void* buf, std::size_t n, uint64_t offset, const fs::path& path);
 
-// A read-only view of `n` bytes at `offset` of an open file, mapped (MAP_SHARED) for
-// sequential reading: the page cache's own pages, no copy. The file must not shrink
-// while mapped (ckpt never rewrites a committed shard in place).
+// A read-only view of `n` bytes at `offset` of an open file, mapped (MAP_SHARED): the
+// page cache's own pages, no copy. Populate() a range before reading it, so a file that
+// shrank meanwhile is an error rather than SIGBUS.
 class MappedRange {
  public:
   MappedRange(int fd, uint64_t offset, std::size_t n, const fs::path& path);
@@ -51,6 +51,11 @@ class MappedRange {
   ~MappedRange();
   const unsigned char* data() const { return data_; }
   std::size_t size() const { return size_; }
+  // Faults in bytes [pos, pos + n) before they are read (MADV_POPULATE_READ): one call
+  // instead of a fault per page, and an error (kCorrupt "truncated?") where touching
+  // them would raise SIGBUS because the file shrank since it was checked. A no-op on
+  // kernels without it (before 5.14).
+  void Populate(std::size_t pos, std::size_t n) const;
   // Tells the kernel the pages before `pos` will not be read again.
   void Release(std::size_t pos);
 
@@ -60,6 +65,8 @@ class MappedRange {
   const unsigned char* data_ = nullptr;
   std::size_t size_ = 0;
   std::size_t released_ = 0;
+  uint64_t offset_ = 0;
+  fs::path path_;
 };
 
 // Copies n bytes from `in_fd` at `in_offset` to `out_fd` at `out_offset` inside the kernel

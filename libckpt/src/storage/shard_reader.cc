@@ -184,7 +184,9 @@ void ShardReader::Hash(uint64_t offset, uint64_t n, Digest& digest) {
   }
   MappedRange map(m.fd.get(), offset, static_cast<std::size_t>(n), m.path);
   for (std::size_t pos = 0; pos < map.size(); pos += kDigestBlock) {
-    digest.Update(map.data() + pos, std::min(kDigestBlock, map.size() - pos));
+    const std::size_t len = std::min(kDigestBlock, map.size() - pos);
+    map.Populate(pos, len);
+    digest.Update(map.data() + pos, len);
     map.Release(pos);
   }
 }

@@ -361,6 +361,7 @@ void ShardWriter::Stream::Copy(int fd, uint64_t offset, std::size_t n, const std
   for (std::size_t done = 0; done < n; done += kCopyBlock) {
     const std::size_t len = std::min(kCopyBlock, n - done);
     const unsigned char* p = src->data() + done;
+    src->Populate(done, len);
     s.digest->Update(p, len);
     if (own) own->Update(p, len);
     copier.Push({fd, offset + done, s.offset + s.pos + done, len, src, done, path});
