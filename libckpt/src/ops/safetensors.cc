@@ -297,7 +297,7 @@ void SafetensorsWriter::Append(const void* data, uint64_t bytes) {
     throw Error(ErrorCode::kInvalidArgument,
                 path_.string() + ": more bytes appended than the header declares");
   detail::PwriteAll(fd_, data, bytes, file_pos_, tmp_path_);
-  file_pos_ += bytes, written_ += bytes;
+  Wrote(bytes);
 }
 
 void SafetensorsWriter::AppendCopy(const FileRange& range) {
@@ -309,7 +309,16 @@ void SafetensorsWriter::AppendCopy(const FileRange& range) {
   const storage::MappedRange map(in.get(), range.offset, static_cast<std::size_t>(range.length), range.file);
   storage::CopyRange(in.get(), range.offset, fd_, file_pos_, static_cast<std::size_t>(range.length), map.data(),
                      range.file, tmp_path_);
-  file_pos_ += range.length, written_ += range.length;
+  Wrote(range.length);
+}
+
+// Every 64 MiB, starts writeback so the disk works while the rest is produced and the
+// final fsync has little left (as shard files do).
+void SafetensorsWriter::Wrote(uint64_t bytes) {
+  file_pos_ += bytes, written_ += bytes, unflushed_ += bytes;
+  if (unflushed_ < (uint64_t{64} << 20)) return;
+  storage::StartWriteback(fd_, 0, 0);
+  unflushed_ = 0;
 }
 
 void SafetensorsWriter::Commit() {

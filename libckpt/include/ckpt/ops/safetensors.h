@@ -107,6 +107,8 @@ class SafetensorsWriter {
   int fd_ = -1;
   bool overwrite_ = false;
   uint64_t data_total_ = 0, written_ = 0, file_pos_ = 0;
+  uint64_t unflushed_ = 0;  // bytes since writeback was last started
+  void Wrote(uint64_t bytes);
 };
 
 }  // namespace ckpt::ops
