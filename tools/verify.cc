@@ -25,7 +25,7 @@ int VerifyMain(int argc, char** argv) {
                  "Fail unless keys, dtypes and shapes equal REF's (a checkpoint, or ckpt-inspect --json output)");
   app.add_option("--junit", junit, "Also write a JUnit XML report to FILE");
   app.add_option("--schema", schema, "Validate metadata.json against this schema instead of the built-in one");
-  app.add_option("--threads", o.threads, "Threads reading data")->capture_default_str()->check(CLI::Range(1, 256));
+  app.add_option("--threads", o.threads, "Threads reading data, at most (never more than the cores)")->capture_default_str()->check(CLI::Range(1, 256));
   return Run(app, common, argc, argv, [&] {
     if (!expect.empty()) o.expect = expect;
     if (!schema.empty()) o.schema = schema;
