@@ -366,6 +366,43 @@ TEST_CASE("merge copies chunks file to file, bit for bit, and never launders a c
   CHECK(sw.chunks.size() == 2);
 }
 
+// All problem messages of a verify report, one per line.
+std::string Messages(const ops::VerifyReport& r) {
+  std::string s;
+  for (const auto& p : r.problems) s += p.message + "\n";
+  return s;
+}
+
+TEST_CASE("verify: schema violations inside entries carry the pointer of the whole document") {
+  ckpt_test::TempDir tmp("sch");
+  SaveSample(tmp / "ck");
+  const fs::path meta = tmp / "ck" / "metadata.json";
+  json doc = json::parse(ops::detail::ReadFileText(meta));
+  doc["entries"]["model.b"]["chunks"][0]["checksum"] = "md5:00";  // breaks the pattern only
+  doc["world_size"] = 0;                                          // below the minimum
+  {
+    std::ofstream(meta) << doc.dump();
+  }
+  // Entries are validated one at a time (no tree of them), yet pointers name the document.
+  const auto r = ops::Verify(tmp / "ck", {});
+  const std::string m = Messages(r);
+  CAPTURE(m);
+  CHECK(m.find("schema: /entries/model.b/chunks/0/checksum") != std::string::npos);
+  CHECK(m.find("schema: /world_size") != std::string::npos);
+  // A schema that constrains "entries" as a whole is checked over the whole tree.
+  json schema = json::parse(ops::detail::EmbeddedMetadataSchema());
+  schema["properties"]["entries"]["required"] = {"model.absent"};
+  {
+    std::ofstream(tmp / "schema.json") << schema.dump();
+  }
+  ops::VerifyOptions o;
+  o.schema = tmp / "schema.json";
+  const std::string m2 = Messages(ops::Verify(tmp / "ck", o));
+  CAPTURE(m2);
+  CHECK(m2.find("schema: /entries: ") != std::string::npos);
+  CHECK(m2.find("schema: /entries/model.b/chunks/0/checksum") != std::string::npos);
+}
+
 TEST_CASE("merge --dtype bfloat16 casts floating tensors only") {
   ckpt_test::TempDir tmp("cast");
   SaveSample(tmp / "src");

@@ -24,6 +24,7 @@
 #include <future>
 #include <map>
 #include <mutex>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
@@ -94,16 +95,135 @@ class Collector {
   VerifyReport& r_;
 };
 
+// Builds the tree of metadata.json except the members of its top-level "entries" object:
+// each is handed to `on_entry(key, value)` as soon as it is complete, then dropped. (The
+// tree of a 100,000-key document would be about ten times its text.) Values are placed
+// as nlohmann's own tree builder places them (a repeated key keeps the last value).
+class EntriesDiverter final : public nlohmann::json_sax<json> {
+ public:
+  using OnEntry = std::function<void(const std::string&, const json&)>;
+  explicit EntriesDiverter(OnEntry on_entry) : on_entry_(std::move(on_entry)) {}
+  json& root() { return root_; }
+
+  bool null() override { return Add(json(nullptr)); }
+  bool boolean(bool v) override { return Add(json(v)); }
+  bool number_integer(number_integer_t v) override { return Add(json(v)); }
+  bool number_unsigned(number_unsigned_t v) override { return Add(json(v)); }
+  bool number_float(number_float_t v, const string_t&) override { return Add(json(v)); }
+  bool string(string_t& v) override { return Add(json(std::move(v))); }
+  bool binary(binary_t& v) override { return Add(json::binary(std::move(v))); }
+  bool start_object(std::size_t) override { return Open(json::object()); }
+  bool start_array(std::size_t) override { return Open(json::array()); }
+  bool end_object() override { return Close(); }
+  bool end_array() override { return Close(); }
+  bool key(string_t& k) override {
+    key_ = std::move(k);
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
+
+ private:
+  // Puts v in the innermost open container (under key_ in an object).
+  json* Place(json&& v) {
+    if (open_.empty()) {
+      root_ = std::move(v);
+      return &root_;
+    }
+    json& top = *open_.back();
+    if (top.is_object()) {
+      json& slot = top[key_];
+      slot = std::move(v);
+      return &slot;
+    }
+    top.push_back(std::move(v));
+    return &top.back();
+  }
+  bool Add(json&& v) {
+    Done(Place(std::move(v)));
+    return true;
+  }
+  bool Open(json&& v) {
+    json* p = Place(std::move(v));
+    if (open_.size() == 1 && key_ == "entries" && p->is_object()) entries_ = p;
+    open_.push_back(p);
+    keys_.push_back(key_);
+    return true;
+  }
+  bool Close() {
+    json* p = open_.back();
+    open_.pop_back();
+    key_ = std::move(keys_.back());
+    keys_.pop_back();
+    Done(p);
+    return true;
+  }
+  // A value just completed: an entry when its container is the top-level "entries".
+  void Done(const json* p) {
+    if (entries_ == nullptr || open_.size() != 2 || open_[1] != entries_) return;
+    on_entry_(key_, *p);
+    entries_->erase(key_);
+  }
+
+  OnEntry on_entry_;
+  json root_;
+  std::vector<json*> open_;         // the containers being built, outermost first
+  std::vector<std::string> keys_;   // the key each of them sits under
+  std::string key_;
+  json* entries_ = nullptr;
+};
+
+// The part of `schema` that applies to each member of "entries", as a schema of its own
+// over a one-member object, when "entries" constrains only its members one at a time
+// (the shipped schema does); null otherwise (e.g. a --schema with maxProperties there).
+json EntriesSchema(const json& schema) {
+  if (!schema.is_object() || !schema.contains("properties") || !schema["properties"].is_object()) return nullptr;
+  const json& props = schema["properties"];
+  if (!props.contains("entries") || !props["entries"].is_object()) return nullptr;
+  static const std::set<std::string> kPerMember = {"type", "propertyNames", "additionalProperties", "title",
+                                                   "description", "$comment"};
+  for (const auto& [k, v] : props["entries"].items())
+    if (!kPerMember.count(k)) return nullptr;
+  if (props["entries"].contains("type") && props["entries"]["type"] != "object") return nullptr;
+  json defs = schema.contains("$defs") && schema["$defs"].is_object() ? schema["$defs"] : json::object();
+  if (defs.contains("ckpt-entries")) return nullptr;
+  defs["ckpt-entries"] = props["entries"];
+  return json{{"$defs", std::move(defs)}, {"$ref", "#/$defs/ckpt-entries"}};
+}
+
+// Validates metadata.json against the schema. Entries are checked one at a time against
+// the schema's per-entry part, so no tree of the whole document is built; the violations
+// (and their JSON pointers) are those a check of the whole tree reports.
 void CheckSchema(const std::string& text, const VerifyOptions& o, Collector& c) {
-  json doc = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded()) return;  // ParseMetadata reports the JSON error precisely
   json schema = json::parse(o.schema ? detail::ReadFileText(*o.schema)
                                      : std::string(detail::EmbeddedMetadataSchema()),
                             nullptr, false);
   if (schema.is_discarded())
     throw Error(ErrorCode::kInvalidArgument, "the JSON schema is not valid JSON");
-  detail::JsonSchema validator(std::move(schema));
-  for (const auto& e : validator.Validate(doc))
+  constexpr std::size_t kLimit = 100;
+  std::vector<std::string> errors;
+  json per_entry = EntriesSchema(schema);
+  const detail::JsonSchema validator(std::move(schema));
+  json doc;
+  if (per_entry.is_null()) {
+    doc = json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (doc.is_discarded()) return;  // ParseMetadata reports the JSON error precisely
+  } else {
+    const detail::JsonSchema entry_validator(std::move(per_entry));
+    json one = json::object();
+    EntriesDiverter sax([&](const std::string& key, const json& value) {
+      if (errors.size() >= kLimit) return;
+      one.clear();
+      one[key] = value;
+      for (auto& e : entry_validator.Validate(one, kLimit - errors.size())) errors.push_back("/entries" + e);
+    });
+    if (!json::sax_parse(text, &sax)) return;  // ParseMetadata reports the JSON error precisely
+    doc = std::move(sax.root());
+  }
+  // The rest (with "entries" emptied of what was checked above), violations first-found first.
+  std::vector<std::string> rest = validator.Validate(doc, kLimit);
+  rest.insert(rest.end(), errors.begin(), errors.end());
+  if (rest.size() > kLimit) rest.resize(kLimit);
+  for (const auto& e : rest)
     c.Add("metadata", kMetadataFileName, "", std::string(kMetadataFileName) + ": schema: " + e);
 }
 
@@ -555,9 +675,8 @@ VerifyReport Verify(const fs::path& path, const VerifyOptions& o) {
   }
 
   // metadata: the schema check runs on a thread of its own while the metadata is parsed
-  // and the data read (it only reports, nothing waits on it), unless metadata.json is
-  // large: the validator holds it as a JSON document tree, about ten times its size, which
-  // had better be gone before the parsed metadata and the chunk list are built.
+  // and the data read (it only reports, nothing waits on it); it holds no tree of the
+  // entries (CheckSchema), so its memory stays small whatever the number of keys.
   const fs::path meta_path = path / kMetadataFileName;
   if (!fs::exists(meta_path, ec)) {
     c.Add("metadata", kMetadataFileName, "",
@@ -570,10 +689,7 @@ VerifyReport Verify(const fs::path& path, const VerifyOptions& o) {
     Collector sc(schema_report);
     CheckSchema(text, o, sc);
   };
-  constexpr std::size_t kConcurrentSchemaBytes = std::size_t{8} << 20;
-  auto schema_check = std::async(
-      text.size() <= kConcurrentSchemaBytes ? std::launch::async : std::launch::deferred, check_schema);
-  if (text.size() > kConcurrentSchemaBytes) schema_check.wait();  // runs it here, now
+  auto schema_check = std::async(std::launch::async, check_schema);
   auto schema_problems = [&] {
     schema_check.get();  // rethrows an unreadable --schema
     r.problems.insert(r.problems.begin(), schema_report.problems.begin(), schema_report.problems.end());
