@@ -132,8 +132,7 @@ std::optional<FileRange> Reader::LocateChunk(std::string_view key_view, std::siz
     throw Error(ErrorCode::kMismatch, dir_.string() + ": key '" + key + "' is a " +
                                           std::string(EntryKindName(e->kind)) + ": it has no stored bytes");
   }
-  ChunkMeta c = e->chunks[chunk_index];
-  if (e->kind == EntryKind::kBytes) c.box = Box{{0}, {static_cast<int64_t>(e->size)}};  // stored 1-D
+  const ChunkMeta& c = e->chunks[chunk_index];  // a bytes entry's box is its 1-D extent (parser)
   const uint64_t length = static_cast<uint64_t>(c.box.NumElements()) * DTypeSize(e->dtype);
   if (length == 0) return std::nullopt;
   const auto offset = Shard(c.file).Locate(key, e->dtype, c);
@@ -150,9 +149,8 @@ void Reader::VerifyChunk(std::string_view key_view, std::size_t chunk_index) {
   if (range) {
     Shard(c.file).Hash(range->offset, range->length, digest);
     bytes_read_ += range->length;
-  } else {
-    const uint64_t n = e.kind == EntryKind::kBytes ? e.size
-                                                    : static_cast<uint64_t>(c.box.NumElements()) * DTypeSize(e.dtype);
+  } else {  // compressed or empty: decompressed whole
+    const uint64_t n = static_cast<uint64_t>(c.box.NumElements()) * DTypeSize(e.dtype);
     std::vector<unsigned char> tmp(std::max<uint64_t>(n, 1));
     ReadChunk(key, chunk_index, tmp.data(), false);
     digest.Update(tmp.data(), n);

@@ -141,53 +141,40 @@ std::vector<ValueStats> CompareAll(Source& a, Source& b, const std::vector<std::
     return jobs[x].second->TensorBytes() > jobs[y].second->TensorBytes();
   });
   std::atomic<std::size_t> next{0};
-  std::atomic<uint64_t> done{0};
-  std::mutex mu;
+  std::mutex mu;  // guards `failed` and `progress`
   std::exception_ptr failed;
+  auto fail = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!failed) failed = std::current_exception();
+    next = order.size();  // the others stop after their current tensor
+  };
   auto work = [&](Source& sa, Source& sb) {
     detail::Buffer ba, bb;
     try {
       for (std::size_t k; (k = next.fetch_add(1)) < order.size();) {
         const auto& [key, e] = jobs[order[k]];
-        out[order[k]] = CompareTensor(sa, sb, *key, *e, budget, o, ba, bb, [&](uint64_t n) { done += n; });
-        std::lock_guard<std::mutex> lock(mu);
-        if (failed) return;
+        out[order[k]] = CompareTensor(sa, sb, *key, *e, budget, o, ba, bb, [&](uint64_t n) {
+          std::lock_guard<std::mutex> lock(mu);
+          progress.Add(n);
+        });
       }
     } catch (...) {
-      std::lock_guard<std::mutex> lock(mu);
-      if (!failed) failed = std::current_exception();
-      next = order.size();
+      fail();
     }
   };
   std::vector<std::thread> pool;
   for (int t = 1; t < threads; ++t)
     pool.emplace_back([&] {
-      std::unique_ptr<Source> sa, sb;
       try {
-        sa = Source::Open(a.path());
-        sb = Source::Open(b.path());
+        auto sa = Source::Open(a.path());
+        auto sb = Source::Open(b.path());
+        work(*sa, *sb);
       } catch (...) {
-        std::lock_guard<std::mutex> lock(mu);
-        if (!failed) failed = std::current_exception();
-        return;
+        fail();
       }
-      work(*sa, *sb);
     });
-  std::atomic<bool> finished{false};
-  std::thread reporter([&] {
-    uint64_t shown = 0;
-    while (!finished) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      const uint64_t d = done;
-      progress.Add(d - shown);
-      shown = d;
-    }
-    progress.Add(done - shown);
-  });
   work(a, b);
   for (auto& t : pool) t.join();
-  finished = true;
-  reporter.join();
   if (failed) std::rethrow_exception(failed);
   return out;
 }

@@ -6,11 +6,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
-#include <cstdio>
-#include <nlohmann/json.hpp>
 
 #include "ckpt/checkpoint.h"
 #include "ckpt/error.h"
@@ -337,8 +337,6 @@ void WriteSafetensors(Source& src, const std::vector<Selected>& sel, const fs::p
   for (const auto& s : sel) {
     if (s.entry->kind != EntryKind::kTensor) continue;
     const DType out_dtype = OutType(*s.entry, o);
-    const auto blocks = detail::SplitBox(Box::Full(s.entry->shape),
-                                         std::max(DTypeSize(s.entry->dtype), DTypeSize(out_dtype)), budget);
     if (out_dtype == s.entry->dtype && s.entry->TensorBytes() >= o.copy_min_bytes) {
       if (auto pieces = PlanCopy(src, *s.key, *s.entry, Box::Full(s.entry->shape))) {
         // Copied file to file; each source chunk checked first (safetensors keeps no checksums).
@@ -356,6 +354,8 @@ void WriteSafetensors(Source& src, const std::vector<Selected>& sel, const fs::p
         continue;
       }
     }
+    const auto blocks = detail::SplitBox(Box::Full(s.entry->shape),
+                                         std::max(DTypeSize(s.entry->dtype), DTypeSize(out_dtype)), budget);
     CheckChunksReadInPart(*s.entry, Box::Full(s.entry->shape), blocks,
                           [&](std::size_t chunk) { src.VerifyChunk(*s.key, chunk); });
     StreamTensor(src, *s.key, *s.entry, blocks, out_dtype, in, out,

@@ -284,6 +284,7 @@ SafetensorsWriter::SafetensorsWriter(const std::filesystem::path& path,
 }
 
 SafetensorsWriter::~SafetensorsWriter() {
+  if (source_fd_ >= 0) ::close(source_fd_);
   if (fd_ >= 0) {
     ::close(fd_);
     std::error_code ec;
@@ -305,9 +306,13 @@ void SafetensorsWriter::AppendCopy(const FileRange& range) {
   if (range.length > data_total_ - written_)
     throw Error(ErrorCode::kInvalidArgument,
                 path_.string() + ": more bytes appended than the header declares");
-  const storage::Fd in = storage::OpenRegularFile(range.file);
-  const storage::MappedRange map(in.get(), range.offset, static_cast<std::size_t>(range.length), range.file);
-  storage::CopyRange(in.get(), range.offset, fd_, file_pos_, static_cast<std::size_t>(range.length), map.data(),
+  if (source_fd_ < 0 || source_path_ != range.file) {  // tensors come file by file: keep the last one open
+    storage::Fd in = storage::OpenRegularFile(range.file);
+    if (source_fd_ >= 0) ::close(source_fd_);
+    source_fd_ = in.release();
+    source_path_ = range.file;
+  }
+  storage::CopyRange(source_fd_, range.offset, fd_, file_pos_, static_cast<std::size_t>(range.length),
                      range.file, tmp_path_);
   Wrote(range.length);
 }

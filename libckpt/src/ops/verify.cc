@@ -57,7 +57,7 @@ struct Ref {
 struct DataJob {
   std::string key, file;
   DType dtype = DType::kUInt8;
-  ChunkMeta chunk;  // a copy: bytes entries get a 1-D box here
+  ChunkMeta chunk;  // a copy (bytes entries: their 1-D extent, as parsed)
   bool hash = true, finite = false;
   bool recorded_nonfinite = false;  // quick --check-finite: the recorded statistics count NaN/Inf
   // Filled by the data threads:
@@ -750,11 +750,7 @@ VerifyReport Verify(const fs::path& path, const VerifyOptions& o) {
       job.key = key;
       job.file = chunk.file;
       job.dtype = e.dtype;
-      job.chunk = chunk;
-      if (e.kind == EntryKind::kBytes) {
-        job.dtype = DType::kUInt8;
-        job.chunk.box = Box{{0}, {static_cast<int64_t>(e.size)}};
-      }
+      job.chunk = chunk;  // a bytes entry: uint8, its box the 1-D extent (as parsed)
       const bool floating = e.kind == EntryKind::kTensor && IsFloating(e.dtype);
       job.finite = o.check_finite && floating && !(o.quick && chunk.stats);  // quick: trust recorded stats
       job.recorded_nonfinite = o.check_finite && floating && o.quick && chunk.stats &&

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <random>
+#include <vector>
 
 #include "ckpt/error.h"
 
@@ -152,7 +153,7 @@ void MappedRange::Release(std::size_t pos) {
 }
 
 void CopyRange(int in_fd, uint64_t in_offset, int out_fd, uint64_t out_offset, std::size_t n,
-               const void* fallback, const fs::path& in_path, const fs::path& out_path) {
+               const fs::path& in_path, const fs::path& out_path) {
   auto in = static_cast<loff_t>(in_offset), out = static_cast<loff_t>(out_offset);
   std::size_t done = 0;
   while (done < n) {
@@ -166,7 +167,13 @@ void CopyRange(int in_fd, uint64_t in_offset, int out_fd, uint64_t out_offset, s
       throw Error(ErrorCode::kCorrupt, in_path.string() + ": copy at offset " + std::to_string(in) +
                                            ": the file ends early (truncated?)");
     if (errno == EXDEV || errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP || errno == EBADF) {
-      WriteExact(out_fd, static_cast<const char*>(fallback) + done, n - done, out_offset + done, out_path);
+      std::vector<char> buf(std::min<std::size_t>(n - done, std::size_t{1} << 20));
+      for (; done < n;) {
+        const std::size_t len = std::min(buf.size(), n - done);
+        ReadExact(in_fd, buf.data(), len, in_offset + done, in_path);
+        WriteExact(out_fd, buf.data(), len, out_offset + done, out_path);
+        done += len;
+      }
       return;
     }
     Fail(out_path, "copy from " + in_path.string() + " at offset " + std::to_string(in), errno);

@@ -22,6 +22,12 @@ class Fd {
   Fd& operator=(Fd&& o) noexcept;
   ~Fd();
   int get() const { return fd_; }
+  // Gives up ownership: the caller closes it.
+  int release() {
+    const int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
   explicit operator bool() const { return fd_ >= 0; }
   // Closes and reports failure as kIO naming `path`.
   void Close(const fs::path& path);
@@ -71,10 +77,10 @@ class MappedRange {
 
 // Copies n bytes from `in_fd` at `in_offset` to `out_fd` at `out_offset` inside the kernel
 // (copy_file_range: a reflink or an in-kernel copy, never through user memory), falling
-// back to pwrite from `fallback` (the same bytes, e.g. a MappedRange) where the file
-// systems cannot. kIO naming the paths.
+// back to pread/pwrite through a 1 MiB buffer where the file systems cannot. kIO naming
+// the paths; kCorrupt if the input ends early.
 void CopyRange(int in_fd, uint64_t in_offset, int out_fd, uint64_t out_offset, std::size_t n,
-               const void* fallback, const fs::path& in_path, const fs::path& out_path);
+               const fs::path& in_path, const fs::path& out_path);
 
 // Starts writeback of a written range without waiting for it, so the final fsync finds
 // most of the file on disk already (best effort; errors surface at that fsync).

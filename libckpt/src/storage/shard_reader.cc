@@ -187,7 +187,7 @@ void ShardReader::Hash(uint64_t offset, uint64_t n, Digest& digest) {
     const std::size_t len = std::min(kDigestBlock, map.size() - pos);
     map.Populate(pos, len);
     digest.Update(map.data() + pos, len);
-    map.Release(pos);
+    map.Release(pos + len);
   }
 }
 

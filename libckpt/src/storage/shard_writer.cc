@@ -11,9 +11,9 @@
 #include <functional>
 #include <future>
 #include <mutex>
-#include <thread>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <thread>
 #include <unordered_set>
 
 #include "format/names.h"
@@ -59,7 +59,7 @@ class Copier {
     int in_fd;
     uint64_t in_offset, out_offset;
     std::size_t len;
-    std::shared_ptr<MappedRange> map;  // the source bytes (pwrite fallback), released once copied
+    std::shared_ptr<MappedRange> map;  // the source bytes as hashed: their pages released once copied
     std::size_t map_pos;
     std::filesystem::path in_path;
   };
@@ -104,8 +104,7 @@ class Copier {
       lock.unlock();
       std::exception_ptr failed;
       try {
-        CopyRange(t.in_fd, t.in_offset, out_fd_, t.out_offset, t.len, t.map->data() + t.map_pos, t.in_path,
-                  out_path_);
+        CopyRange(t.in_fd, t.in_offset, out_fd_, t.out_offset, t.len, t.in_path, out_path_);
         t.map->Release(t.map_pos + t.len);
         done_(t.len);
       } catch (...) {
@@ -239,7 +238,7 @@ struct ShardWriter::Impl {
       });
     }
     if (writing.valid()) writing.get();
-    Wrote(n % kStreamBlock);
+    Wrote((n - 1) % kStreamBlock + 1);  // the last block
     return offset;
   }
 };

@@ -108,6 +108,8 @@ class SafetensorsWriter {
   bool overwrite_ = false;
   uint64_t data_total_ = 0, written_ = 0, file_pos_ = 0;
   uint64_t unflushed_ = 0;  // bytes since writeback was last started
+  int source_fd_ = -1;      // the file AppendCopy last copied from, kept open
+  std::filesystem::path source_path_;
   void Wrote(uint64_t bytes);
 };
 
