@@ -8,7 +8,6 @@
 
 #include "ckpt/ckpt.h"
 #include "format/json_reader.h"
-#include "format/metadata_internal.h"
 
 using namespace ckpt;
 
@@ -338,27 +337,3 @@ TEST_CASE("ParseMetadata keeps JSON values as normalised text, as before") {
   CHECK(ParseMetadata(escaped).Find("k")->chunks.at(0).dataset == "k/\xc3\xa9");
 }
 
-TEST_CASE("chunk messages between ranks parse as metadata.json's chunks") {
-  using nlohmann::json;
-  ChunkMeta c;
-  c.box = Box{{0, 2}, {4, 2}};
-  c.file = "shard-00001-of-00002.h5";
-  c.dataset = "w@0,2";
-  c.checksum = "xxh3-64:0123456789abcdef";
-  c.stored_bytes = 32;
-  c.compression.codec = Compression::Codec::kZstd;
-  c.compression.level = 5;
-  c.stats = ChunkStats{-1, 1, 0, 2, 0, 0, 8};
-  const ChunkMeta back = internal::ChunkFromJson(json::parse(internal::ChunkToJson(c, true)), true);
-  CHECK(back.box == c.box);
-  CHECK(back.dataset == c.dataset);
-  CHECK(back.compression == c.compression);
-  CHECK(back.stats->finite_count == 8);
-  json bad = json::parse(internal::ChunkToJson(c, true));
-  bad["compression"]["codec"] = "lz4";
-  CHECK_THROWS_WITH_AS(internal::ChunkFromJson(bad, true), doctest::Contains("unknown compression codec 'lz4'"), Error);
-  bad.erase("compression");
-  bad.erase("checksum");
-  CHECK_THROWS_WITH_AS(internal::ChunkFromJson(bad, true), "chunk message: missing field 'checksum'", Error);
-  CHECK_THROWS_WITH_AS(internal::ChunkFromJson(json::array(), true), "chunk message: a chunk must be an object", Error);
-}

@@ -2,6 +2,10 @@
 //
 // Pure data plus (de)serialisation: no files, no HDF5. The tools and the library read
 // and write checkpoints through this model.
+//
+// Threading: a Metadata is a plain value (copies carry their index along). No const
+// member function modifies it, so any number of threads may read one Metadata at once
+// while none modifies it.
 #pragma once
 
 #include <cstdint>
@@ -76,8 +80,13 @@ struct Metadata {
   std::vector<FileMeta> files;
   std::vector<std::pair<std::string, EntryMeta>> entries;  // in save order
 
+  // The first entry named `key`, or nullptr. Looks the key up in the index over the
+  // entries as they were at the last BuildIndex (ParseMetadata builds it), and searches
+  // entries appended since then one by one.
   const EntryMeta* Find(std::string_view key) const;
-  void BuildIndex();  // call after changing `entries`; Find() uses it
+  // Rebuilds the index over `entries`. REQUIRES: called after renaming or reordering
+  // entries (Find could miss a key); after appending or removing, it makes Find fast again.
+  void BuildIndex();
 
  private:
   // Hash index of `entries` by key: (hash, position + 1) slots, open addressing (metadata.cc).

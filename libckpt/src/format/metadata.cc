@@ -676,15 +676,6 @@ std::string ExplainInvalidJson(std::string_view text, int max_depth, std::size_t
   return "invalid JSON at byte " + std::to_string(offset);
 }
 
-}  // namespace
-
-namespace internal {
-std::string ChunkToJson(const ChunkMeta& c, bool tensor_chunk);
-ChunkMeta ChunkFromJson(const json& chunk, bool tensor_chunk);
-}  // namespace internal
-
-namespace {
-
 ojson ChunkJson(const ChunkMeta& c, bool tensor_chunk) {
   ojson j;
   if (tensor_chunk) {
@@ -709,31 +700,6 @@ ojson ChunkJson(const ChunkMeta& c, bool tensor_chunk) {
 }
 
 }  // namespace
-
-std::string internal::ChunkToJson(const ChunkMeta& c, bool tensor_chunk) { return ChunkJson(c, tensor_chunk).dump(); }
-
-ChunkMeta internal::ChunkFromJson(const json& chunk, bool tensor_chunk) {
-  const Ctx ctx{"chunk message", nullptr};
-  const int max_rank = ParseLimits{}.max_rank;
-  if (!chunk.is_object()) ctx.Fail("a chunk must be an object");
-  std::string text;
-  try {
-    text = chunk.dump();
-  } catch (const json::exception& e) {
-    ctx.Fail(std::string("invalid JSON: ") + e.what());
-  }
-  try {
-    JsonReader r(text, std::numeric_limits<int>::max());  // a tree already: no depth limit, as before
-    RawChunk raw;
-    Members(r, [&](std::string_view key) {
-      if (!ReadChunkField(r, key, raw, tensor_chunk, max_rank)) r.Skip();
-    });
-    r.Finish();
-    return CheckChunk(ctx, raw, tensor_chunk, max_rank);
-  } catch (const JsonError& e) {
-    ctx.Fail(e.syntax ? std::string("invalid JSON") : e.what);
-  }
-}
 
 std::string_view StateDictTypeName(StateDictType type) {
   switch (type) {
@@ -764,10 +730,19 @@ uint64_t EntryMeta::TensorBytes() const {
 }
 
 const EntryMeta* Metadata::Find(std::string_view key) const {
-  if (indexed_ != entries.size()) const_cast<Metadata*>(this)->BuildIndex();
-  const std::size_t p = internal::IndexLookup(index_, std::hash<std::string_view>{}(key),
-                                              [&](std::size_t i) { return entries[i].first == key; });
-  return p ? &entries[p - 1].second : nullptr;
+  // Entries appended since the index was built are searched in order; if entries were
+  // removed, the index is not used at all. Nothing here writes to *this.
+  std::size_t scan_from = 0;
+  if (indexed_ <= entries.size()) {
+    const std::size_t p = internal::IndexLookup(index_, std::hash<std::string_view>{}(key),
+                                                [&](std::size_t i) { return entries[i].first == key; });
+    if (p) return &entries[p - 1].second;
+    scan_from = indexed_;
+  }
+  for (std::size_t i = scan_from; i < entries.size(); ++i) {
+    if (entries[i].first == key) return &entries[i].second;
+  }
+  return nullptr;
 }
 
 void Metadata::BuildIndex() {

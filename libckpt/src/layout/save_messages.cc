@@ -1,0 +1,256 @@
+// layout/save_messages.cc
+#include "layout/save_messages.h"
+
+#include <iterator>
+
+#include "format/wire.h"
+
+namespace ckpt::layout {
+namespace {
+
+using internal::WireReader;
+using internal::WireWriter;
+
+// Tags: one per kind of message, so that one read in the wrong place is refused.
+constexpr uint8_t kDescriptionTag = 'D', kRequestsTag = 'Q', kDigestsTag = 'H', kPlanTag = 'P', kResultTag = 'R';
+
+uint64_t MaxRank() { return static_cast<uint64_t>(ParseLimits{}.max_rank); }
+
+std::string Who(int rank, const char* message) { return "save: rank " + std::to_string(rank) + "'s " + message; }
+
+uint32_t U32(WireReader& r) {
+  const uint64_t v = r.Varint();
+  if (v > UINT32_MAX) r.Fail("an index of " + std::to_string(v) + " exceeds 32 bits");
+  return static_cast<uint32_t>(v);
+}
+
+DType ReadDType(WireReader& r) {
+  const uint8_t d = r.U8();
+  if (d >= std::size(kAllDTypes)) r.Fail("unknown dtype " + std::to_string(d));
+  return static_cast<DType>(d);
+}
+
+void WriteBox(WireWriter& w, const Box& b) {
+  w.Ints(b.offsets);
+  w.Ints(b.sizes);
+}
+
+Box ReadBox(WireReader& r) {
+  Box b;
+  b.offsets = r.Ints(MaxRank());
+  b.sizes = r.Ints(MaxRank());
+  return b;
+}
+
+// A list of chunk references: `ref(item)` of each item.
+template <typename T, typename Ref>
+void WriteRefs(WireWriter& w, const std::vector<T>& items, Ref&& ref) {
+  w.Varint(items.size());
+  for (const T& item : items) {
+    const ChunkRef& c = ref(item);
+    w.Varint(c.entry);
+    w.Varint(c.chunk);
+  }
+}
+
+std::vector<ChunkRef> ReadRefs(WireReader& r) {
+  std::vector<ChunkRef> refs(r.Count(2));
+  for (ChunkRef& c : refs) {
+    c.entry = U32(r);
+    c.chunk = U32(r);
+  }
+  return refs;
+}
+
+// Rank `rank`'s section of a broadcast of per-rank sections.
+WireReader RankSection(WireReader& r, int rank, int world) {
+  const std::size_t n = r.Count(1);
+  if (n != static_cast<std::size_t>(world)) {
+    r.Fail("lists for " + std::to_string(n) + " ranks, the group has " + std::to_string(world));
+  }
+  for (int i = 0; i < rank; ++i) r.Skip();
+  WireReader mine = r.Section();
+  for (int i = rank + 1; i < world; ++i) r.Skip();
+  r.Finish();
+  return mine;
+}
+
+void WriteChunk(WireWriter& w, const ChunkMeta& c) {
+  WriteBox(w, c.box);
+  w.Str(c.file);
+  w.Str(c.dataset);
+  w.Str(c.checksum);
+  w.U8(static_cast<uint8_t>(c.compression.codec));
+  w.Signed(c.compression.level);
+  w.Varint(c.stored_bytes);
+  w.U8(c.stats.has_value());
+  if (c.stats) {
+    const ChunkStats& s = *c.stats;
+    for (double d : {s.min, s.max, s.mean, s.l2}) w.F64(d);
+    for (int64_t n : {s.nan_count, s.inf_count, s.finite_count}) w.Signed(n);
+  }
+}
+
+ChunkMeta ReadChunk(WireReader& r) {
+  ChunkMeta c;
+  c.box = ReadBox(r);
+  c.file = r.Str();
+  c.dataset = r.Str();
+  c.checksum = r.Str();
+  const uint8_t codec = r.U8();
+  if (codec > static_cast<uint8_t>(Compression::Codec::kZstd)) r.Fail("unknown codec " + std::to_string(codec));
+  c.compression.codec = static_cast<Compression::Codec>(codec);
+  const int64_t level = r.Signed();
+  if (level < INT32_MIN || level > INT32_MAX) r.Fail("compression level " + std::to_string(level) + " out of range");
+  c.compression.level = static_cast<int>(level);
+  c.stored_bytes = r.Varint();
+  const uint8_t has_stats = r.U8();
+  if (has_stats > 1) r.Fail("a flag of " + std::to_string(has_stats));
+  if (has_stats) {
+    ChunkStats& s = c.stats.emplace();
+    for (double* d : {&s.min, &s.max, &s.mean, &s.l2}) *d = r.F64();
+    for (int64_t* n : {&s.nan_count, &s.inf_count, &s.finite_count}) *n = r.Signed();
+  }
+  return c;
+}
+
+}  // namespace
+
+Message EncodeDescription(const RankDescription& description) {
+  WireWriter w(kDescriptionTag);
+  w.Varint(description.size());
+  for (const EntryClaim& c : description) {
+    w.Str(c.key);
+    w.U8(static_cast<uint8_t>(c.kind));
+    switch (c.kind) {
+      case EntryKind::kTensor:
+        w.U8(static_cast<uint8_t>(c.dtype));
+        w.Ints(c.shape);
+        w.Varint(c.boxes.size());
+        for (const Box& b : c.boxes) WriteBox(w, b);
+        break;
+      case EntryKind::kScalar:
+        w.U8(static_cast<uint8_t>(c.dtype));
+        w.Str(c.value);
+        break;
+      case EntryKind::kBytes:
+        w.Varint(c.size);
+        break;
+      case EntryKind::kJson:
+        w.Str(c.value);
+        break;
+    }
+  }
+  return w.Take();
+}
+
+RankDescription DecodeDescription(std::span<const uint8_t> message, int rank) {
+  WireReader r(message, Who(rank, "description"), kDescriptionTag);
+  RankDescription d(r.Count(3));  // a key, a kind and at least one more byte each
+  for (EntryClaim& c : d) {
+    c.key = r.Str();
+    const uint8_t kind = r.U8();
+    if (kind > static_cast<uint8_t>(EntryKind::kJson)) r.Fail("unknown entry kind " + std::to_string(kind));
+    c.kind = static_cast<EntryKind>(kind);
+    switch (c.kind) {
+      case EntryKind::kTensor:
+        c.dtype = ReadDType(r);
+        c.shape = r.Ints(MaxRank());
+        c.boxes.resize(r.Count(2));
+        for (Box& b : c.boxes) b = ReadBox(r);
+        break;
+      case EntryKind::kScalar:
+        c.dtype = ReadDType(r);
+        c.value = r.Str();
+        break;
+      case EntryKind::kBytes:
+        c.size = r.Varint();
+        break;
+      case EntryKind::kJson:
+        c.value = r.Str();
+        break;
+    }
+  }
+  r.Finish();
+  return d;
+}
+
+Message EncodeRequests(const std::vector<std::vector<ChunkRef>>& per_rank) {
+  WireWriter w(kRequestsTag);
+  bool any = false;
+  for (const auto& refs : per_rank) any = any || !refs.empty();
+  w.U8(any);
+  w.Varint(per_rank.size());
+  for (const auto& refs : per_rank) {
+    w.Section([&](WireWriter& s) { WriteRefs(s, refs, [](const ChunkRef& c) -> const ChunkRef& { return c; }); });
+  }
+  return w.Take();
+}
+
+std::vector<ChunkRef> DecodeRequests(std::span<const uint8_t> message, int rank, int world, bool& any) {
+  WireReader r(message, Who(0, "replica requests"), kRequestsTag);
+  const uint8_t flag = r.U8();
+  if (flag > 1) r.Fail("a flag of " + std::to_string(flag));
+  any = flag == 1;
+  WireReader mine = RankSection(r, rank, world);
+  std::vector<ChunkRef> refs = ReadRefs(mine);
+  mine.Finish();
+  return refs;
+}
+
+Message EncodeDigests(const std::vector<std::string>& digests) {
+  WireWriter w(kDigestsTag);
+  w.Varint(digests.size());
+  for (const std::string& d : digests) w.Str(d);
+  return w.Take();
+}
+
+std::vector<std::string> DecodeDigests(std::span<const uint8_t> message, int rank) {
+  WireReader r(message, Who(rank, "replica digests"), kDigestsTag);
+  std::vector<std::string> digests(r.Count(1));
+  for (std::string& d : digests) d = r.Str();
+  r.Finish();
+  return digests;
+}
+
+Message EncodePlan(const std::string& staging, const std::vector<std::vector<Write>>& writes) {
+  WireWriter w(kPlanTag);
+  w.Str(staging);
+  w.Varint(writes.size());
+  for (const auto& mine : writes) {
+    w.Section([&](WireWriter& s) { WriteRefs(s, mine, [](const Write& x) -> const ChunkRef& { return x.ref; }); });
+  }
+  return w.Take();
+}
+
+PlanMessage DecodePlan(std::span<const uint8_t> message, int rank, int world) {
+  WireReader r(message, Who(0, "plan"), kPlanTag);
+  PlanMessage p;
+  p.staging = r.Str();
+  WireReader mine = RankSection(r, rank, world);
+  p.writes = ReadRefs(mine);
+  mine.Finish();
+  return p;
+}
+
+Message EncodeResult(const RankResult& result) {
+  WireWriter w(kResultTag);
+  w.Str(result.file);
+  w.Varint(result.bytes);
+  w.Varint(result.chunks.size());
+  for (const ChunkMeta& c : result.chunks) WriteChunk(w, c);
+  return w.Take();
+}
+
+RankResult DecodeResult(std::span<const uint8_t> message, int rank) {
+  WireReader r(message, Who(rank, "result"), kResultTag);
+  RankResult res;
+  res.file = r.Str();
+  res.bytes = r.Varint();
+  res.chunks.resize(r.Count(8));
+  for (ChunkMeta& c : res.chunks) c = ReadChunk(r);
+  r.Finish();
+  return res;
+}
+
+}  // namespace ckpt::layout

@@ -1,0 +1,45 @@
+// layout/save_messages.h: the messages of a collective save, in the binary encoding of
+// format/wire.h. In protocol order:
+//   description  every rank -> rank 0   its claims (save_plan.h)
+//   requests     rank 0 -> every rank   per rank, the chunks whose digests it sends
+//   digests      every rank -> rank 0   one digest per requested chunk
+//   plan         rank 0 -> every rank   the staging directory; per rank, the chunks it writes
+//   result       every rank -> rank 0   its shard file and one ChunkMeta per chunk written
+// Each decoder checks every length, count and enum and throws kComm naming the message
+// ("rank 3's description") on a malformed one. The per-rank lists of a broadcast are
+// sections of their own, so a rank decodes only its own list.
+// Threading: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "layout/save_plan.h"
+
+namespace ckpt::layout {
+
+using Message = std::vector<uint8_t>;
+
+Message EncodeDescription(const RankDescription& description);
+RankDescription DecodeDescription(std::span<const uint8_t> message, int rank);
+
+// `any` is set on every rank when any rank has requests (then the digests are gathered).
+Message EncodeRequests(const std::vector<std::vector<ChunkRef>>& per_rank);
+std::vector<ChunkRef> DecodeRequests(std::span<const uint8_t> message, int rank, int world, bool& any);
+
+Message EncodeDigests(const std::vector<std::string>& digests);
+std::vector<std::string> DecodeDigests(std::span<const uint8_t> message, int rank);
+
+struct PlanMessage {
+  std::string staging;
+  std::vector<ChunkRef> writes;  // this rank's, in order
+};
+Message EncodePlan(const std::string& staging, const std::vector<std::vector<Write>>& writes);
+PlanMessage DecodePlan(std::span<const uint8_t> message, int rank, int world);
+
+Message EncodeResult(const RankResult& result);
+RankResult DecodeResult(std::span<const uint8_t> message, int rank);
+
+}  // namespace ckpt::layout

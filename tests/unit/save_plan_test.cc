@@ -1,0 +1,513 @@
+// layout/save_plan and layout/save_messages: the save's plan over simulated ranks (1, 4,
+// 4096), every check it makes with its message, and the binary messages between ranks,
+// round trips and malformed ones.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <random>
+
+#include "ckpt/ckpt.h"
+#include "format/wire.h"
+#include "layout/save_messages.h"
+#include "layout/save_plan.h"
+
+using namespace ckpt;
+using namespace ckpt::layout;
+
+namespace {
+
+EntryClaim TensorClaim(std::string key, Shape shape, std::vector<Box> boxes, DType dtype = DType::kFloat32) {
+  EntryClaim c;
+  c.key = std::move(key);
+  c.kind = EntryKind::kTensor;
+  c.dtype = dtype;
+  c.shape = std::move(shape);
+  c.boxes = std::move(boxes);
+  return c;
+}
+
+EntryClaim ScalarClaim(std::string key, std::string value, DType dtype = DType::kInt64) {
+  EntryClaim c;
+  c.key = std::move(key);
+  c.kind = EntryKind::kScalar;
+  c.dtype = dtype;
+  c.value = std::move(value);
+  return c;
+}
+
+EntryClaim BytesClaim(std::string key, uint64_t size) {
+  EntryClaim c;
+  c.key = std::move(key);
+  c.kind = EntryKind::kBytes;
+  c.size = size;
+  return c;
+}
+
+EntryClaim JsonClaim(std::string key, std::string value) {
+  EntryClaim c;
+  c.key = std::move(key);
+  c.kind = EntryKind::kJson;
+  c.value = std::move(value);
+  return c;
+}
+
+// Rows [rank * rows, (rank + 1) * rows) of a [world * rows, cols] tensor.
+Box RowBlock(int rank, int64_t rows, int64_t cols) { return Box{{rank * rows, 0}, {rows, cols}}; }
+
+// A plan from `world` ranks each describing `make(rank)`; with writers assigned.
+template <typename Make>
+SavePlan Plan(int world, Make&& make) {
+  std::vector<RankDescription> d;
+  for (int r = 0; r < world; ++r) d.push_back(make(r));
+  SavePlan plan = PlanSave(std::move(d));
+  AssignWriters(plan);
+  return plan;
+}
+
+std::string PlanError(std::vector<RankDescription> d) {
+  try {
+    PlanSave(std::move(d));
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::kInvalidArgument);
+    return e.what();
+  }
+  FAIL("the plan was accepted");
+  return "";
+}
+
+ChunkMeta SomeChunk(int64_t row) {
+  ChunkMeta c;
+  c.box = Box{{row, 0}, {4, 2}};
+  c.file = "shard-00001-of-00002.h5";
+  c.dataset = "w@" + std::to_string(row) + ",0";
+  c.checksum = "xxh3-64:0123456789abcdef";
+  c.stored_bytes = 32;
+  c.compression.codec = Compression::Codec::kZstd;
+  c.compression.level = -5;
+  c.stats = ChunkStats{-1.5, 1e300, 0, 2, 1, 2, 8};
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("one rank: every kind of entry, written by rank 0 in the state's order") {
+  const SavePlan plan = Plan(1, [](int) {
+    return RankDescription{TensorClaim("w", {4, 2}, {Box{{0, 0}, {4, 2}}}), ScalarClaim("step", "7"),
+                           BytesClaim("rng", 5), JsonClaim("cfg", "{\"a\":1}"), TensorClaim("s", {}, {Box{}})};
+  });
+  REQUIRE(plan.keys.size() == 5);
+  CHECK(plan.keys[0].key == "w");
+  CHECK(plan.keys[0].regions.size() == 1);
+  CHECK(plan.keys[0].regions[0].bytes == 32);
+  CHECK(plan.keys[1].regions.empty());
+  CHECK(plan.keys[2].regions[0].box == Box{{0}, {5}});
+  CHECK(plan.keys[2].regions[0].bytes == 5);
+  CHECK(plan.keys[4].regions[0].bytes == 4);  // 0-D: one element
+  const auto writes = WritesByRank(plan);
+  REQUIRE(writes.size() == 1);
+  REQUIRE(writes[0].size() == 3);  // w, rng, s
+  CHECK(writes[0][1].ref == ChunkRef{2, 0});
+  CHECK(writes[0][1].key == 2);
+  CHECK(ReplicaRequests(plan)[0].empty());
+}
+
+TEST_CASE("four ranks: sharded rows, a replicated bias, keys in rank 0's order then the others'") {
+  const SavePlan plan = Plan(4, [](int r) {
+    // Rank 3 lists its keys in another order and has one of its own.
+    RankDescription d{TensorClaim("w", {16, 8}, {RowBlock(3 - r, 4, 8)}), TensorClaim("b", {8}, {Box{{0}, {8}}}),
+                      ScalarClaim("step", "3")};
+    if (r == 3) {
+      std::swap(d[0], d[2]);
+      d.push_back(BytesClaim("only3", 9));
+    }
+    return d;
+  });
+  REQUIRE(plan.keys.size() == 4);
+  CHECK(plan.keys[3].key == "only3");
+  const SaveKey& w = plan.keys[0];
+  REQUIRE(w.regions.size() == 4);
+  for (int g = 0; g < 4; ++g) {
+    CHECK(w.regions[g].box == RowBlock(g, 4, 8));  // sorted by offsets
+    CHECK(w.regions[g].writer == 3 - g);
+    CHECK(w.HoldersOf(w.regions[g]).size() == 1);
+  }
+  const SaveKey& b = plan.keys[1];
+  REQUIRE(b.regions.size() == 1);
+  CHECK(b.regions[0].holder_count == 4);
+  // Rank 3 holds w's rows [0, 4) like everyone holds one block, plus 9 bytes: the bias goes
+  // to a rank without the extra load, the lowest one.
+  CHECK(b.regions[0].writer == 0);
+  const auto requests = ReplicaRequests(plan);
+  CHECK(requests[0] == std::vector<ChunkRef>{{1, 0}});
+  CHECK(requests[3] == std::vector<ChunkRef>{{1, 0}});
+  const auto writes = WritesByRank(plan);
+  CHECK(writes[0].size() == 2);
+  CHECK(writes[3].size() == 2);  // w and only3
+  CHECK(writes[3][0].ref == ChunkRef{2, 0});  // w is its entry 2
+}
+
+TEST_CASE("4096 simulated ranks: sharded and replicated keys, writers balanced") {
+  constexpr int kWorld = 4096, kReplicated = 64;
+  const SavePlan plan = Plan(kWorld, [](int r) {
+    RankDescription d;
+    d.push_back(TensorClaim("emb", {kWorld * 2, 16}, {RowBlock(r, 2, 16)}));
+    // Two chunks per rank of a second tensor.
+    d.push_back(TensorClaim("proj", {kWorld * 2, 8}, {Box{{2 * r, 0}, {1, 8}}, Box{{2 * r + 1, 0}, {1, 8}}}));
+    for (int k = 0; k < kReplicated; ++k) d.push_back(TensorClaim("norm." + std::to_string(k), {64}, {Box{{0}, {64}}}));
+    d.push_back(ScalarClaim("step", "100"));
+    return d;
+  });
+  REQUIRE(plan.keys.size() == 3 + kReplicated);
+  CHECK(plan.keys[0].regions.size() == kWorld);
+  CHECK(plan.keys[1].regions.size() == 2 * kWorld);
+  CHECK(plan.keys[1].regions[5].box == Box{{5, 0}, {1, 8}});
+  CHECK(plan.keys[1].HoldersOf(plan.keys[1].regions[5])[0].ref == ChunkRef{1, 1});
+  std::vector<int> replicated_per_rank(kWorld, 0);
+  for (int k = 0; k < kReplicated; ++k) {
+    const SaveKey& p = plan.keys[2 + k];
+    REQUIRE(p.regions.size() == 1);
+    CHECK(p.regions[0].holder_count == kWorld);
+    ++replicated_per_rank[p.regions[0].writer];
+  }
+  // Every rank carries the same sharded load, so the replicas go to distinct ranks.
+  CHECK(*std::max_element(replicated_per_rank.begin(), replicated_per_rank.end()) == 1);
+  const auto requests = ReplicaRequests(plan);
+  CHECK(requests[kWorld - 1].size() == kReplicated);
+  std::vector<std::vector<std::string>> digests(kWorld, std::vector<std::string>(kReplicated, "xxh3-64:same"));
+  CheckReplicas(plan, digests);
+  digests[77][3] = "xxh3-64:other";
+  CHECK_THROWS_WITH_AS(CheckReplicas(plan, digests),
+                       doctest::Contains("key 'norm.3' region [0:64]: replicas differ (ranks 77 vs ranks 0 1 2 "), Error);
+  std::size_t total = 0;
+  for (const auto& w : WritesByRank(plan)) total += w.size();
+  CHECK(total == kWorld + 2 * kWorld + kReplicated);
+}
+
+TEST_CASE("regions: equal offsets keep the first claim's order; zero-size boxes are regions too") {
+  const SavePlan plan = Plan(2, [](int r) {
+    // Rank 0: an empty box at [0:0], then the whole tensor; rank 1 the whole tensor.
+    if (r == 0) return RankDescription{TensorClaim("w", {4}, {Box{{0}, {0}}, Box{{0}, {4}}})};
+    return RankDescription{TensorClaim("w", {4}, {Box{{0}, {4}}})};
+  });
+  const SaveKey& w = plan.keys[0];
+  REQUIRE(w.regions.size() == 2);
+  CHECK(w.regions[0].box == Box{{0}, {0}});
+  CHECK(w.regions[1].holder_count == 2);
+  CHECK(w.HoldersOf(w.regions[1])[0].ref == ChunkRef{0, 1});
+  CHECK(w.HoldersOf(w.regions[1])[1].rank == 1);
+}
+
+TEST_CASE("each disagreement between ranks is an error naming the key and rank") {
+  auto two = [](EntryClaim a, EntryClaim b) {
+    return std::vector<RankDescription>{RankDescription{std::move(a)}, RankDescription{std::move(b)}};
+  };
+  const std::string head = "save: the state cannot be saved as given:\n  ";
+  CHECK(PlanError(two(TensorClaim("w", {4}, {Box{{0}, {4}}}), ScalarClaim("w", "1"))) ==
+        head + "key 'w': rank 1 has a scalar, another rank a tensor");
+  CHECK(PlanError(two(TensorClaim("w", {4}, {Box{{0}, {2}}}), TensorClaim("w", {4}, {Box{{2}, {2}}}, DType::kInt32))) ==
+        head + "key 'w': rank 1 has int32 [0:4], another rank float32 [0:4]\n  key 'w': chunks cover 2 of 4 elements of [0:4] (a gap)");
+  CHECK(PlanError(two(TensorClaim("w", {4}, {Box{{0}, {4}}}), TensorClaim("w", {5}, {Box{{0}, {5}}}))) ==
+        head + "key 'w': rank 1 has float32 [0:5], another rank float32 [0:4]");
+  CHECK(PlanError(two(BytesClaim("rng", 5), BytesClaim("rng", 6))) ==
+        head + "key 'rng': rank 1 has 6 bytes, another rank 5");
+  CHECK(PlanError(two(ScalarClaim("step", "1"), ScalarClaim("step", "2"))) ==
+        head + "key 'step': rank 1 has value 2, another rank 1");
+  CHECK(PlanError(two(ScalarClaim("step", "1"), ScalarClaim("step", "1", DType::kInt32))) ==
+        head + "key 'step': rank 1 has value 1, another rank 1");
+  CHECK(PlanError(two(JsonClaim("cfg", "{}"), JsonClaim("cfg", "[]"))) == head + "key 'cfg': rank 1 has value [], another rank {}");
+  CHECK(PlanError(two(TensorClaim("w", {10}, {Box{{0}, {6}}}), TensorClaim("w", {10}, {Box{{4}, {6}}}))) ==
+        head + "key 'w': chunks [0:6] and [4:10] overlap");
+  CHECK(PlanError(two(TensorClaim("w", {10}, {Box{{0}, {3}}}), TensorClaim("w", {10}, {Box{{5}, {5}}}))) ==
+        head + "key 'w': chunks cover 8 of 10 elements of [0:10] (a gap)");
+  // A box from a message, not checked by Describe, is still caught.
+  CHECK(PlanError(two(TensorClaim("w", {4}, {Box{{0}, {4}}}), TensorClaim("w", {4}, {Box{{2}, {4}}}))) ==
+        head + "key 'w': chunk [2:6] lies outside the tensor [0:4]");
+}
+
+TEST_CASE("more than 50 problems are summarised") {
+  std::vector<RankDescription> d(2);
+  for (int k = 0; k < 60; ++k) {
+    d[0].push_back(ScalarClaim("k" + std::to_string(k), "1"));
+    d[1].push_back(ScalarClaim("k" + std::to_string(k), "2"));
+  }
+  const std::string msg = PlanError(std::move(d));
+  CHECK(msg.find("key 'k49': rank 1") != std::string::npos);
+  CHECK(msg.find("key 'k50'") == std::string::npos);
+  CHECK(msg.ends_with("\n  ... and 10 more"));
+}
+
+TEST_CASE("SavePlanner: a wrong number of descriptions is an internal error") {
+  SavePlanner planner(2);
+  planner.Add(RankDescription{});
+  CHECK_THROWS_WITH_AS(planner.Finish(), "save plan: 1 descriptions for 2 ranks", Error);
+}
+
+TEST_CASE("replica checks: differing copies name the groups of ranks; miscounted answers are kComm") {
+  const SavePlan plan = Plan(3, [](int) { return RankDescription{TensorClaim("w", {4}, {Box{{0}, {4}}}), BytesClaim("rng", 3)}; });
+  const auto requests = ReplicaRequests(plan);
+  REQUIRE(requests.size() == 3);
+  CHECK(requests[1] == std::vector<ChunkRef>{{0, 0}, {1, 0}});
+  CheckReplicas(plan, {{"a", "x"}, {"a", "x"}, {"a", "x"}});
+  CHECK_THROWS_WITH_AS(CheckReplicas(plan, {{"a", "x"}, {"a", "y"}, {"b", "x"}}),
+                       "save: replicated tensors differ between ranks (a data-parallel desync?):\n"
+                       "  key 'w' region [0:4]: replicas differ (ranks 0 1 vs ranks 2)\n"
+                       "  key 'rng' region [0:3]: replicas differ (ranks 0 2 vs ranks 1)",
+                       Error);
+  try {
+    CheckReplicas(plan, {{"a", "x"}, {"a"}, {"a", "x"}});
+    FAIL("accepted");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::kComm);
+    CHECK(std::string(e.what()) == "save: rank 1 sent 1 replica digests, expected 2");
+  }
+  CHECK_THROWS_AS(CheckReplicas(plan, {{"a", "x"}}), Error);
+}
+
+TEST_CASE("writers: replicated regions balance bytes, largest first") {
+  // 8 equal replicated tensors on 4 ranks: two each.
+  SavePlan plan = Plan(4, [](int) {
+    RankDescription d;
+    for (int i = 0; i < 8; ++i) d.push_back(TensorClaim("w" + std::to_string(i), {256}, {Box{{0}, {256}}}));
+    return d;
+  });
+  std::vector<int> per_rank(4, 0);
+  for (const SaveKey& k : plan.keys) ++per_rank[k.regions[0].writer];
+  CHECK(per_rank == std::vector<int>{2, 2, 2, 2});
+  // A big replica and small ones: the big one first, to rank 0; the small ones elsewhere.
+  plan = Plan(2, [](int) {
+    return RankDescription{TensorClaim("small", {4}, {Box{{0}, {4}}}), TensorClaim("big", {400}, {Box{{0}, {400}}})};
+  });
+  CHECK(plan.keys[1].regions[0].writer == 0);
+  CHECK(plan.keys[0].regions[0].writer == 1);
+}
+
+TEST_CASE("Assemble: entries in plan order, chunks in region order, files of ranks that wrote") {
+  const SavePlan plan = Plan(2, [](int r) {
+    return RankDescription{TensorClaim("w", {8, 2}, {Box{{4 - 4 * r, 0}, {4, 2}}}), ScalarClaim("step", "5"),
+                           JsonClaim("cfg", "null")};
+  });
+  const auto writes = WritesByRank(plan);
+  std::vector<RankResult> results(2);
+  for (int r = 0; r < 2; ++r) {
+    results[r].file = "shard-" + std::to_string(r);
+    results[r].bytes = 100 + r;
+    results[r].chunks.push_back(SomeChunk(4 - 4 * r));
+  }
+  Metadata m;
+  Assemble(plan, writes, results, m);
+  REQUIRE(m.files.size() == 2);
+  CHECK(m.files[1].name == "shard-1");
+  CHECK(m.files[1].rank == 1);
+  CHECK(m.files[1].bytes == 101);
+  REQUIRE(m.entries.size() == 3);
+  const EntryMeta* w = m.Find("w");
+  REQUIRE(w);
+  REQUIRE(w->chunks.size() == 2);
+  CHECK(w->chunks[0].box.offsets[0] == 0);  // rank 1's
+  CHECK(m.Find("step")->value == "5");
+  CHECK(m.Find("step")->dtype == DType::kInt64);
+  CHECK(m.Find("cfg")->kind == EntryKind::kJson);
+  results[1].chunks.clear();
+  Metadata bad;
+  try {
+    Assemble(plan, writes, results, bad);
+    FAIL("accepted");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::kComm);
+    CHECK(std::string(e.what()) == "save: rank 1 reported 0 chunks written, expected 1");
+  }
+}
+
+TEST_CASE("Describe checks this rank's state alone, with the messages Save gives") {
+  std::vector<float> buf(100, 1.0f);
+  auto error = [](const StateDict& sd) {
+    try {
+      Describe(sd);
+    } catch (const Error& e) {
+      CHECK(e.code() == ErrorCode::kInvalidArgument);
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  StateDict sd;
+  sd.Add("w", Tensor::Slice(DType::kFloat32, {10}, 0, 8, 4, buf.data()));
+  CHECK(error(sd) == "key 'w': chunk [8:12] lies outside the tensor [0:10]");
+  sd = StateDict();
+  sd.Add("w", Tensor::Sharded(DType::kFloat32, {10}, {Chunk{Box{{0}, {6}}, buf.data()}, Chunk{Box{{4}, {6}}, buf.data()}}));
+  CHECK(error(sd) == "key 'w': this rank's chunks [0:6] and [4:10] overlap");
+  sd = StateDict();
+  sd.Add("w", Tensor::Sharded(DType::kFloat32, {10}, {Chunk{Box{{0}, {6}}, nullptr}}));
+  CHECK(error(sd) == "key 'w': chunk [0:6] has no data");
+  sd = StateDict();
+  sd.Add("w", Tensor::Full(DType::kFloat32, Shape(33, 1), buf.data()));
+  CHECK(error(sd) == "key 'w': more than 32 dimensions");
+  sd = StateDict();
+  sd.Add("lr", Scalar::Float(std::nan("")));
+  CHECK(error(sd).find("is not finite") != std::string::npos);
+  sd = StateDict();
+  sd.Add("cfg", Json{"{bad"});
+  CHECK(error(sd).starts_with("key 'cfg': invalid JSON value: "));
+
+  sd = StateDict();
+  sd.Add("w", Tensor::Slice(DType::kFloat32, {10, 10}, 0, 0, 5, buf.data()));
+  sd.Add("step", Scalar::Int(3));
+  sd.Add("lr", Scalar::Float(0.5, DType::kFloat32));
+  sd.Add("on", Scalar::Int(1, DType::kBool));
+  sd.Add("rng", Bytes{{1, 2, 3}});
+  sd.Add("cfg", Json{"{ \"a\" : [1, 2] }"});
+  const RankDescription d = Describe(sd);
+  REQUIRE(d.size() == 6);
+  CHECK(d[0].boxes == std::vector<Box>{Box{{0, 0}, {5, 10}}});
+  CHECK(d[1].value == "3");
+  CHECK(d[2].value == "0.5");
+  CHECK(d[3].value == "true");
+  CHECK(d[4].size == 3);
+  CHECK(d[5].value == "{\"a\":[1,2]}");
+}
+
+TEST_CASE("messages round-trip") {
+  const RankDescription d{TensorClaim("w", {1LL << 40, 3}, {Box{{0, 0}, {1LL << 39, 3}}, Box{{1LL << 39, 0}, {1, 3}}}, DType::kBFloat16),
+                          TensorClaim("s", {}, {Box{}}), ScalarClaim("step", "-9223372036854775808"),
+                          BytesClaim("rng", UINT64_MAX), JsonClaim("cfg", std::string("{\"\\u0000\":1}")),
+                          TensorClaim(std::string("k\0\xff", 3), {0}, {})};
+  const RankDescription back = DecodeDescription(EncodeDescription(d), 2);
+  REQUIRE(back.size() == d.size());
+  for (std::size_t i = 0; i < d.size(); ++i) {
+    CHECK(back[i].key == d[i].key);
+    CHECK(back[i].kind == d[i].kind);
+    CHECK(back[i].shape == d[i].shape);
+    CHECK(back[i].boxes == d[i].boxes);
+    CHECK(back[i].value == d[i].value);
+    CHECK(back[i].size == d[i].size);
+    if (d[i].kind == EntryKind::kTensor || d[i].kind == EntryKind::kScalar) CHECK(back[i].dtype == d[i].dtype);
+  }
+
+  const std::vector<std::vector<ChunkRef>> requests{{}, {{1, 2}, {UINT32_MAX, 0}}, {}};
+  for (int r = 0; r < 3; ++r) {
+    bool any = false;
+    CHECK(DecodeRequests(EncodeRequests(requests), r, 3, any) == requests[r]);
+    CHECK(any);
+  }
+  bool any = true;
+  CHECK(DecodeRequests(EncodeRequests({{}, {}}), 1, 2, any).empty());
+  CHECK_FALSE(any);
+
+  const std::vector<std::string> digests{"xxh3-64:0123456789abcdef", "", std::string(1000, 'x')};
+  CHECK(DecodeDigests(EncodeDigests(digests), 1) == digests);
+
+  const std::vector<std::vector<Write>> writes{{Write{{3, 4}, 0, 0}}, {}, {Write{{0, 0}, 1, 1}, Write{{5, 1}, 2, 0}}};
+  const PlanMessage p = DecodePlan(EncodePlan("/tmp/x.staging", writes), 2, 3);
+  CHECK(p.staging == "/tmp/x.staging");
+  CHECK(p.writes == std::vector<ChunkRef>{{0, 0}, {5, 1}});
+  CHECK(DecodePlan(EncodePlan("", writes), 1, 3).writes.empty());
+
+  RankResult res;
+  res.file = "shard-00001-of-00002.h5";
+  res.bytes = 12345;
+  res.chunks = {SomeChunk(0), SomeChunk(4)};
+  res.chunks[1].stats.reset();
+  res.chunks[1].compression = Compression{};
+  const RankResult rb = DecodeResult(EncodeResult(res), 1);
+  CHECK(rb.file == res.file);
+  CHECK(rb.bytes == res.bytes);
+  REQUIRE(rb.chunks.size() == 2);
+  for (std::size_t i = 0; i < 2; ++i) {
+    CHECK(rb.chunks[i].box == res.chunks[i].box);
+    CHECK(rb.chunks[i].file == res.chunks[i].file);
+    CHECK(rb.chunks[i].dataset == res.chunks[i].dataset);
+    CHECK(rb.chunks[i].checksum == res.chunks[i].checksum);
+    CHECK(rb.chunks[i].compression == res.chunks[i].compression);
+    CHECK(rb.chunks[i].stored_bytes == res.chunks[i].stored_bytes);
+    CHECK(rb.chunks[i].stats.has_value() == res.chunks[i].stats.has_value());
+  }
+  CHECK(rb.chunks[0].stats->max == 1e300);
+  CHECK(rb.chunks[0].stats->finite_count == 8);
+  CHECK(rb.chunks[0].compression.level == -5);
+}
+
+TEST_CASE("malformed messages are kComm errors naming the message, never a crash") {
+  RankResult res;
+  res.file = "f";
+  res.chunks = {SomeChunk(0)};
+  const std::vector<std::pair<Message, std::function<void(std::span<const uint8_t>)>>> cases{
+      {EncodeDescription({TensorClaim("w", {4, 4}, {Box{{0, 0}, {4, 4}}}), ScalarClaim("s", "1"), BytesClaim("b", 300),
+                          JsonClaim("j", "[]")}),
+       [](std::span<const uint8_t> m) { DecodeDescription(m, 3); }},
+      {EncodeRequests({{{1, 2}}, {{300, 0}}}),
+       [](std::span<const uint8_t> m) {
+         bool any;
+         DecodeRequests(m, 1, 2, any);
+       }},
+      {EncodeDigests({"abc", "de"}), [](std::span<const uint8_t> m) { DecodeDigests(m, 1); }},
+      {EncodePlan("dir", {{Write{{1, 0}, 0, 0}}, {Write{{2, 0}, 0, 1}}}), [](std::span<const uint8_t> m) { DecodePlan(m, 1, 2); }},
+      {EncodeResult(res), [](std::span<const uint8_t> m) { DecodeResult(m, 1); }},
+  };
+  auto expect_comm = [](const std::function<void(std::span<const uint8_t>)>& decode, std::span<const uint8_t> m) {
+    try {
+      decode(m);
+    } catch (const Error& e) {
+      CHECK(e.code() == ErrorCode::kComm);
+      CHECK(std::string(e.what()).starts_with("save: rank "));
+      CHECK(std::string(e.what()).find("malformed message") != std::string::npos);
+      return true;
+    }
+    return false;
+  };
+  std::mt19937 rng(11);
+  for (const auto& [message, decode] : cases) {
+    decode(message);  // the intact message is fine
+    for (std::size_t n = 0; n < message.size(); ++n) {
+      CHECK_MESSAGE(expect_comm(decode, std::span<const uint8_t>(message.data(), n)), "truncated to ", n, " bytes");
+    }
+    Message longer = message;
+    longer.push_back(0);
+    CHECK(expect_comm(decode, longer));
+    Message wrong_tag = message;
+    wrong_tag[0] ^= 0x20;
+    CHECK(expect_comm(decode, wrong_tag));
+    // Random damage: decoded or refused, never undefined behaviour (the sanitizers run this).
+    for (int i = 0; i < 2000; ++i) {
+      Message m = message;
+      const int flips = 1 + static_cast<int>(rng() % 4);
+      for (int f = 0; f < flips; ++f) m[rng() % m.size()] = static_cast<uint8_t>(rng());
+      m[0] = message[0];
+      try {
+        decode(m);
+      } catch (const Error& e) {
+        CHECK(e.code() == ErrorCode::kComm);
+      }
+    }
+  }
+  // Counts the bytes cannot hold are refused before anything is allocated.
+  internal::WireWriter w('D');
+  w.Varint(UINT64_MAX / 2);
+  const Message huge = w.Take();
+  CHECK_THROWS_WITH_AS(DecodeDescription(huge, 5), doctest::Contains("does not fit in the 0 bytes left"), Error);
+  // Varints longer than 64 bits, an unknown kind or dtype.
+  Message overlong{'H', 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f};
+  CHECK_THROWS_WITH_AS(DecodeDigests(overlong, 0), doctest::Contains("a number overflows 64 bits"), Error);
+  CHECK_THROWS_WITH_AS(DecodeDescription(Message{'D', 1, 1, 'k', 9}, 0), doctest::Contains("unknown entry kind 9"), Error);
+  CHECK_THROWS_WITH_AS(DecodeDescription(Message{'D', 1, 1, 'k', 1, 200, 0}, 0), doctest::Contains("unknown dtype 200"), Error);
+  CHECK_THROWS_WITH_AS(DecodePlan(EncodePlan("d", {{}, {}}), 0, 3), doctest::Contains("lists for 2 ranks, the group has 3"),
+                       Error);
+  CHECK_THROWS_WITH_AS(DecodeDescription(Message{}, 4),
+                       "save: rank 4's description: malformed message (truncated: 1 more bytes needed, at byte 0 of 0)",
+                       Error);
+}
+
+TEST_CASE("wire: varints and zigzag at their limits") {
+  internal::WireWriter w('x');
+  const std::vector<int64_t> ints{0, -1, 1, INT64_MIN, INT64_MAX, -64, 63, 64};
+  const std::vector<uint64_t> uints{0, 127, 128, UINT64_MAX, 1ULL << 63};
+  for (int64_t i : ints) w.Signed(i);
+  for (uint64_t u : uints) w.Varint(u);
+  w.F64(-0.0);
+  const Message m = w.Take();
+  internal::WireReader r(m, "test", 'x');
+  for (int64_t i : ints) CHECK(r.Signed() == i);
+  for (uint64_t u : uints) CHECK(r.Varint() == u);
+  CHECK(std::signbit(r.F64()));
+  r.Finish();
+}
