@@ -25,6 +25,10 @@ export CKPT_BENCH_BUILD="$build" CKPT_BENCH_DIR="$scratch"
 
 echo "== bench/core"
 "$build/bench/core/ckpt-bench-core" --dir "$scratch"
+echo
+echo "== bench/core: the save's coordination (plan for simulated ranks; many small tensors)"
+"$build/bench/core/ckpt-bench-plan" plan
+"$build/bench/core/ckpt-bench-plan" save --dir "$scratch/plan"
 for sub in tools runtime; do
   if [ -f "$repo/bench/$sub/run.sh" ]; then
     echo
