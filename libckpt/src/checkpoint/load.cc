@@ -112,7 +112,7 @@ Scalar ScalarFromJson(DType dtype, const std::string& text) {
 
 // Reads every tensor chunk of `target` with up to `threads` readers, each with its own
 // shard handles; chunks are handed out largest first so the threads finish together.
-void ReadTensors(const std::filesystem::path& dir, const std::shared_ptr<const Metadata>& metadata,
+void ReadTensors(const storage::Dir& dir, const std::shared_ptr<const Metadata>& metadata,
                  StateDict& target, const std::unordered_set<std::string>& skip, const LoadOptions& options,
                  uint64_t& bytes_read) {
   struct Task {
@@ -164,7 +164,10 @@ void ReadTensors(const std::filesystem::path& dir, const std::shared_ptr<const M
 LoadReport Load(const std::filesystem::path& dir, StateDict& target, Comm& comm, const LoadOptions& options) {
   LoadReport report;
   internal::Phase(comm, [&] {
-    internal::Reader reader(dir, std::make_shared<const Metadata>(ReadMetadata(dir)));
+    // One directory handle for metadata.json and every shard: a load racing an overwrite
+    // reads the old checkpoint or the new one, never a mix.
+    const storage::Dir handle = storage::Dir::Open(dir);
+    internal::Reader reader(handle, std::make_shared<const Metadata>(internal::ReadMetadataAt(handle)));
     const Metadata& m = reader.metadata();
     CheckTypes(dir, m, options, comm.size());
     std::unordered_set<std::string> skip;
@@ -182,7 +185,7 @@ LoadReport Load(const std::filesystem::path& dir, StateDict& target, Comm& comm,
       }
     }
     report.bytes_read = reader.bytes_read();
-    ReadTensors(dir, reader.shared_metadata(), target, skip, options, report.bytes_read);
+    ReadTensors(handle, reader.shared_metadata(), target, skip, options, report.bytes_read);
   });
   return report;
 }

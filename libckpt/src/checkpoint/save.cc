@@ -362,7 +362,6 @@ void Save(const std::filesystem::path& dir, const StateDict& state, Comm& comm, 
       }
       file_bytes = writer.Finish();
     }
-    if (options.before_commit) options.before_commit(rank);
   } catch (...) {
     failure = internal::DescribeCurrentException();
   }
