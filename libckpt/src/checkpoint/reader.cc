@@ -2,6 +2,7 @@
 #include "checkpoint/reader.h"
 
 #include <cstring>
+#include <functional>
 #include <optional>
 
 #include "format/names.h"
@@ -19,7 +20,7 @@ std::unique_ptr<CheckpointReader> CheckpointReader::Open(const std::filesystem::
 
 namespace internal {
 
-Metadata ReadMetadataAt(const storage::Dir& dir) {
+Metadata ReadMetadataAt(const storage::Dir& dir, uint64_t* text_hash) {
   const ParseLimits limits;
   std::string text;
   try {
@@ -29,6 +30,7 @@ Metadata ReadMetadataAt(const storage::Dir& dir) {
     throw Error(ErrorCode::kNotFound,
                 dir.path().string() + ": not a checkpoint (no metadata.json; an interrupted save never commits one)");
   }
+  if (text_hash) *text_hash = std::hash<std::string>{}(text);
   return ParseMetadata(text, (dir.path() / names::kMetadataFile).string(), limits);
 }
 

@@ -10,8 +10,9 @@
 
 namespace ckpt::internal {
 
-// Reads metadata.json of the checkpoint open as `dir`.
-Metadata ReadMetadataAt(const storage::Dir& dir);
+// Reads metadata.json of the checkpoint open as `dir`; `text_hash` (if given) receives a
+// hash of its text, which tells ranks whether they read the same checkpoint.
+Metadata ReadMetadataAt(const storage::Dir& dir, uint64_t* text_hash = nullptr);
 
 class Reader final : public CheckpointReader {
  public:
