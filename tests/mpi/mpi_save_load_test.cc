@@ -4,10 +4,12 @@
 #include <doctest/doctest.h>
 
 #include <filesystem>
+#include <optional>
 #include <vector>
 
 #include "ckpt/ckpt.h"
 #include "ckpt/mpi.h"
+#include "fault/fault_fs.h"
 
 namespace fs = std::filesystem;
 using namespace ckpt;
@@ -84,11 +86,12 @@ TEST_CASE("one process failing before commit fails the save on every process") {
   std::vector<int32_t> v(8, comm->rank());
   StateDict sd;
   sd.Add("x", Tensor::Slice(DType::kInt32, {8 * static_cast<int64_t>(comm->size())}, 0, 8 * comm->rank(), 8, v.data()));
-  SaveOptions o;
-  o.before_commit = [](int r) {
-    if (r == 1) throw Error(ErrorCode::kIO, "injected failure on rank 1");
-  };
-  CHECK_THROWS_WITH_AS(Save(dir, sd, *comm, o), doctest::Contains("injected failure on rank 1"), Error);
+  // Process 1's disk fails while it writes its shard (the seam).
+  ckpt_test::FaultFs failing(1, EIO, "shard-00001-of-");
+  std::optional<ckpt_test::Installed> injected;
+  if (comm->rank() == 1) injected.emplace(failing);
+  CHECK_THROWS_WITH_AS(Save(dir, sd, *comm), doctest::Contains("rank 1: "), Error);
+  injected.reset();
   comm->Barrier();
   CHECK_FALSE(fs::exists(dir));
 }

@@ -4,7 +4,9 @@
 #include <doctest/doctest.h>
 
 #include <fstream>
+#include <optional>
 
+#include "fault/fault_fs.h"
 #include "runtime_helpers.h"
 #include "test_util.h"
 
@@ -136,17 +138,19 @@ TEST_CASE("a save that fails leaves the last good checkpoint as the one resumed"
     t.Step();
     mgr.Save(1);
     t.Step();
-    SaveStateOptions crash;
-    crash.before_commit = [](int rank) {
-      if (rank == 1) throw std::runtime_error("injected: disk full");
-    };
+    // Rank 1's disk fills up while it writes its shard of step 2 (the seam).
+    ckpt_test::FaultFs disk_full(1, ENOSPC, "shard-00001-of-00002.h5");
+    std::optional<ckpt_test::Installed> injected;
+    if (c.rank() == 0) injected.emplace(disk_full);
+    c.Barrier();
     try {
-      mgr.Save(2, crash);
+      mgr.Save(2);
       FAIL("the injected failure must surface on every rank");
     } catch (const std::exception& e) {
-      CHECK(std::string(e.what()).find("injected") != std::string::npos);
+      CHECK(std::string(e.what()).find("No space left on device") != std::string::npos);
     }
     c.Barrier();
+    injected.reset();
     CHECK(mgr.Latest()->first == 1);
     CHECK(mgr.Committed().size() == 1);
     auto step = mgr.Resume();

@@ -11,6 +11,7 @@
 #include <random>
 
 #include "ckpt/ckpt.h"
+#include "fault/fault_fs.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -340,6 +341,9 @@ TEST_CASE("a rank failing mid-save: no commit, every rank throws, the previous c
   });
   const std::string before = ReadMetadata(tmp / "ck").entries[0].second.chunks[0].checksum;
   std::atomic<int> threw{0};
+  // Rank 1's disk fills up: the first file operation on its shard fails (the seam).
+  ckpt_test::FaultFs disk_full(1, ENOSPC, "shard-00001-of-00003.h5");
+  ckpt_test::Installed injected(disk_full);
   CHECK_THROWS_WITH_AS(RunThreads(3,
                                   [&](Comm& comm) {
                                     StateDict sd;
@@ -347,9 +351,6 @@ TEST_CASE("a rank failing mid-save: no commit, every rank throws, the previous c
                                                               comm.rank() == 2 ? 24 : 20, v2.data()));
                                     SaveOptions o;
                                     o.overwrite = true;
-                                    o.before_commit = [](int rank) {
-                                      if (rank == 1) throw std::runtime_error("disk full (injected)");
-                                    };
                                     try {
                                       Save(tmp / "ck", sd, comm, o);
                                     } catch (const Error&) {
@@ -357,7 +358,8 @@ TEST_CASE("a rank failing mid-save: no commit, every rank throws, the previous c
                                       throw;
                                     }
                                   }),
-                       doctest::Contains("injected"), Error);
+                       doctest::Contains("shard-00001-of-00003.h5: open: No space left on device"), Error);
+  CHECK(disk_full.fired());
   CHECK(threw == 3);
   CHECK(ReadMetadata(tmp / "ck").entries[0].second.chunks[0].checksum == before);
   std::vector<float> back(64);

@@ -34,9 +34,6 @@ struct SaveOptions {
   Compression compression;
   std::string user_metadata = "{}";  // JSON object
   std::string mesh = "null";         // JSON: device mesh and placements
-  // Called on each rank between writing its shard and committing; a test seam for
-  // failure injection. A throw here fails the save on every rank.
-  std::function<void(int rank)> before_commit;
 };
 
 // COLLECTIVE. Saves `state` (this rank's part of it) to `dir`. Every rank passes the same

@@ -7,6 +7,7 @@
 
 #include "ckpt/config.h"
 #include "format/names.h"
+#include "storage/commit.h"
 #include "storage/fs.h"
 
 namespace ckpt::internal {
@@ -21,11 +22,7 @@ void CheckTarget(const fs::path& dir, bool overwrite) {
   std::error_code ec;
   const auto status = fs::symlink_status(dir, ec);
   if (!fs::exists(status)) {
-    const fs::path parent = dir.parent_path();
-    if (!parent.empty()) {
-      fs::create_directories(parent, ec);
-      if (ec) throw Error(ErrorCode::kIO, parent.string() + ": cannot create directory: " + ec.message());
-    }
+    storage::MakeDirs(dir.parent_path());
     return;
   }
   if (!fs::is_directory(status)) {
@@ -43,17 +40,7 @@ void CheckTarget(const fs::path& dir, bool overwrite) {
   }
 }
 
-fs::path MakeStagingDir(const fs::path& dir) {
-  for (int attempt = 0; attempt < 16; ++attempt) {
-    fs::path staging = storage::SiblingPath(dir, names::kTempInfix);
-    std::error_code ec;
-    if (fs::create_directory(staging, ec)) return staging;
-    if (ec && ec != std::errc::file_exists) {
-      throw Error(ErrorCode::kIO, staging.string() + ": cannot create staging directory: " + ec.message());
-    }
-  }
-  throw Error(ErrorCode::kIO, dir.string() + ": cannot create a unique staging directory");
-}
+fs::path MakeStagingDir(const fs::path& dir) { return storage::BeginStaging(dir, /*directory=*/true); }
 
 void StampMetadata(Metadata& m) {
   m.library_version = CKPT_VERSION_STRING;
@@ -68,9 +55,9 @@ void StampMetadata(Metadata& m) {
 void CommitStaging(const fs::path& staging, const fs::path& dir, const Metadata& m) {
   storage::WriteFileSynced(staging / names::kMetadataFile, SerializeMetadata(m));
   storage::FsyncPath(staging);
-  std::error_code ec;
-  if (fs::is_directory(dir, ec) && fs::is_empty(dir, ec)) fs::remove(dir, ec);
-  if (storage::RenameIntoPlace(staging, dir)) storage::RemoveAllQuietly(staging);  // the old checkpoint
+  // Replaces only what CheckTarget accepted when the staging began: nothing, an empty
+  // directory, or (with overwrite) the checkpoint that was there.
+  storage::CommitStaged(staging, dir, storage::Replace::kExpected);
 }
 
 std::string DescribeCurrentException() {

@@ -21,12 +21,16 @@ std::string ShardFileName(int index, int count);
 // Throws kAlreadyExists unless `dir` is absent, an empty directory, or (with overwrite)
 // a committed checkpoint. Creates the parent directory if needed.
 void CheckTarget(const fs::path& dir, bool overwrite);
-// Creates and returns a fresh staging directory beside `dir`.
+// Creates and returns a fresh staging directory beside `dir` (storage::BeginStaging:
+// leftovers of killed saves to `dir` are removed first).
 fs::path MakeStagingDir(const fs::path& dir);
 // Fills library_version and created.
 void StampMetadata(Metadata& m);
-// Writes metadata.json into `staging`, fsyncs, and moves `staging` into place at `dir`
-// (atomically exchanging with a checkpoint already there, which is then removed).
+// Writes metadata.json into `staging`, fsyncs, and commits `staging` at `dir`
+// (storage::CommitStaged with Replace::kExpected: RENAME_NOREPLACE onto a free path, so
+// of two saves to one new path only one commits; an atomic exchange with what was there
+// when the staging began, which is removed once the parent is fsynced). Any failure
+// leaves `dir` as it was.
 void CommitStaging(const fs::path& staging, const fs::path& dir, const Metadata& m);
 
 // Turns the exception in flight into a description "code\tmessage" (empty if none).

@@ -6,6 +6,7 @@
 // the end makes every rank succeed or every rank throw.
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -112,7 +113,7 @@ Scalar ScalarFromJson(DType dtype, const std::string& text) {
 
 // Reads every tensor chunk of `target` with up to `threads` readers, each with its own
 // shard handles; chunks are handed out largest first so the threads finish together.
-void ReadTensors(const std::filesystem::path& dir, const std::shared_ptr<const Metadata>& metadata,
+void ReadTensors(const storage::Dir& dir, const std::shared_ptr<const Metadata>& metadata,
                  StateDict& target, const std::unordered_set<std::string>& skip, const LoadOptions& options,
                  uint64_t& bytes_read) {
   struct Task {
@@ -163,8 +164,12 @@ void ReadTensors(const std::filesystem::path& dir, const std::shared_ptr<const M
 
 LoadReport Load(const std::filesystem::path& dir, StateDict& target, Comm& comm, const LoadOptions& options) {
   LoadReport report;
+  uint64_t version = 0;
   internal::Phase(comm, [&] {
-    internal::Reader reader(dir, std::make_shared<const Metadata>(ReadMetadata(dir)));
+    // One directory handle for metadata.json and every shard: a load racing an overwrite
+    // reads the old checkpoint or the new one, never a mix.
+    const storage::Dir handle = storage::Dir::Open(dir);
+    internal::Reader reader(handle, std::make_shared<const Metadata>(internal::ReadMetadataAt(handle, &version)));
     const Metadata& m = reader.metadata();
     CheckTypes(dir, m, options, comm.size());
     std::unordered_set<std::string> skip;
@@ -182,8 +187,20 @@ LoadReport Load(const std::filesystem::path& dir, StateDict& target, Comm& comm,
       }
     }
     report.bytes_read = reader.bytes_read();
-    ReadTensors(dir, reader.shared_metadata(), target, skip, options, report.bytes_read);
+    ReadTensors(handle, reader.shared_metadata(), target, skip, options, report.bytes_read);
   });
+  // Each rank read one checkpoint whole; if it was replaced while they opened it, they
+  // may have read different ones: an error on every rank rather than a mixed state.
+  if (comm.size() > 1) {
+    const auto all = comm.AllGather({reinterpret_cast<const uint8_t*>(&version), sizeof version});
+    for (const ByteBuffer& b : all) {
+      if (b.size() != sizeof version || std::memcmp(b.data(), &version, sizeof version) != 0) {
+        throw Error(ErrorCode::kIO, dir.string() +
+                                        ": the checkpoint was replaced while the ranks were loading it (they read "
+                                        "different versions of it); load again");
+      }
+    }
+  }
   return report;
 }
 

@@ -2,6 +2,7 @@
 #include "checkpoint/reader.h"
 
 #include <cstring>
+#include <functional>
 #include <optional>
 
 #include "format/names.h"
@@ -10,26 +11,31 @@
 
 namespace ckpt {
 
-Metadata ReadMetadata(const std::filesystem::path& dir) {
-  const std::filesystem::path path = dir / names::kMetadataFile;
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) {
-    if (!std::filesystem::exists(dir, ec)) throw Error(ErrorCode::kNotFound, dir.string() + ": no such checkpoint");
-    throw Error(ErrorCode::kNotFound,
-                dir.string() + ": not a checkpoint (no metadata.json; an interrupted save never commits one)");
-  }
-  const ParseLimits limits;
-  return ParseMetadata(storage::ReadFileLimited(path, limits.max_bytes), path.string(), limits);
-}
+Metadata ReadMetadata(const std::filesystem::path& dir) { return internal::ReadMetadataAt(storage::Dir::Open(dir)); }
 
 std::unique_ptr<CheckpointReader> CheckpointReader::Open(const std::filesystem::path& dir) {
-  return std::make_unique<internal::Reader>(dir, std::make_shared<const Metadata>(ReadMetadata(dir)));
+  const storage::Dir d = storage::Dir::Open(dir);
+  return std::make_unique<internal::Reader>(d, std::make_shared<const Metadata>(internal::ReadMetadataAt(d)));
 }
 
 namespace internal {
 
-Reader::Reader(std::filesystem::path dir, std::shared_ptr<const Metadata> metadata, bool check_tiling)
-    : dir_(std::move(dir)), metadata_(std::move(metadata)) {
+Metadata ReadMetadataAt(const storage::Dir& dir, uint64_t* text_hash) {
+  const ParseLimits limits;
+  std::string text;
+  try {
+    text = storage::ReadFileLimitedAt(dir, names::kMetadataFile, limits.max_bytes);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kNotFound) throw;
+    throw Error(ErrorCode::kNotFound,
+                dir.path().string() + ": not a checkpoint (no metadata.json; an interrupted save never commits one)");
+  }
+  if (text_hash) *text_hash = std::hash<std::string>{}(text);
+  return ParseMetadata(text, (dir.path() / names::kMetadataFile).string(), limits);
+}
+
+Reader::Reader(storage::Dir dir, std::shared_ptr<const Metadata> metadata, bool check_tiling)
+    : handle_(std::move(dir)), dir_(handle_.path()), metadata_(std::move(metadata)) {
   if (!check_tiling) return;
   std::vector<std::string> problems;
   for (const auto& [key, e] : metadata_->entries) {
@@ -56,7 +62,7 @@ const EntryMeta& Reader::TensorEntry(std::string_view key) {
 storage::ShardReader& Reader::Shard(const std::string& file) {
   auto it = shards_.find(file);
   if (it == shards_.end()) {
-    it = shards_.emplace(file, std::make_unique<storage::ShardReader>(dir_, file)).first;
+    it = shards_.emplace(file, std::make_unique<storage::ShardReader>(handle_, file)).first;
   }
   return *it->second;
 }

@@ -10,12 +10,18 @@
 
 namespace ckpt::internal {
 
+// Reads metadata.json of the checkpoint open as `dir`; `text_hash` (if given) receives a
+// hash of its text, which tells ranks whether they read the same checkpoint.
+Metadata ReadMetadataAt(const storage::Dir& dir, uint64_t* text_hash = nullptr);
+
 class Reader final : public CheckpointReader {
  public:
-  // Readers of one checkpoint may share its metadata (one reader per thread). Unless told
+  // Reads the checkpoint through the directory handle `dir` (metadata read from it too),
+  // so a reader racing an overwrite sees one checkpoint whole, never a mix. Readers of
+  // one checkpoint may share the handle and metadata (one reader per thread). Unless told
   // the check was done already, refuses metadata whose chunks do not tile every tensor
   // (FORMAT.md §8.5): a gap would leave part of a caller's buffer unwritten.
-  Reader(std::filesystem::path dir, std::shared_ptr<const Metadata> metadata, bool check_tiling = true);
+  Reader(storage::Dir dir, std::shared_ptr<const Metadata> metadata, bool check_tiling = true);
 
   const Metadata& metadata() const override { return *metadata_; }
   const std::shared_ptr<const Metadata>& shared_metadata() const { return metadata_; }
@@ -35,6 +41,7 @@ class Reader final : public CheckpointReader {
   storage::ShardReader& Shard(const std::string& file);
   void VerifyDigest(const std::string& key, const ChunkMeta& chunk, const storage::Digest& digest) const;
 
+  storage::Dir handle_;
   std::filesystem::path dir_;
   std::shared_ptr<const Metadata> metadata_;
   std::map<std::string, std::unique_ptr<storage::ShardReader>> shards_;

@@ -176,7 +176,6 @@ void Save(const std::filesystem::path& dir, const StateDict& state, Comm& comm, 
     const layout::PlanMessage mine = layout::DecodePlan(plan_message, rank, world);
     staging = mine.staging;
     written = WriteShard(staging, mine.writes, state, rank, world, options.compression);
-    if (options.before_commit) options.before_commit(rank);
   } catch (...) {
     failure = internal::DescribeCurrentException();
   }

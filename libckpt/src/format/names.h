@@ -6,6 +6,7 @@ namespace ckpt::names {
 // §2 directory layout
 inline constexpr const char* kMetadataFile = "metadata.json";
 inline constexpr const char* kTempInfix = ".ckpt-tmp-";
+inline constexpr const char* kAsideInfix = ".ckpt-aside-";
 
 // §3 metadata.json
 inline constexpr const char* kFormat = "format";

@@ -1,8 +1,6 @@
 // ops/merge.cc: see ckpt/ops/merge.h.
 #include "ckpt/ops/merge.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -20,6 +18,8 @@
 #include "layout/box.h"
 #include "ops/elements.h"
 #include "ops/util.h"
+#include "storage/commit.h"
+#include "storage/fs.h"
 #include "storage/h5.h"
 
 namespace ckpt::ops {
@@ -166,35 +166,21 @@ Scalar ToScalar(const std::string& key, const EntryMeta& e) {
   throw Error(ErrorCode::kCorrupt, "scalar '" + key + "' has a non-numeric value " + e.value);
 }
 
-fs::path Sibling(const fs::path& dst, const char* tag) {
-  return dst.parent_path() / ("." + dst.filename().string() + tag + std::to_string(::getpid()));
-}
-
-// Puts the verified `staging` at `dst`, replacing what was there only with `force`.
+// Commits the verified `staging` at `dst` (storage/commit.h), replacing what is there
+// only with `force`; a failure discards the staging and leaves `dst` as it was.
 void Install(const fs::path& staging, const fs::path& dst, bool force) {
-  std::error_code ec;
-  if (fs::exists(dst, ec)) {
-    if (!force) {
-      fs::remove_all(staging, ec);
+  try {
+    storage::CommitStaged(staging, dst, force ? storage::Replace::kExisting : storage::Replace::kNever);
+  } catch (const Error& e) {
+    storage::DiscardStaged(staging);
+    if (e.code() == ErrorCode::kAlreadyExists && !force)
       throw Error(ErrorCode::kAlreadyExists, dst.string() + ": already exists (use --force to replace it)");
-    }
-    const fs::path old = Sibling(dst, ".merge-old-");
-    fs::rename(dst, old, ec);
-    if (ec) throw Error(ErrorCode::kIO, dst.string() + ": cannot move aside: " + ec.message());
-    fs::rename(staging, dst, ec);
-    if (ec) {
-      std::error_code ignored;
-      fs::rename(old, dst, ignored);
-      throw Error(ErrorCode::kIO, dst.string() + ": cannot rename into place: " + ec.message());
-    }
-    fs::remove_all(old, ec);
-    return;
+    throw;
   }
-  fs::rename(staging, dst, ec);
-  if (ec) throw Error(ErrorCode::kIO, dst.string() + ": cannot rename into place: " + ec.message());
 }
 
-void WriteCheckpoint(Source& src, const std::vector<Selected>& sel, const fs::path& dst,
+// Writes the output checkpoint at `staging` and verifies it.
+void StageCheckpoint(Source& src, const std::vector<Selected>& sel, const fs::path& staging,
                      const MergeOptions& o, uint64_t budget, MergeReport& r) {
   const int files = std::max(1, o.world);
   CheckpointWriter::Options wo;
@@ -203,9 +189,6 @@ void WriteCheckpoint(Source& src, const std::vector<Selected>& sel, const fs::pa
   wo.num_files = files;
   wo.compression = o.compression;
   wo.user_metadata = src.metadata().user.empty() ? "{}" : src.metadata().user;
-  const fs::path staging = Sibling(dst, ".merge-tmp-");
-  std::error_code ec;
-  fs::remove_all(staging, ec);
   uint64_t total = 0;
   for (const auto& s : sel)
     if (s.entry->kind == EntryKind::kTensor) total += s.entry->TensorBytes();
@@ -302,9 +285,19 @@ void WriteCheckpoint(Source& src, const std::vector<Selected>& sel, const fs::pa
   vo.quick = !o.verify_data;
   const VerifyReport v = Verify(staging, vo);
   if (!v.ok()) {
-    fs::remove_all(staging, ec);
     throw Error(ErrorCode::kCorrupt, "the merged checkpoint failed verification; nothing written:\n" +
                                          RenderVerifyText(v));
+  }
+}
+
+void WriteCheckpoint(Source& src, const std::vector<Selected>& sel, const fs::path& dst,
+                     const MergeOptions& o, uint64_t budget, MergeReport& r) {
+  const fs::path staging = storage::BeginStaging(dst, /*directory=*/false);
+  try {
+    StageCheckpoint(src, sel, staging, o, budget, r);
+  } catch (...) {
+    storage::DiscardStaged(staging);
+    throw;
   }
   Install(staging, dst, o.force);
 }
@@ -384,7 +377,7 @@ void WriteVirtual(Source& src, const std::vector<Selected>& sel, const fs::path&
   if (fs::exists(dst, ec) && !o.force)
     throw Error(ErrorCode::kAlreadyExists, dst.string() + ": already exists (use --force to replace it)");
   h5::Init();
-  const fs::path tmp = Sibling(dst, ".virtual-tmp-");
+  const fs::path tmp = storage::BeginStaging(dst, /*directory=*/false);
   // Source files are named relative to the virtual file's directory (HDF5 resolves them
   // from there), so the two can be moved or copied together.
   const fs::path src_dir = fs::relative(fs::absolute(src.path()), fs::absolute(dst).parent_path());
@@ -433,17 +426,13 @@ void WriteVirtual(Source& src, const std::vector<Selected>& sel, const fs::path&
       r.bytes += e.TensorBytes();
     }
     h5::Check(file.Close(), tmp.string() + ": cannot close");
+    storage::FsyncPath(tmp);
   } catch (...) {
-    fs::remove(tmp, ec);
+    storage::DiscardStaged(tmp);
     throw;
   }
   r.files = 1;
-  fs::rename(tmp, dst, ec);
-  if (ec) {
-    std::error_code ignored;
-    fs::remove(tmp, ignored);
-    throw Error(ErrorCode::kIO, dst.string() + ": cannot rename into place: " + ec.message());
-  }
+  Install(tmp, dst, o.force);
 }
 
 }  // namespace

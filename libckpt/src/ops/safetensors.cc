@@ -14,6 +14,7 @@
 #include "ckpt/error.h"
 #include "layout/box.h"
 #include "ops/util.h"
+#include "storage/commit.h"
 #include "storage/fs.h"
 
 namespace ckpt::ops {
@@ -271,25 +272,27 @@ SafetensorsWriter::SafetensorsWriter(const std::filesystem::path& path,
   data_total_ = off;
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // align the buffer to 8 bytes, as upstream
-  tmp_path_ = path;
-  tmp_path_ += ".tmp-" + std::to_string(::getpid());
-  fd_ = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd_ < 0)
-    throw Error(ErrorCode::kIO, tmp_path_.string() + ": cannot create: " + std::strerror(errno));
-  uint8_t len[8];
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(text.size() >> (8 * i));
-  detail::PwriteAll(fd_, len, 8, 0, tmp_path_);
-  detail::PwriteAll(fd_, text.data(), text.size(), 8, tmp_path_);
+  // Written at a staging sibling, committed by storage/commit.h (the one commit routine).
+  tmp_path_ = storage::BeginStaging(path, /*directory=*/false);
+  try {
+    fd_ = storage::OpenFile(tmp_path_, O_WRONLY | O_CREAT | O_EXCL, 0644).release();
+    uint8_t len[8];
+    for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(text.size() >> (8 * i));
+    detail::PwriteAll(fd_, len, 8, 0, tmp_path_);
+    detail::PwriteAll(fd_, text.data(), text.size(), 8, tmp_path_);
+  } catch (...) {
+    if (fd_ >= 0) storage::Fd{fd_};  // closes it
+    fd_ = -1;
+    storage::DiscardStaged(tmp_path_);
+    throw;
+  }
   file_pos_ = 8 + text.size();
 }
 
 SafetensorsWriter::~SafetensorsWriter() {
-  if (source_fd_ >= 0) ::close(source_fd_);
-  if (fd_ >= 0) {
-    ::close(fd_);
-    std::error_code ec;
-    std::filesystem::remove(tmp_path_, ec);
-  }
+  if (source_fd_ >= 0) storage::Fd{source_fd_};
+  if (fd_ >= 0) storage::Fd{fd_};
+  if (!tmp_path_.empty()) storage::DiscardStaged(tmp_path_);  // not committed
 }
 
 void SafetensorsWriter::Append(const void* data, uint64_t bytes) {
@@ -308,7 +311,7 @@ void SafetensorsWriter::AppendCopy(const FileRange& range) {
                 path_.string() + ": more bytes appended than the header declares");
   if (source_fd_ < 0 || source_path_ != range.file) {  // tensors come file by file: keep the last one open
     storage::Fd in = storage::OpenRegularFile(range.file);
-    if (source_fd_ >= 0) ::close(source_fd_);
+    if (source_fd_ >= 0) storage::Fd{source_fd_};
     source_fd_ = in.release();
     source_path_ = range.file;
   }
@@ -332,22 +335,18 @@ void SafetensorsWriter::Commit() {
     throw Error(ErrorCode::kInvalidArgument,
                 path_.string() + ": " + std::to_string(written_) + " data bytes written, header declares " +
                     std::to_string(data_total_));
-  if (::fsync(fd_) != 0 || ::close(fd_) != 0) {
-    fd_ = -1;
-    throw Error(ErrorCode::kIO, tmp_path_.string() + ": cannot flush: " + std::strerror(errno));
-  }
+  storage::Fd fd(fd_);
   fd_ = -1;
-  std::error_code ec;
-  if (!overwrite_ && std::filesystem::exists(path_, ec)) {
-    std::filesystem::remove(tmp_path_, ec);
-    throw Error(ErrorCode::kAlreadyExists, path_.string() + ": already exists");
+  storage::FsyncFd(fd.get(), tmp_path_);
+  fd.Close(tmp_path_);
+  try {
+    storage::CommitStaged(tmp_path_, path_, overwrite_ ? storage::Replace::kExisting : storage::Replace::kNever);
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::kAlreadyExists && !overwrite_)
+      throw Error(ErrorCode::kAlreadyExists, path_.string() + ": already exists");
+    throw;
   }
-  std::filesystem::rename(tmp_path_, path_, ec);
-  if (ec) {
-    std::error_code ignored;
-    std::filesystem::remove(tmp_path_, ignored);
-    throw Error(ErrorCode::kIO, path_.string() + ": cannot rename into place: " + ec.message());
-  }
+  tmp_path_.clear();  // committed
 }
 
 }  // namespace ckpt::ops

@@ -574,7 +574,6 @@ void Accelerator::SaveState(const std::filesystem::path& dir, const SaveStateOpt
   so.state_dict_type = options.state_dict_type;
   so.overwrite = options.overwrite;
   so.compression = options.compression;
-  so.before_commit = options.before_commit;
   so.user_metadata = user.dump();
   so.mesh = MeshJson();
   Save(dir, sd, *world_, so);

@@ -3,9 +3,10 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 
 #include "ckpt/error.h"
+#include "storage/commit.h"
+#include "storage/fs.h"
 
 namespace ckpt::runtime {
 namespace fs = std::filesystem;
@@ -13,8 +14,7 @@ namespace fs = std::filesystem;
 namespace {
 constexpr const char* kLatest = "latest";
 
-std::optional<int64_t> StepOf(const fs::path& dir) {
-  const std::string name = dir.filename().string();
+std::optional<int64_t> StepOfName(std::string_view name) {
   if (name.size() != 13 || name.compare(0, 5, "step-") != 0) return std::nullopt;
   int64_t step = 0;
   for (std::size_t i = 5; i < name.size(); ++i) {
@@ -23,6 +23,8 @@ std::optional<int64_t> StepOf(const fs::path& dir) {
   }
   return step;
 }
+
+std::optional<int64_t> StepOf(const fs::path& dir) { return StepOfName(dir.filename().string()); }
 
 bool IsCommitted(const fs::path& dir) {
   std::error_code ec;
@@ -52,9 +54,14 @@ std::vector<std::pair<int64_t, fs::path>> CheckpointManager::Committed() const {
 }
 
 std::optional<std::pair<int64_t, fs::path>> CheckpointManager::Latest() const {
-  std::ifstream in(root_ / kLatest);
   std::string name;
-  if (in && std::getline(in, name)) {
+  try {
+    name = storage::ReadFileLimited(root_ / kLatest, 4096);
+  } catch (const Error&) {
+    name.clear();  // missing or unreadable: fall back to the directories
+  }
+  name = name.substr(0, name.find('\n'));
+  if (!name.empty()) {
     const fs::path dir = root_ / name;
     const auto step = StepOf(dir);
     if (step && IsCommitted(dir)) return std::make_pair(*step, dir);
@@ -69,9 +76,13 @@ fs::path CheckpointManager::Save(int64_t step, const SaveStateOptions& options) 
   const fs::path dir = DirFor(root_, step);
   std::string error;
   if (comm.rank() == 0) {
-    std::error_code ec;
-    fs::create_directories(root_, ec);
-    if (ec) error = root_.string() + ": " + ec.message();
+    try {
+      storage::MakeDirs(root_);
+      // Leftovers of saves and prunings that were killed, whatever their step.
+      storage::CleanLeftovers(root_, [](std::string_view t) { return StepOfName(t) || t == kLatest; });
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
   }
   if (!comm.AllOk(error.empty())) throw Error(ErrorCode::kIO, "checkpoint manager: cannot create " + root_.string() + (error.empty() ? "" : ": " + error));
   SaveStateOptions so = options;
@@ -79,17 +90,11 @@ fs::path CheckpointManager::Save(int64_t step, const SaveStateOptions& options) 
   accel_->SaveState(dir, so);
   if (comm.rank() == 0) {
     try {
-      const fs::path tmp = root_ / (std::string(kLatest) + ".tmp");
-      {
-        std::ofstream out(tmp, std::ios::trunc);
-        out << dir.filename().string() << "\n";
-        out.flush();
-        if (!out) throw Error(ErrorCode::kIO, tmp.string() + ": cannot write");
-      }
-      fs::rename(tmp, root_ / kLatest);
+      storage::CommitFile(root_ / kLatest, dir.filename().string() + "\n");
+      // Each pruned step is un-committed (renamed away, parent fsynced) before its files go.
       auto all = Committed();
       for (std::size_t i = 0; i + static_cast<std::size_t>(keep_last_) < all.size(); ++i)
-        fs::remove_all(all[i].second);
+        storage::RemoveCommitted(all[i].second);
     } catch (const std::exception& e) {
       error = e.what();
     }

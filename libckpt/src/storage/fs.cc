@@ -7,13 +7,18 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <random>
 #include <vector>
 
 #include "ckpt/error.h"
+#include "storage/commit.h"
 
+#ifndef RENAME_NOREPLACE
+#define RENAME_NOREPLACE (1 << 0)
+#endif
 #ifndef RENAME_EXCHANGE
 #define RENAME_EXCHANGE (1 << 1)
 #endif
@@ -25,11 +30,40 @@ namespace {
   throw Error(ErrorCode::kIO, path.string() + ": " + what + ": " + std::strerror(err));
 }
 
+FileSystem g_posix;
+std::atomic<FileSystem*> g_fs{&g_posix};
+
 }  // namespace
+
+int FileSystem::Open(const fs::path& path, int flags, mode_t mode, int dirfd) {
+  return ::openat(dirfd, path.c_str(), flags, mode);
+}
+ssize_t FileSystem::Pwrite(int fd, const void* buf, std::size_t n, off_t offset, const fs::path&) {
+  return ::pwrite(fd, buf, n, offset);
+}
+ssize_t FileSystem::CopyFileRange(int in_fd, loff_t* in_offset, int out_fd, loff_t* out_offset, std::size_t n,
+                                  const fs::path&) {
+  return ::copy_file_range(in_fd, in_offset, out_fd, out_offset, n, 0);
+}
+int FileSystem::Fsync(int fd, const fs::path&) { return ::fsync(fd); }
+int FileSystem::Close(int fd, const fs::path&) { return ::close(fd); }
+int FileSystem::Rename(const fs::path& from, const fs::path& to, RenameMode mode) {
+  if (mode == RenameMode::kReplace) return ::rename(from.c_str(), to.c_str());
+  const unsigned flags = mode == RenameMode::kExchange ? RENAME_EXCHANGE : RENAME_NOREPLACE;
+  return static_cast<int>(::syscall(SYS_renameat2, AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), flags));
+}
+int FileSystem::Mkdir(const fs::path& path, mode_t mode) { return ::mkdir(path.c_str(), mode); }
+int FileSystem::Remove(const fs::path& path, bool directory) {
+  return directory ? ::rmdir(path.c_str()) : ::unlink(path.c_str());
+}
+
+FileSystem& Fs() { return *g_fs.load(std::memory_order_acquire); }
+
+FileSystem* SetFileSystem(FileSystem* fs) { return g_fs.exchange(fs ? fs : &g_posix, std::memory_order_acq_rel); }
 
 Fd& Fd::operator=(Fd&& o) noexcept {
   if (this != &o) {
-    if (fd_ >= 0) ::close(fd_);
+    if (fd_ >= 0) Fs().Close(fd_, {});
     fd_ = o.fd_;
     o.fd_ = -1;
   }
@@ -37,33 +71,69 @@ Fd& Fd::operator=(Fd&& o) noexcept {
 }
 
 Fd::~Fd() {
-  if (fd_ >= 0) ::close(fd_);
+  if (fd_ >= 0) Fs().Close(fd_, {});
 }
 
 void Fd::Close(const fs::path& path) {
   if (fd_ < 0) return;
-  const int r = ::close(fd_);
+  const int r = Fs().Close(fd_, path);
   fd_ = -1;
   if (r != 0) Fail(path, "close", errno);
 }
 
-Fd OpenRegularFile(const fs::path& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+Dir Dir::Open(const fs::path& path) {
+  const int fd = Fs().Open(path.empty() ? fs::path(".") : path, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
   if (fd < 0) {
     const int err = errno;
-    if (err == ENOENT) throw Error(ErrorCode::kNotFound, path.string() + ": no such file");
-    if (err == ELOOP) throw Error(ErrorCode::kCorrupt, path.string() + ": is a symbolic link, refusing to follow it");
-    Fail(path, "open", err);
+    if (err == ENOENT) throw Error(ErrorCode::kNotFound, path.string() + ": no such checkpoint");
+    if (err == ENOTDIR) throw Error(ErrorCode::kNotFound, path.string() + ": not a directory");
+    Fail(path, "open directory", err);
+  }
+  Dir d;
+  d.fd_ = std::make_shared<const Fd>(fd);
+  d.path_ = path;
+  return d;
+}
+
+namespace {
+
+Fd OpenRegular(int dirfd, const fs::path& name, const fs::path& shown) {
+  const int fd = Fs().Open(name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0, dirfd);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == ENOENT) throw Error(ErrorCode::kNotFound, shown.string() + ": no such file");
+    if (err == ELOOP) throw Error(ErrorCode::kCorrupt, shown.string() + ": is a symbolic link, refusing to follow it");
+    Fail(shown, "open", err);
   }
   Fd owned(fd);
   struct stat st;
-  if (::fstat(fd, &st) != 0) Fail(path, "fstat", errno);
+  if (::fstat(fd, &st) != 0) Fail(shown, "fstat", errno);
   if (!S_ISREG(st.st_mode)) {
-    throw Error(ErrorCode::kCorrupt, path.string() + ": not a regular file");
+    throw Error(ErrorCode::kCorrupt, shown.string() + ": not a regular file");
   }
   // O_NONBLOCK only kept a FIFO from blocking the open; clear it for normal reads.
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   return owned;
+}
+
+}  // namespace
+
+Fd OpenRegularFile(const fs::path& path) { return OpenRegular(AT_FDCWD, path, path); }
+
+Fd OpenRegularFileAt(const Dir& dir, const std::string& name) {
+  return OpenRegular(dir.fd(), name, dir.path() / name);
+}
+
+std::string ProcPath(int fd) { return "/proc/self/fd/" + std::to_string(fd); }
+
+Fd OpenFile(const fs::path& path, int flags, mode_t mode) {
+  const int fd = Fs().Open(path, flags | O_CLOEXEC, mode);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == ENOENT && !(flags & O_CREAT)) throw Error(ErrorCode::kNotFound, path.string() + ": no such file");
+    Fail(path, flags & O_CREAT ? "create" : "open", err);
+  }
+  return Fd(fd);
 }
 
 uint64_t FileSize(int fd, const fs::path& path) {
@@ -93,7 +163,7 @@ void ReadExact(int fd, void* buf, std::size_t n, uint64_t offset, const fs::path
 void WriteExact(int fd, const void* buf, std::size_t n, uint64_t offset, const fs::path& path) {
   auto* p = static_cast<const char*>(buf);
   while (n > 0) {
-    const ssize_t put = ::pwrite(fd, p, n, static_cast<off_t>(offset));
+    const ssize_t put = Fs().Pwrite(fd, p, n, static_cast<off_t>(offset), path);
     if (put < 0) {
       if (errno == EINTR) continue;
       Fail(path, "write at offset " + std::to_string(offset), errno);
@@ -157,7 +227,7 @@ void CopyRange(int in_fd, uint64_t in_offset, int out_fd, uint64_t out_offset, s
   auto in = static_cast<loff_t>(in_offset), out = static_cast<loff_t>(out_offset);
   std::size_t done = 0;
   while (done < n) {
-    const ssize_t got = ::copy_file_range(in_fd, &in, out_fd, &out, n - done, 0);
+    const ssize_t got = Fs().CopyFileRange(in_fd, &in, out_fd, &out, n - done, out_path);
     if (got > 0) {
       done += static_cast<std::size_t>(got);
       continue;
@@ -185,18 +255,36 @@ void StartWriteback(int fd, uint64_t offset, uint64_t n) {
 }
 
 void FsyncFd(int fd, const fs::path& path) {
-  if (::fsync(fd) != 0) Fail(path, "fsync", errno);
+  if (Fs().Fsync(fd, path) != 0) Fail(path, "fsync", errno);
 }
 
 void FsyncPath(const fs::path& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) Fail(path, "open for fsync", errno);
-  Fd owned(fd);
-  FsyncFd(fd, path);
+  Fd fd = OpenFile(path, O_RDONLY);
+  FsyncFd(fd.get(), path);
 }
 
-std::string ReadFileLimited(const fs::path& path, uint64_t max_bytes) {
-  Fd fd = OpenRegularFile(path);
+fs::path ParentOf(const fs::path& path) {
+  fs::path t = path;
+  if (!t.has_filename()) t = t.parent_path();
+  fs::path parent = t.parent_path();
+  return parent.empty() ? fs::path(".") : parent;
+}
+
+void MakeDirs(const fs::path& path) {
+  if (path.empty()) return;
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) return;
+    Fail(path, "cannot create directory", ENOTDIR);
+  }
+  const fs::path parent = path.has_filename() ? path.parent_path() : path.parent_path().parent_path();
+  if (!parent.empty() && parent != path) MakeDirs(parent);
+  if (Fs().Mkdir(path, 0755) != 0 && errno != EEXIST) Fail(path, "cannot create directory", errno);
+}
+
+namespace {
+
+std::string ReadLimited(Fd fd, const fs::path& path, uint64_t max_bytes) {
   const uint64_t size = FileSize(fd.get(), path);
   if (size > max_bytes) {
     throw Error(ErrorCode::kCorrupt, path.string() + ": " + std::to_string(size) +
@@ -207,13 +295,21 @@ std::string ReadFileLimited(const fs::path& path, uint64_t max_bytes) {
   return data;
 }
 
+}  // namespace
+
+std::string ReadFileLimited(const fs::path& path, uint64_t max_bytes) {
+  return ReadLimited(OpenRegularFile(path), path, max_bytes);
+}
+
+std::string ReadFileLimitedAt(const Dir& dir, const std::string& name, uint64_t max_bytes) {
+  return ReadLimited(OpenRegularFileAt(dir, name), dir.path() / name, max_bytes);
+}
+
 void WriteFileSynced(const fs::path& path, std::string_view data) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) Fail(path, "create", errno);
-  Fd owned(fd);
-  WriteExact(fd, data.data(), data.size(), 0, path);
-  FsyncFd(fd, path);
-  owned.Close(path);
+  Fd fd = OpenFile(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  WriteExact(fd.get(), data.data(), data.size(), 0, path);
+  FsyncFd(fd.get(), path);
+  fd.Close(path);
 }
 
 fs::path SiblingPath(const fs::path& target, std::string_view infix) {
@@ -222,42 +318,20 @@ fs::path SiblingPath(const fs::path& target, std::string_view infix) {
   if (!t.has_filename()) t = t.parent_path();
   char suffix[17];
   std::snprintf(suffix, sizeof suffix, "%016llx", static_cast<unsigned long long>(rng()));
-  fs::path parent = t.parent_path();
-  if (parent.empty()) parent = ".";
-  return parent / ("." + t.filename().string() + std::string(infix) + suffix);
-}
-
-bool RenameIntoPlace(const fs::path& from, const fs::path& to) {
-  fs::path parent = to.parent_path();
-  if (parent.empty()) parent = ".";
-  bool exchanged = false;
-  struct stat st;
-  if (::lstat(to.c_str(), &st) == 0) {
-    if (::syscall(SYS_renameat2, AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_EXCHANGE) != 0) {
-      const int err = errno;
-      if (err != EINVAL && err != ENOSYS) Fail(to, "atomic exchange with " + from.string(), err);
-      // A file system without RENAME_EXCHANGE: move the old one aside first. There is a
-      // moment without a checkpoint at `to`, but never a half-written one.
-      const fs::path aside = SiblingPath(to, ".ckpt-aside-");
-      if (::rename(to.c_str(), aside.c_str()) != 0) Fail(to, "rename aside", errno);
-      if (::rename(from.c_str(), to.c_str()) != 0) {
-        const int e2 = errno;
-        ::rename(aside.c_str(), to.c_str());
-        Fail(to, "rename into place", e2);
-      }
-      if (::rename(aside.c_str(), from.c_str()) != 0) RemoveAllQuietly(aside);
-    }
-    exchanged = true;
-  } else if (::rename(from.c_str(), to.c_str()) != 0) {
-    Fail(to, "rename from " + from.string(), errno);
-  }
-  FsyncPath(parent);
-  return exchanged;
+  return ParentOf(t) / ("." + t.filename().string() + std::string(infix) + suffix);
 }
 
 void RemoveAllQuietly(const fs::path& path) {
-  std::error_code ec;
-  fs::remove_all(path, ec);
+  if (!ReleaseStaging(path)) return;  // holds the previous content of a failed commit
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) return;
+  if (S_ISDIR(st.st_mode)) {
+    std::error_code ec;
+    std::vector<fs::path> children;
+    for (fs::directory_iterator it(path, ec), end; !ec && it != end; it.increment(ec)) children.push_back(it->path());
+    for (const fs::path& c : children) RemoveAllQuietly(c);
+  }
+  Fs().Remove(path, S_ISDIR(st.st_mode));
 }
 
 }  // namespace ckpt::storage

@@ -1,15 +1,54 @@
-// storage/fs.h: the file-system steps of the commit protocol (FORMAT.md §2) and safe
-// opening of files named by metadata (§8). POSIX; errors name the path.
+// storage/fs.h: the file-system seam, the file helpers built on it, and safe opening of
+// files named by metadata (FORMAT.md §8). POSIX; errors name the path. The commit
+// protocol (§2) itself is storage/commit.h.
 #pragma once
+
+#include <fcntl.h>
+#include <sys/types.h>
 
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <string_view>
 
 namespace ckpt::storage {
 
 namespace fs = std::filesystem;
+
+// How Rename treats an existing target.
+enum class RenameMode {
+  kReplace,    // rename(2): an existing target is replaced
+  kNoReplace,  // renameat2(RENAME_NOREPLACE): fails with EEXIST if the target exists
+  kExchange,   // renameat2(RENAME_EXCHANGE): the two swap atomically; both must exist
+};
+
+// The seam: every file operation ckpt performs on its own files (not HDF5's internal I/O)
+// goes through the installed FileSystem, as leveldb's Env. The default is POSIX; tests
+// install one that counts operations or fails the N-th with EIO or ENOSPC. Each call
+// returns what its system call returns (-1 with errno set on failure); `path` names the
+// file an fd-based call works on, for injectors (the kernel never sees it).
+// Implementations must be thread-safe: ranks and I/O threads call them concurrently.
+class FileSystem {
+ public:
+  virtual ~FileSystem() = default;
+  // openat(2); `dirfd` AT_FDCWD or an open directory that `path` is relative to.
+  virtual int Open(const fs::path& path, int flags, mode_t mode, int dirfd = AT_FDCWD);
+  virtual ssize_t Pwrite(int fd, const void* buf, std::size_t n, off_t offset, const fs::path& path);
+  virtual ssize_t CopyFileRange(int in_fd, loff_t* in_offset, int out_fd, loff_t* out_offset, std::size_t n,
+                                const fs::path& out_path);
+  virtual int Fsync(int fd, const fs::path& path);  // a file or a directory
+  virtual int Close(int fd, const fs::path& path);
+  virtual int Rename(const fs::path& from, const fs::path& to, RenameMode mode);
+  virtual int Mkdir(const fs::path& path, mode_t mode);
+  virtual int Remove(const fs::path& path, bool directory);  // unlink(2) or rmdir(2)
+};
+
+// The installed file system (POSIX unless a test installed another).
+FileSystem& Fs();
+// Installs `fs` for the whole process (nullptr: POSIX again) and returns the previous
+// one; the caller keeps `fs` alive while installed. For tests.
+FileSystem* SetFileSystem(FileSystem* fs);
 
 // An open file descriptor, closed on destruction.
 class Fd {
@@ -36,8 +75,30 @@ class Fd {
   int fd_ = -1;
 };
 
+// A directory opened once (O_DIRECTORY), so that every file of a checkpoint is opened
+// relative to the same directory even if the path is renamed meanwhile. `path` is what
+// error messages name. Copies share the descriptor.
+class Dir {
+ public:
+  Dir() = default;
+  // Opens `path`; kNotFound if it does not exist, kIO naming it otherwise.
+  static Dir Open(const fs::path& path);
+  int fd() const { return fd_ ? fd_->get() : AT_FDCWD; }
+  const fs::path& path() const { return path_; }
+  explicit operator bool() const { return fd_ != nullptr; }
+
+ private:
+  std::shared_ptr<const Fd> fd_;
+  fs::path path_;
+};
+
 // Opens `path` for reading only if it is a regular file (not a symlink, FIFO or device).
 Fd OpenRegularFile(const fs::path& path);
+// The same for `name` inside `dir` (openat), errors naming dir.path() / name.
+Fd OpenRegularFileAt(const Dir& dir, const std::string& name);
+// A path by which other code (HDF5) can open the very file `fd` is open on:
+// "/proc/self/fd/<fd>".
+std::string ProcPath(int fd);
 // Size of an open file.
 uint64_t FileSize(int fd, const fs::path& path);
 
@@ -86,23 +147,27 @@ void CopyRange(int in_fd, uint64_t in_offset, int out_fd, uint64_t out_offset, s
 // most of the file on disk already (best effort; errors surface at that fsync).
 void StartWriteback(int fd, uint64_t offset, uint64_t n);
 
+// Opens a file through the seam; kIO naming `path` (kNotFound if it does not exist).
+Fd OpenFile(const fs::path& path, int flags, mode_t mode = 0644);
+
 void FsyncFd(int fd, const fs::path& path);
 void FsyncPath(const fs::path& path);  // a file or a directory
+// The directory holding `path` ("." for a bare name).
+fs::path ParentOf(const fs::path& path);
+// mkdir -p through the seam; kIO naming the directory that could not be made.
+void MakeDirs(const fs::path& path);
 
 // Reads a whole small file, refusing more than `max_bytes`.
 std::string ReadFileLimited(const fs::path& path, uint64_t max_bytes);
+// The same for `name` inside `dir`, errors naming dir.path() / name.
+std::string ReadFileLimitedAt(const Dir& dir, const std::string& name, uint64_t max_bytes);
 // Writes `path` with `data` and fsyncs it.
 void WriteFileSynced(const fs::path& path, std::string_view data);
 
-// A unique sibling of `target`: "<parent>/.<name><infix><random>".
+// A unique sibling of `target`: "<parent>/.<name><infix><16 hex digits>".
 fs::path SiblingPath(const fs::path& target, std::string_view infix);
 
-// Moves `from` into place at `to`. If `to` exists it is exchanged atomically
-// (renameat2 RENAME_EXCHANGE) and the old content ends up at `from`; returns true then.
-// The parent directory is fsynced.
-bool RenameIntoPlace(const fs::path& from, const fs::path& to);
-
-// Best-effort recursive removal (never throws).
+// Recursive removal through the seam (never throws; what cannot be removed stays).
 void RemoveAllQuietly(const fs::path& path);
 
 }  // namespace ckpt::storage

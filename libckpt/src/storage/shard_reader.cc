@@ -55,13 +55,14 @@ struct ShardReader::Impl {
   }
 };
 
-ShardReader::ShardReader(const std::filesystem::path& dir, const std::string& file_name, bool use_index)
+ShardReader::ShardReader(const Dir& dir, const std::string& file_name, bool use_index)
     : impl_(std::make_unique<Impl>()) {
   h5::Init();
-  impl_->path = dir / file_name;
-  impl_->fd = OpenRegularFile(impl_->path);
+  impl_->path = dir.path() / file_name;
+  impl_->fd = OpenRegularFileAt(dir, file_name);
   impl_->size = FileSize(impl_->fd.get(), impl_->path);
-  const hid_t id = H5Fopen(impl_->path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  // HDF5 opens the very file checked above, whatever happens to the paths meanwhile.
+  const hid_t id = H5Fopen(ProcPath(impl_->fd.get()).c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   if (id < 0) {
     throw Error(ErrorCode::kCorrupt, impl_->path.string() + ": not a readable HDF5 file" + h5::ErrorStack());
   }

@@ -16,18 +16,24 @@
 
 #include "ckpt/metadata.h"
 #include "storage/digest.h"
+#include "storage/fs.h"
 
 namespace ckpt::storage {
 
 class ShardReader {
  public:
-  // Opens `dir/file_name` read-only; it must be a regular file and readable HDF5.
+  // Opens `file_name` inside the open directory `dir` read-only (openat: the directory
+  // the caller read metadata.json from, even if its path was renamed meanwhile); it must
+  // be a regular file and readable HDF5. Errors name dir.path() / file_name.
   // With `use_index`, contiguous chunks are located through the shard index (FORMAT.md
   // §5: dtype, extent and data offset of every dataset, read once per file) instead of
   // opening each dataset through HDF5; a chunk the index does not describe exactly, or
   // whose data would lie outside the file, takes the HDF5 path. ckpt-verify turns it off
   // to check every dataset's HDF5 header.
-  ShardReader(const std::filesystem::path& dir, const std::string& file_name, bool use_index = true);
+  ShardReader(const Dir& dir, const std::string& file_name, bool use_index = true);
+  // The same, opening the directory `dir` first.
+  ShardReader(const std::filesystem::path& dir, const std::string& file_name, bool use_index = true)
+      : ShardReader(Dir::Open(dir), file_name, use_index) {}
   ~ShardReader();
   ShardReader(const ShardReader&) = delete;
   ShardReader& operator=(const ShardReader&) = delete;

@@ -254,9 +254,7 @@ ShardWriter::ShardWriter(const std::filesystem::path& dir, std::string file_name
   h5::Check(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_V18), "H5Pset_libver_bounds");
   impl_->file = h5::File(h5::Check(H5Fcreate(impl_->path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()),
                                    impl_->path.string() + ": creating HDF5 file"));
-  const int fd = ::open(impl_->path.c_str(), O_WRONLY | O_CLOEXEC);
-  if (fd < 0) throw Error(ErrorCode::kIO, impl_->path.string() + ": cannot open for writing data");
-  impl_->fd = Fd(fd);
+  impl_->fd = OpenFile(impl_->path, O_WRONLY);
 }
 
 ShardWriter::~ShardWriter() = default;

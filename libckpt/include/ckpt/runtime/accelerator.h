@@ -101,8 +101,6 @@ struct SaveStateOptions {
   StateDictType state_dict_type = StateDictType::kSharded;
   bool overwrite = false;
   Compression compression;
-  // Passed to SaveOptions::before_commit: a test seam for failure injection.
-  std::function<void(int rank)> before_commit;
 };
 
 struct LoadStateOptions {

@@ -1,0 +1,325 @@
+// storage/commit.cc
+#include "storage/commit.h"
+
+#include <sys/file.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "ckpt/error.h"
+#include "format/names.h"
+#include "storage/fs.h"
+
+namespace ckpt::storage {
+namespace {
+
+[[noreturn]] void Fail(const fs::path& path, const std::string& what, int err) {
+  throw Error(ErrorCode::kIO, path.string() + ": " + what + ": " + std::strerror(err));
+}
+
+// What a staging path was begun against, until it is committed or discarded.
+struct Staged {
+  Fd parent_lock;  // shared flock on the parent directory (none where flock is unsupported)
+  bool had_target = false;
+  bool target_was_empty_dir = false;
+  dev_t dev = 0;
+  ino_t ino = 0;
+  bool keep = false;  // holds the previous content after a failed undo: never remove it
+};
+
+std::mutex g_mu;
+std::map<std::string, Staged>& Registry() {
+  static auto* r = new std::map<std::string, Staged>();  // outlives static destructors
+  return *r;
+}
+
+bool IsEmptyDir(const fs::path& p) {
+  std::error_code ec;
+  return fs::is_directory(p, ec) && fs::is_empty(p, ec) && !ec;
+}
+
+bool IsHex16(std::string_view s) {
+  if (s.size() != 16) return false;
+  for (char c : s)
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  return true;
+}
+
+// The target a sibling name belongs to, stripping every sibling level
+// (".<t>.ckpt-tmp-<hex>", ".<t>.ckpt-aside-<hex>"); empty if `name` is none. `aside`:
+// the outermost level is an aside copy.
+std::string_view OuterTarget(std::string_view name, bool& aside) {
+  std::string_view t = name;
+  bool sibling = false;
+  aside = false;
+  while (t.size() > 17 && t[0] == '.' && IsHex16(t.substr(t.size() - 16))) {
+    const std::string_view head = t.substr(0, t.size() - 16);
+    std::size_t infix = 0;
+    if (head.ends_with(names::kTempInfix)) {
+      infix = std::strlen(names::kTempInfix);
+    } else if (head.ends_with(names::kAsideInfix)) {
+      infix = std::strlen(names::kAsideInfix);
+      if (!sibling) aside = true;
+    } else {
+      break;
+    }
+    if (head.size() <= infix + 1) break;
+    sibling = true;
+    t = head.substr(1, head.size() - 1 - infix);
+  }
+  return sibling ? t : std::string_view();
+}
+
+// Removes ckpt's leftovers in `parent` (whose lock the caller holds exclusively).
+std::size_t CleanLocked(const fs::path& parent, const std::function<bool(std::string_view)>& is_target) {
+  std::size_t removed = 0;
+  std::error_code ec;
+  std::vector<fs::path> found;
+  for (fs::directory_iterator it(parent, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    bool aside = false;
+    const std::string_view t = OuterTarget(name, aside);
+    if (t.empty() || !is_target(t)) continue;
+    // An aside copy is the only copy while its target is missing (a writer killed
+    // between the two renames of the fallback without RENAME_EXCHANGE): keep it.
+    std::error_code e2;
+    if (aside && !fs::exists(fs::symlink_status(parent / std::string(t), e2))) continue;
+    // A staging name registered in this process is a live writer's.
+    {
+      std::lock_guard lock(g_mu);
+      if (Registry().count(it->path().string())) continue;
+    }
+    found.push_back(it->path());
+  }
+  for (const fs::path& p : found) {
+    RemoveAllQuietly(p);
+    ++removed;
+  }
+  return removed;
+}
+
+// Opens `parent` and takes the exclusive lock if no one holds it; returns the fd (with
+// `exclusive` telling which) or an empty Fd where directories cannot be locked.
+Fd LockParent(const fs::path& parent, bool& exclusive) {
+  exclusive = false;
+  const int fd = Fs().Open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+  if (fd < 0) Fail(parent, "open directory", errno);
+  Fd lock(fd);
+  if (::flock(fd, LOCK_EX | LOCK_NB) == 0) {
+    exclusive = true;
+    return lock;
+  }
+  if (errno != EWOULDBLOCK) return Fd();  // no locks here (some network file systems)
+  while (::flock(fd, LOCK_SH) != 0) {
+    if (errno != EINTR) return Fd();
+  }
+  return lock;
+}
+
+// Swaps `a` and `b`, both existing. Atomic with RENAME_EXCHANGE; on file systems without
+// it, three renames through a free name (a moment with nothing at `b`, never a partial one).
+void Swap(const fs::path& a, const fs::path& b) {
+  if (Fs().Rename(a, b, RenameMode::kExchange) == 0) return;
+  const int err = errno;
+  if (err != EINVAL && err != ENOSYS) Fail(b, "atomic exchange with " + a.string(), err);
+  const fs::path aside = SiblingPath(b, names::kAsideInfix);
+  if (Fs().Rename(b, aside, RenameMode::kReplace) != 0) Fail(b, "rename aside to " + aside.string(), errno);
+  if (Fs().Rename(a, b, RenameMode::kReplace) != 0) {
+    const int e2 = errno;
+    Fs().Rename(aside, b, RenameMode::kReplace);
+    Fail(b, "rename into place from " + a.string(), e2);
+  }
+  if (Fs().Rename(aside, a, RenameMode::kReplace) != 0) Fail(a, "rename from " + aside.string(), errno);
+}
+
+// Renames `from` onto a `to` that must not exist.
+void RenameNew(const fs::path& from, const fs::path& to) {
+  if (Fs().Rename(from, to, RenameMode::kNoReplace) == 0) return;
+  int err = errno;
+  if (err == EINVAL || err == ENOSYS) {  // no RENAME_NOREPLACE: check, then rename
+    std::error_code ec;
+    if (fs::exists(fs::symlink_status(to, ec))) {
+      err = EEXIST;
+    } else if (Fs().Rename(from, to, RenameMode::kReplace) == 0) {
+      return;
+    } else {
+      err = errno;
+    }
+  }
+  if (err == EEXIST || err == ENOTEMPTY) {
+    throw Error(ErrorCode::kAlreadyExists,
+                to.string() + ": created by another writer while this one was writing; not replaced");
+  }
+  Fail(to, "rename from " + from.string(), err);
+}
+
+}  // namespace
+
+bool IsSiblingName(std::string_view name, std::string_view target) {
+  bool aside = false;
+  const std::string_view t = OuterTarget(name, aside);
+  return !t.empty() && t == target;
+}
+
+std::size_t CleanLeftovers(const fs::path& parent, const std::function<bool(std::string_view)>& is_target) {
+  bool exclusive = false;
+  Fd lock = LockParent(parent, exclusive);
+  return exclusive ? CleanLocked(parent, is_target) : 0;
+}
+
+fs::path BeginStaging(const fs::path& target, bool directory) {
+  const fs::path parent = ParentOf(target);
+  const std::string name = fs::path(target).filename().empty() ? target.parent_path().filename().string()
+                                                               : target.filename().string();
+  Staged s;
+  bool exclusive = false;
+  s.parent_lock = LockParent(parent, exclusive);
+  if (exclusive) {
+    CleanLocked(parent, [&](std::string_view t) { return t == name; });
+    ::flock(s.parent_lock.get(), LOCK_SH);  // a conversion: stays locked
+  }
+  struct stat st;
+  if (::lstat(target.c_str(), &st) == 0) {
+    s.had_target = true;
+    s.dev = st.st_dev;
+    s.ino = st.st_ino;
+    s.target_was_empty_dir = S_ISDIR(st.st_mode) && IsEmptyDir(target);
+  }
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    fs::path staging = SiblingPath(target, names::kTempInfix);
+    if (directory) {
+      if (Fs().Mkdir(staging, 0755) != 0) {
+        if (errno == EEXIST) continue;
+        Fail(staging, "cannot create staging directory", errno);
+      }
+    } else if (fs::exists(fs::symlink_status(staging))) {
+      continue;
+    }
+    std::lock_guard lock(g_mu);
+    Registry()[staging.string()] = std::move(s);
+    return staging;
+  }
+  throw Error(ErrorCode::kIO, target.string() + ": cannot create a unique staging name");
+}
+
+bool ReleaseStaging(const fs::path& path) {
+  std::lock_guard lock(g_mu);
+  auto it = Registry().find(path.string());
+  if (it == Registry().end()) return true;
+  const bool keep = it->second.keep;
+  Registry().erase(it);
+  return !keep;
+}
+
+void DiscardStaged(const fs::path& staging) { RemoveAllQuietly(staging); }
+
+void CommitStaged(const fs::path& staging, const fs::path& target, Replace replace) {
+  Staged begun;
+  bool registered = false;
+  {
+    std::lock_guard lock(g_mu);
+    auto it = Registry().find(staging.string());
+    if (it != Registry().end()) {
+      begun.had_target = it->second.had_target;
+      begun.target_was_empty_dir = it->second.target_was_empty_dir;
+      begun.dev = it->second.dev;
+      begun.ino = it->second.ino;
+      registered = true;
+    }
+  }
+  struct stat staged_st;
+  if (::lstat(staging.c_str(), &staged_st) != 0) Fail(staging, "staged output", errno);
+  const bool staged_dir = S_ISDIR(staged_st.st_mode);
+  const fs::path parent = ParentOf(target);
+
+  struct stat st;
+  bool exchanged = false;
+  if (::lstat(target.c_str(), &st) != 0) {
+    if (replace == Replace::kExpected && registered && begun.had_target) {
+      throw Error(ErrorCode::kAlreadyExists, target.string() + ": removed by another writer while this one was writing");
+    }
+    RenameNew(staging, target);
+  } else {
+    if (replace == Replace::kNever) {
+      throw Error(ErrorCode::kAlreadyExists, target.string() + ": already exists");
+    }
+    if (replace == Replace::kExpected && registered &&
+        (!begun.had_target || st.st_dev != begun.dev || st.st_ino != begun.ino ||
+         (begun.target_was_empty_dir && !IsEmptyDir(target)))) {
+      throw Error(ErrorCode::kAlreadyExists,
+                  target.string() + ": created or replaced by another writer while this one was writing; not replaced");
+    }
+    if (S_ISDIR(st.st_mode) != staged_dir) {
+      throw Error(ErrorCode::kAlreadyExists, target.string() + ": exists and is not a " +
+                                                 (staged_dir ? "directory" : "regular file") + "; refusing to replace it");
+    }
+    std::error_code ec;
+    if (staged_dir && !IsEmptyDir(target) && !fs::exists(target / names::kMetadataFile, ec)) {
+      throw Error(ErrorCode::kAlreadyExists,
+                  target.string() + ": exists and is neither empty nor a checkpoint; refusing to replace it");
+    }
+    Swap(staging, target);
+    exchanged = true;
+  }
+  // Committed in the namespace; durable once the parent is fsynced. If that fails, undo.
+  try {
+    FsyncPath(parent);
+  } catch (const Error& e) {
+    std::string undo;
+    try {
+      if (exchanged) {
+        Swap(staging, target);
+      } else if (Fs().Rename(target, staging, RenameMode::kNoReplace) != 0) {
+        Fail(target, "rename back to " + staging.string(), errno);
+      }
+      try {
+        FsyncPath(parent);
+      } catch (const Error&) {
+      }
+      undo = exchanged ? "; the previous content was put back" : "; nothing was committed";
+    } catch (const Error& u) {
+      if (exchanged) {
+        std::lock_guard lock(g_mu);
+        auto it = Registry().find(staging.string());
+        if (it != Registry().end()) it->second.keep = true;
+        undo = "; putting the previous content back failed too (" + std::string(u.what()) + "): it is at " +
+               staging.string();
+      } else {
+        undo = "; undoing the rename failed too (" + std::string(u.what()) + ")";
+      }
+    }
+    throw Error(e.code(), std::string(e.what()) + " (committing " + target.string() + ")" + undo);
+  }
+  // Only now is the old content (at the staging name) garbage.
+  ReleaseStaging(staging);
+  if (exchanged) RemoveAllQuietly(staging);
+}
+
+void CommitFile(const fs::path& target, std::string_view data) {
+  const fs::path staging = BeginStaging(target, false);
+  try {
+    WriteFileSynced(staging, data);
+    CommitStaged(staging, target, Replace::kExisting);
+  } catch (...) {
+    DiscardStaged(staging);
+    throw;
+  }
+}
+
+void RemoveCommitted(const fs::path& dir) {
+  const fs::path aside = SiblingPath(dir, names::kTempInfix);
+  if (Fs().Rename(dir, aside, RenameMode::kNoReplace) != 0) Fail(dir, "rename to " + aside.string(), errno);
+  try {
+    FsyncPath(ParentOf(dir));
+  } catch (...) {
+    // Not durably un-committed: keep every file, put it back.
+    Fs().Rename(aside, dir, RenameMode::kNoReplace);
+    throw;
+  }
+  RemoveAllQuietly(aside);
+}
+
+}  // namespace ckpt::storage
