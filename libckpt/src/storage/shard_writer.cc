@@ -11,7 +11,6 @@
 #include <functional>
 #include <future>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
 #include <unordered_set>
@@ -20,6 +19,7 @@
 #include "storage/digest.h"
 #include "storage/fs.h"
 #include "storage/h5.h"
+#include "storage/shard_index.h"
 
 namespace ckpt::storage {
 namespace {
@@ -135,7 +135,7 @@ struct ShardWriter::Impl {
   Compression compression;
   h5::Handle file;
   Fd fd;
-  nlohmann::json index = nlohmann::json::array();
+  ShardIndexBuilder index;
   // Contiguous, space allocated at creation (so its file offset is known), never filled.
   h5::Handle contiguous_dcpl = [] {
     h5::Init();
@@ -165,13 +165,14 @@ struct ShardWriter::Impl {
 
   void RecordChunk(const std::string& key, DType dtype, const Shape& shape, const ChunkMeta& meta,
                    uint64_t data_offset) {
-    index.push_back({{"key", key},
-                     {"dtype", DTypeName(dtype)},
-                     {"shape", shape},
-                     {"offsets", meta.box.offsets},
-                     {"sizes", meta.box.sizes},
-                     {"dataset", meta.dataset}});
-    if (data_offset) index.back()["offset"] = data_offset;
+    ShardIndexEntry e;
+    e.key = key;
+    e.dtype = dtype;
+    e.shape = shape;
+    e.box = meta.box;
+    e.dataset = meta.dataset;
+    if (data_offset) e.offset = data_offset;
+    index.Add(e);
   }
 
   uint64_t DataOffset(hid_t ds, const std::string& key) const {
@@ -395,17 +396,19 @@ ChunkMeta ShardWriter::WriteBytes(const std::string& key, const void* data, std:
   const uint64_t data_offset = impl_->StreamContiguous(ds.get(), data, n, digest, key);
   meta.checksum = digest.Checksum();
   meta.stored_bytes = n;
-  impl_->index.push_back({{"key", key}, {"dtype", "bytes"}, {"size", n}, {"dataset", meta.dataset}});
-  if (data_offset) impl_->index.back()["offset"] = data_offset;
+  ShardIndexEntry e;
+  e.key = key;
+  e.bytes = true;
+  e.box = meta.box;
+  e.dataset = meta.dataset;
+  if (data_offset) e.offset = data_offset;
+  impl_->index.Add(e);
   return meta;
 }
 
 uint64_t ShardWriter::Finish() {
   if (impl_->copier) impl_->copier->Drain();
-  const nlohmann::json index = {{"format", names::kShardIndexFormat},
-                                {"format_version", kFormatVersion},
-                                {"chunks", impl_->index}};
-  h5::WriteStringAttr(impl_->file.get(), names::kShardIndexAttr, index.dump());
+  h5::WriteStringAttr(impl_->file.get(), names::kShardIndexAttr, impl_->index.Finish());
   if (impl_->file.Close() < 0) {
     throw Error(ErrorCode::kIO, impl_->path.string() + ": closing HDF5 file" + h5::ErrorStack());
   }
