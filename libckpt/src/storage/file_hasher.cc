@@ -37,8 +37,7 @@ void FileHasher::Advise(uint64_t from, uint64_t until) {
   advised_ = to;
 }
 
-void FileHasher::Hash(uint64_t offset, uint64_t n, Digest& digest, const std::function<void(uint64_t)>& done,
-                      std::string_view what) {
+void FileHasher::Scan(uint64_t offset, uint64_t n, const Consumer& consume, std::string_view what) {
   const int fd = Fd();
   if (n < kMapMin) {
     buf_.resize(kPiece);
@@ -46,8 +45,7 @@ void FileHasher::Hash(uint64_t offset, uint64_t n, Digest& digest, const std::fu
       const auto len = static_cast<std::size_t>(std::min<uint64_t>(kPiece, n - pos));
       Advise(offset + pos, offset + pos + len);
       ReadExact(fd, buf_.data(), len, offset + pos, path_);
-      digest.Update(buf_.data(), len);
-      if (done) done(len);
+      consume(buf_.data(), len, pos);
       pos += len;
     }
     return;
@@ -66,10 +64,20 @@ void FileHasher::Hash(uint64_t offset, uint64_t n, Digest& digest, const std::fu
       if (what.empty()) throw;
       throw Error(e.code(), std::string(what) + ": " + e.what());
     }
-    digest.Update(map.data(), static_cast<std::size_t>(len));
-    if (done) done(len);
+    consume(map.data(), static_cast<std::size_t>(len), pos);
     pos += len;
   }
+}
+
+void FileHasher::Hash(uint64_t offset, uint64_t n, Digest& digest, const std::function<void(uint64_t)>& done,
+                      std::string_view what) {
+  Scan(
+      offset, n,
+      [&](const unsigned char* p, std::size_t len, uint64_t) {
+        digest.Update(p, len);
+        if (done) done(len);
+      },
+      what);
 }
 
 bool PrefetchFile(const std::filesystem::path& path) {

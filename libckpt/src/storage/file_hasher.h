@@ -1,5 +1,6 @@
 // storage/file_hasher.h: the one path by which stored bytes are hashed straight from a
-// file (ckpt-verify's data threads, a reader's VerifyChunk for load, merge and diff).
+// file (ckpt-verify's data threads, a reader's VerifyChunk for load, merge and diff, and
+// the chunks a checkpoint writer copies file to file).
 // Small ranges are read a piece at a time into a buffer that stays in the CPU's cache;
 // larger ones are hashed from the page cache's own pages, mapped a window at a time and
 // populated in one call (no copy). The kernel is asked to fetch ahead of what is hashed,
@@ -28,9 +29,13 @@ class FileHasher {
   FileHasher(const FileHasher&) = delete;
   FileHasher& operator=(const FileHasher&) = delete;
 
-  // Feeds `n` bytes at `offset` to `digest`, calling `done(bytes)` as pieces are hashed.
+  // Hands the `n` bytes at `offset` to `consume(data, length, position)` piece by piece,
+  // in order (position counted from `offset`); a piece is valid during the call only.
   // kCorrupt where the file ends early (it shrank since its datasets were checked): for
   // mapped pages the message starts with `what` when given.
+  using Consumer = std::function<void(const unsigned char*, std::size_t, uint64_t)>;
+  void Scan(uint64_t offset, uint64_t n, const Consumer& consume, std::string_view what = {});
+  // Scan feeding `digest`, calling `done(bytes)` as pieces are hashed.
   void Hash(uint64_t offset, uint64_t n, Digest& digest, const std::function<void(uint64_t)>& done = {},
             std::string_view what = {});
 

@@ -17,6 +17,7 @@
 
 #include "format/names.h"
 #include "storage/digest.h"
+#include "storage/file_hasher.h"
 #include "storage/fs.h"
 #include "storage/h5.h"
 #include "storage/shard_index.h"
@@ -25,7 +26,6 @@ namespace ckpt::storage {
 namespace {
 
 constexpr std::size_t kStreamBlock = std::size_t{8} << 20;      // pwrite + digest block
-constexpr std::size_t kCopyBlock = std::size_t{32} << 20;       // file-to-file copy block
 constexpr uint64_t kWritebackBytes = uint64_t{64} << 20;          // start writeback this often
 constexpr std::size_t kCompressChunkBytes = std::size_t{1} << 20;  // HDF5 chunk target
 
@@ -59,8 +59,6 @@ class Copier {
     int in_fd;
     uint64_t in_offset, out_offset;
     std::size_t len;
-    std::shared_ptr<MappedRange> map;  // the source bytes as hashed: their pages released once copied
-    std::size_t map_pos;
     std::filesystem::path in_path;
   };
   // `done(n)` is called on the copier thread after each block.
@@ -105,12 +103,10 @@ class Copier {
       std::exception_ptr failed;
       try {
         CopyRange(t.in_fd, t.in_offset, out_fd_, t.out_offset, t.len, t.in_path, out_path_);
-        t.map->Release(t.map_pos + t.len);
         done_(t.len);
       } catch (...) {
         failed = std::current_exception();
       }
-      t.map.reset();
       lock.lock();
       busy_ = false;
       if (failed && !error_) error_ = failed;
@@ -353,19 +349,17 @@ void ShardWriter::Stream::Copy(int fd, uint64_t offset, std::size_t n, const std
   s.Reserve(n);
   std::optional<Digest> own;  // the range's own checksum, when it is a whole stored chunk
   if (!expected.empty()) own.emplace(DType::kUInt8, false);
-  auto src = std::make_shared<MappedRange>(fd, offset, n, path);
-  // Each block is hashed here from the page cache's own pages, then copied inside the
-  // kernel by the shard's copier thread while the next block is hashed: no byte passes
-  // through a user-space buffer. The copies complete by ShardWriter::Finish.
+  // Each piece is hashed here as the FileHasher hands it over (a large range from the
+  // page cache's own pages, a small one through a cache-sized buffer), then copied inside
+  // the kernel by the shard's copier thread while the next piece is hashed. The copies
+  // complete by ShardWriter::Finish.
   Copier& copier = s.shard->Copies();
-  for (std::size_t done = 0; done < n; done += kCopyBlock) {
-    const std::size_t len = std::min(kCopyBlock, n - done);
-    const unsigned char* p = src->data() + done;
-    src->Populate(done, len);
+  FileHasher source(fd, path);
+  source.Scan(offset, n, [&](const unsigned char* p, std::size_t len, uint64_t done) {
     s.digest->Update(p, len);
     if (own) own->Update(p, len);
-    copier.Push({fd, offset + done, s.offset + s.pos + done, len, src, done, path});
-  }
+    copier.Push({fd, offset + done, s.offset + s.pos + done, len, path});
+  });
   s.pos += n;
   if (own && own->Checksum() != expected) {
     throw Error(ErrorCode::kCorrupt, std::string(what) + ": checksum mismatch: metadata says " +
