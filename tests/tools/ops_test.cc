@@ -22,6 +22,7 @@
 #include "ops/json_schema.h"
 #include "ops/util.h"
 #include "test_util.h"
+#include "tools/hostile_shard.h"
 
 namespace fs = std::filesystem;
 using namespace ckpt;
@@ -770,4 +771,112 @@ TEST_CASE("inspect --json: written key by key, exactly as one dump(2) of the who
     CHECK(doc["keys"].size() == r.keys.size());
     CHECK(doc["problems"].size() == r.problems.size());
   }
+}
+
+namespace {
+
+// The shard holding dataset `dataset` of a checkpoint saved by SaveSample.
+fs::path ShardOf(const fs::path& dir, const std::string& key, const std::string& dataset) {
+  const Metadata md = ReadMetadata(dir);
+  for (const auto& c : md.Find(key)->chunks)
+    if (c.dataset == dataset) return dir / c.file;
+  FAIL("no dataset " << dataset);
+  return {};
+}
+
+template <typename Fn>
+std::string ErrorOf(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("every reader refuses a shard dataset that reaches outside its file or names a foreign filter") {
+  const std::map<std::string, std::string> kinds = {{"lz4", "HDF5 filter 32004 (LZ4)"},
+                                                     {"extlink", "is an external link"},
+                                                     {"softlink", "is a soft link"},
+                                                     {"vds", "a virtual dataset"},
+                                                     {"external", "stored in external files"}};
+  ckpt_test::TempDir tmp("hostile");
+  for (const auto& [kind, phrase] : kinds) {
+    CAPTURE(kind);
+    const fs::path dir = tmp / kind;
+    SaveSample(dir);
+    const fs::path shard = ShardOf(dir, "model.w", "model.w@3,0");
+    ckpt::testing::MakeHostileDataset(shard.string(), "model.w@3,0", kind, (tmp / (kind + ".outside")).string());
+    auto names_all = [&](const std::string& what) {
+      CHECK_MESSAGE(what.find(phrase) != std::string::npos, what);
+      CHECK_MESSAGE(what.find(shard.filename().string()) != std::string::npos, what);
+      CHECK_MESSAGE(what.find("model.w@3,0") != std::string::npos, what);
+    };
+    // load (the reader the library's Load uses)
+    std::vector<float> w(24);
+    names_all(ErrorOf([&] { CheckpointReader::Open(dir)->ReadRegion("model.w", Box::Full({6, 4}), w.data()); }));
+    const auto& chunks = ReadMetadata(dir).Find("model.w")->chunks;
+    const std::size_t hostile = chunks[0].dataset == "model.w@3,0" ? 0 : 1;
+    names_all(ErrorOf([&] { CheckpointReader::Open(dir)->VerifyChunk("model.w", hostile); }));
+    // the tools' readers: a checkpoint source, a lone shard, verify and merge
+    names_all(ErrorOf([&] { ReadAll(*ops::Source::Open(dir), "model.w"); }));
+    names_all(ErrorOf([&] { ReadAll(*ops::Source::Open(shard), "model.w"); }));
+    const auto v = ops::Verify(dir, {});
+    CHECK(!v.ok());
+    names_all(Messages(v));
+    names_all(ErrorOf([&] { ops::Merge(dir, tmp / (kind + ".merged"), {}); }));
+    CHECK(!fs::exists(tmp / (kind + ".merged")));
+    // the rest of the shard still reads
+    std::vector<float> b(4);
+    CheckpointReader::Open(dir)->ReadRegion("model.b", Box::Full({4}), b.data());
+    CHECK(b[3] == 1.5f);
+  }
+}
+
+TEST_CASE("a lone shard: its index is parsed strictly once, bytes entries included") {
+  ckpt_test::TempDir tmp("lone");
+  SaveSample(tmp / "c");
+  const Metadata md = ReadMetadata(tmp / "c");
+  const fs::path shard = tmp / "c" / md.Find("rng")->chunks[0].file;  // holds a bytes entry
+  {
+    auto src = ops::Source::Open(shard);
+    CHECK(src->kind() == ops::SourceKind::kShard);
+    CHECK(src->metadata().Find("model.w"));
+    CHECK(!src->metadata().Find("rng"));  // bytes entries are read from the checkpoint directory
+  }
+  // A malformed index is refused naming the file and what is wrong.
+  auto rewrite = [&](const std::string& from, const std::string& to) {
+    const hid_t f = H5Fopen(shard.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    REQUIRE(f >= 0);
+    const hid_t a = H5Aopen(f, "ckpt_shard_index", H5P_DEFAULT);
+    const hid_t t = H5Aget_type(a);
+    std::string text(H5Tget_size(t), '\0');
+    H5Aread(a, t, text.data());
+    H5Tclose(t);
+    H5Aclose(a);
+    text = text.substr(0, text.find('\0'));
+    const auto at = text.find(from);
+    REQUIRE(at != std::string::npos);
+    text.replace(at, from.size(), to);
+    H5Adelete(f, "ckpt_shard_index");
+    const hid_t type = H5Tcopy(H5T_C_S1);
+    H5Tset_size(type, text.size());
+    const hid_t space = H5Screate(H5S_SCALAR);
+    const hid_t na = H5Acreate2(f, "ckpt_shard_index", type, space, H5P_DEFAULT, H5P_DEFAULT);
+    H5Awrite(na, type, text.data());
+    H5Aclose(na);
+    H5Sclose(space);
+    H5Tclose(type);
+    H5Fclose(f);
+  };
+  rewrite("\"offset\":", "\"offset\":-");  // a negative data offset
+  const std::string bad = ErrorOf([&] { ops::Source::Open(shard); });
+  CHECK_MESSAGE(bad.find(shard.string() + ": ckpt_shard_index") != std::string::npos, bad);
+  CHECK_MESSAGE(bad.find("\"offset\" is not a byte offset") != std::string::npos, bad);
+  // ... while the checkpoint, whose metadata.json is authoritative, still reads (HDF5 path).
+  std::vector<float> b(4);
+  CheckpointReader::Open(tmp / "c")->ReadRegion("model.b", Box::Full({4}), b.data());
+  CHECK(b[0] == -1.5f);
 }

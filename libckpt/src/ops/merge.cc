@@ -20,7 +20,7 @@
 #include "ops/util.h"
 #include "storage/commit.h"
 #include "storage/fs.h"
-#include "storage/h5.h"
+#include "storage/virtual_file.h"
 
 namespace ckpt::ops {
 namespace {
@@ -376,15 +376,12 @@ void WriteVirtual(Source& src, const std::vector<Selected>& sel, const fs::path&
   std::error_code ec;
   if (fs::exists(dst, ec) && !o.force)
     throw Error(ErrorCode::kAlreadyExists, dst.string() + ": already exists (use --force to replace it)");
-  h5::Init();
   const fs::path tmp = storage::BeginStaging(dst, /*directory=*/false);
   // Source files are named relative to the virtual file's directory (HDF5 resolves them
   // from there), so the two can be moved or copied together.
   const fs::path src_dir = fs::relative(fs::absolute(src.path()), fs::absolute(dst).parent_path());
-  std::vector<uint8_t> buf;
   try {
-    h5::Handle file = h5::File(h5::Check(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT),
-                                         tmp.string() + ": cannot create"));
+    storage::VirtualFileWriter file(tmp, dst.string());
     for (const auto& s : sel) {
       const EntryMeta& e = *s.entry;
       if (e.kind != EntryKind::kTensor) {
@@ -392,40 +389,18 @@ void WriteVirtual(Source& src, const std::vector<Selected>& sel, const fs::path&
                           " entry: not in the virtual file");
         continue;
       }
-      const std::string name = h5::EscapeKey(*s.key);
-      h5::Handle type = h5::FileType(e.dtype);
-      std::vector<hsize_t> dims(e.shape.begin(), e.shape.end());
-      h5::Handle space = h5::MakeSpace(dims);
-      h5::Handle dcpl = h5::Plist(H5Pcreate(H5P_DATASET_CREATE));
-      const bool copy = e.shape.empty();  // HDF5 has no virtual scalar datasets: copy the one element
-      if (!copy) {
-        for (const auto& c : e.chunks) {
-          if (c.box.NumElements() == 0) continue;
-          std::vector<hsize_t> start(c.box.offsets.begin(), c.box.offsets.end());
-          std::vector<hsize_t> count(c.box.sizes.begin(), c.box.sizes.end());
-          h5::Handle vsel = h5::Space(H5Scopy(space.get()));
-          h5::Check(H5Sselect_hyperslab(vsel.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr),
-                    "H5Sselect_hyperslab");
-          h5::Handle srcspace = h5::MakeSpace(count);
-          h5::Check(H5Pset_virtual(dcpl.get(), vsel.get(), (src_dir / c.file).c_str(), c.dataset.c_str(),
-                                   srcspace.get()),
-                    dst.string() + ": tensor '" + *s.key + "': H5Pset_virtual");
-        }
+      if (e.shape.empty()) {  // HDF5 has no virtual scalar datasets: copy the one element
+        unsigned char element[8] = {};
+        src.ReadRegion(*s.key, Box::Full(e.shape), element);
+        file.AddScalar(*s.key, e.dtype, element);
+      } else {
+        file.AddTensor(*s.key, e.dtype, e.shape, e.chunks, src_dir);
       }
-      h5::Handle ds = h5::Dataset(h5::Check(
-          H5Dcreate2(file.get(), name.c_str(), type.get(), space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
-          dst.string() + ": tensor '" + *s.key + "': cannot create dataset"));
-      if (copy) {
-        buf.resize(8);
-        src.ReadRegion(*s.key, Box::Full(e.shape), buf.data());
-        h5::Check(H5Dwrite(ds.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()), "H5Dwrite");
-      }
-      if (h5::NeedsDTypeAttr(e.dtype)) h5::WriteStringAttr(ds.get(), "dtype", std::string(DTypeName(e.dtype)));
       ++r.tensors;
       r.chunks += e.chunks.size();
       r.bytes += e.TensorBytes();
     }
-    h5::Check(file.Close(), tmp.string() + ": cannot close");
+    file.Close();
     storage::FsyncPath(tmp);
   } catch (...) {
     storage::DiscardStaged(tmp);

@@ -9,9 +9,7 @@
 #include "ckpt/checkpoint.h"
 #include "ckpt/error.h"
 #include "ckpt/ops/safetensors.h"
-#include "format/names.h"
 #include "layout/box.h"
-#include "storage/h5.h"
 #include "storage/shard_reader.h"
 #include "ops/util.h"
 
@@ -109,16 +107,7 @@ class ShardSource final : public Source {
   explicit ShardSource(const std::filesystem::path& file) {
     path_ = file;
     reader_ = std::make_unique<storage::ShardReader>(file.parent_path(), file.filename().string());
-    std::string text;
-    {
-      h5::Handle f = h5::File(H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
-      if (!f) throw Error(ErrorCode::kCorrupt, file.string() + ": not a readable HDF5 file" + h5::ErrorStack());
-      text = h5::ReadStringAttr(f.get(), names::kShardIndexAttr);
-    }
-    if (text.empty())
-      throw Error(ErrorCode::kCorrupt, file.string() + ": HDF5 file without a " +
-                                           names::kShardIndexAttr + " attribute; not a ckpt shard");
-    ParseIndex(text);
+    Describe(reader_->Index());
   }
   SourceKind kind() const override { return SourceKind::kShard; }
   void ReadRegion(std::string_view key, const Box& region, void* out) override {
@@ -158,63 +147,34 @@ class ShardSource final : public Source {
   void VerifyChunk(std::string_view, std::size_t) override {}  // the shard index records no checksums
 
  private:
-  void ParseIndex(const std::string& text) {
+  // The shard's tensors as its index lists them (bytes entries are not presented).
+  void Describe(const std::vector<storage::ShardIndexEntry>& index) {
     const std::string where = path_.string() + ": ckpt_shard_index";
-    json j;
-    try {
-      j = json::parse(text);
-      if (!j.is_object() || j.value("format", "") != "ckpt-shard")
-        throw Error(ErrorCode::kCorrupt, where + ": not a ckpt-shard index");
-      if (j.value("format_version", 0) > kFormatVersion)
-        throw Error(ErrorCode::kUnsupported,
-                    where + ": format_version " + std::to_string(j.value("format_version", 0)) +
-                        " is newer than this reader supports (" + std::to_string(kFormatVersion) + ")");
-      const std::string name = path_.filename().string();
-      std::error_code ec;
-      const uint64_t size = std::filesystem::file_size(path_, ec);
-      metadata_.files.push_back(FileMeta{name, 0, ec ? 0 : size});
-      metadata_.library_version = "";
-      metadata_.state_dict_type = StateDictType::kSharded;
-      metadata_.mesh = "null";
-      metadata_.user = "{}";
-      std::unordered_map<std::string, std::size_t> position;  // key -> index in entries
-      for (const auto& c : j.at("chunks")) {
-        const std::string key = c.at("key").get<std::string>();
-        auto dtype = DTypeFromName(c.at("dtype").get<std::string>());
-        if (!dtype)
-          throw Error(ErrorCode::kUnsupported, where + ": tensor '" + key + "': unknown dtype " +
-                                                   c.at("dtype").dump());
-        ChunkMeta chunk;
-        chunk.box.offsets = c.at("offsets").get<Shape>();
-        chunk.box.sizes = c.at("sizes").get<Shape>();
-        chunk.file = name;
-        chunk.dataset = c.at("dataset").get<std::string>();
-        const Shape shape = c.at("shape").get<Shape>();
-        if (shape.size() > 32 || chunk.box.offsets.size() != shape.size() ||
-            chunk.box.sizes.size() != shape.size())
-          throw Error(ErrorCode::kCorrupt, where + ": tensor '" + key + "': bad rank");
-        detail::TensorBytes(shape, DTypeSize(*dtype), where + ": tensor '" + key + "'");
-        for (std::size_t d = 0; d < shape.size(); ++d)
-          if (chunk.box.offsets[d] < 0 || chunk.box.sizes[d] < 0 ||
-              chunk.box.offsets[d] > shape[d] - chunk.box.sizes[d])
-            throw Error(ErrorCode::kCorrupt, where + ": tensor '" + key + "' chunk " +
-                                                 chunk.box.ToString() + " lies outside shape " +
-                                                 detail::FormatShape(shape));
-        auto [at, fresh] = position.emplace(key, metadata_.entries.size());
-        EntryMeta* e = fresh ? nullptr : &metadata_.entries[at->second].second;
-        if (!e) {
-          metadata_.entries.emplace_back(key, EntryMeta{});
-          e = &metadata_.entries.back().second;
-          e->kind = EntryKind::kTensor;
-          e->dtype = *dtype;
-          e->shape = shape;
-        } else if (e->dtype != *dtype || e->shape != shape) {
-          throw Error(ErrorCode::kCorrupt, where + ": tensor '" + key + "' listed with different dtypes or shapes");
-        }
-        e->chunks.push_back(std::move(chunk));
+    const std::string name = path_.filename().string();
+    metadata_.files.push_back(FileMeta{name, 0, reader_->file_size()});
+    metadata_.library_version = "";
+    metadata_.state_dict_type = StateDictType::kSharded;
+    metadata_.mesh = "null";
+    metadata_.user = "{}";
+    std::unordered_map<std::string, std::size_t> position;  // key -> index in entries
+    for (const auto& c : index) {
+      if (c.bytes) continue;
+      ChunkMeta chunk;
+      chunk.box = c.box;
+      chunk.file = name;
+      chunk.dataset = c.dataset;
+      auto [at, fresh] = position.emplace(c.key, metadata_.entries.size());
+      EntryMeta* e = fresh ? nullptr : &metadata_.entries[at->second].second;
+      if (!e) {
+        metadata_.entries.emplace_back(c.key, EntryMeta{});
+        e = &metadata_.entries.back().second;
+        e->kind = EntryKind::kTensor;
+        e->dtype = c.dtype;
+        e->shape = c.shape;
+      } else if (e->dtype != c.dtype || e->shape != c.shape) {
+        throw Error(ErrorCode::kCorrupt, where + ": tensor '" + c.key + "' listed with different dtypes or shapes");
       }
-    } catch (const json::exception& e) {
-      throw Error(ErrorCode::kCorrupt, where + ": " + e.what());
+      e->chunks.push_back(std::move(chunk));
     }
     metadata_.BuildIndex();
   }

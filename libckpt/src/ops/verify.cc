@@ -8,10 +8,7 @@
 // (kBlockBytes, a filtered chunk) at a time.
 #include "ckpt/ops/verify.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -37,6 +34,7 @@
 #include "ops/json_schema.h"
 #include "ops/util.h"
 #include "storage/digest.h"
+#include "storage/file_hasher.h"
 #include "storage/fs.h"
 #include "storage/shard_reader.h"
 
@@ -291,7 +289,7 @@ void CheckExpect(const Metadata& md, const fs::path& ref_path, Collector& c) {
 // (ShardReader::Locate; HDF5 serialises these behind its global lock, so one thread does
 // them all), largest chunks first, and hands the checked chunks to the data threads in
 // batches, each batch in file order; the data threads hash them meanwhile. Contiguous
-// chunks are hashed from the page cache (see HashRange); filtered ones are read through
+// chunks are hashed from the page cache (storage::FileHasher); filtered ones are read through
 // HDF5 in blocks.
 struct FileWork {
   std::string name;
@@ -320,8 +318,7 @@ struct FileWork {
 // What one thread keeps open per file.
 struct OpenFile {
   std::unique_ptr<storage::ShardReader> reader;
-  storage::Fd fd;
-  uint64_t advised = 0;  // the kernel was asked to fetch the file up to here
+  std::unique_ptr<storage::FileHasher> hasher;
 };
 
 class DataRun {
@@ -369,29 +366,13 @@ class DataRun {
   std::atomic<uint64_t> done{0};
 
  private:
-  static constexpr std::size_t kPiece = std::size_t{256} << 10;      // read and hashed at a time
-  static constexpr uint64_t kMapMin = uint64_t{1} << 20;             // smaller chunks are read
-  static constexpr std::size_t kMapWindow = std::size_t{32} << 20;   // mapped at a time
-  static constexpr uint64_t kReadAhead = uint64_t{64} << 20;     // fetched ahead of hashing
-  static constexpr uint64_t kBatch = uint64_t{64} << 20;         // handed over at a time
+  static constexpr uint64_t kBatch = uint64_t{64} << 20;  // handed over at a time
 
   // Asks the kernel to read the whole file into the page cache in the background when it
-  // is small enough to stay there until it is hashed (an eighth of the memory; returns
-  // true), else its beginning (the data threads then ask for more ahead of what they hash).
-  // Nothing when no data of the file is to be read.
-  bool Prefetch(const FileWork& fw) {
-    if (fw.bytes == 0) return false;
-    static const uint64_t budget =
-        static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)) / 8;
-    try {
-      const storage::Fd fd = storage::OpenRegularFile(dir_ / fw.name);
-      const uint64_t size = storage::FileSize(fd.get(), dir_ / fw.name);
-      ::posix_fadvise(fd.get(), 0, static_cast<off_t>(size <= budget ? size : kReadAhead), POSIX_FADV_WILLNEED);
-      return size <= budget;
-    } catch (const std::exception&) {
-      return false;  // only a hint; Locate reports an unreadable file
-    }
-  }
+  // is small enough to stay there until it is hashed (returns true), else its beginning
+  // (the data threads' FileHasher then asks for more ahead of what they hash). Nothing
+  // when no data of the file is to be read.
+  bool Prefetch(const FileWork& fw) { return fw.bytes != 0 && storage::PrefetchFile(dir_ / fw.name); }
 
   // A file with published chunks left to read (the one with most left), waiting for the
   // checking thread when there is none yet; -1 when all is done.
@@ -485,7 +466,9 @@ class DataRun {
       if (bytes == 0) {
         // nothing to read: the checksum of no bytes
       } else if (job.contiguous) {
-        HashRange(fw, job, of, job.offset, bytes, digest, buf);
+        if (!of.hasher) of.hasher = std::make_unique<storage::FileHasher>(dir_ / fw.name);
+        of.hasher->Hash(job.offset, bytes, digest, [this](uint64_t n) { done.fetch_add(n); },
+                        TensorWhere(fw.name, job.key, &job.chunk));
       } else {
         if (!of.reader) of.reader = std::make_unique<storage::ShardReader>(dir_, fw.name, /*use_index=*/false);
         for (const Box& block : detail::SplitBox(job.chunk.box, item, kBlockBytes)) {
@@ -512,57 +495,6 @@ class DataRun {
       job.problem_check = "datasets";  // a short read, an I/O error
       job.problem = e.what();
     }
-  }
-
-  // Feeds `n` bytes at `offset` of the file to `digest`. Chunks of a few pieces are read
-  // a piece at a time into a buffer that stays in the CPU's cache while it is hashed;
-  // larger ones are hashed straight from the page cache, mapped kMapWindow at a time and
-  // populated in one call: no copy (the copy costs more than mapping and a slower hash
-  // from memory together). MADV_POPULATE_READ fails with an error where touching the
-  // pages would raise SIGBUS, if the file shrank since its datasets were checked. The
-  // kernel is asked to fetch kReadAhead beyond what is hashed, so a cold disk stays busy.
-  void HashRange(const FileWork& fw, const DataJob& job, OpenFile& of, uint64_t offset, uint64_t n,
-                 storage::Digest& digest, std::vector<unsigned char>& buf) {
-    const fs::path path = dir_ / fw.name;
-    if (!of.fd) of.fd = storage::OpenRegularFile(path);
-    if (n < kMapMin) {
-      buf.resize(kPiece);
-      for (uint64_t pos = 0; pos < n;) {
-        const auto len = static_cast<std::size_t>(std::min<uint64_t>(kPiece, n - pos));
-        Advise(of, offset + pos, offset + pos + len);
-        storage::ReadExact(of.fd.get(), buf.data(), len, offset + pos, path);
-        digest.Update(buf.data(), len);
-        done.fetch_add(len);
-        pos += len;
-      }
-      return;
-    }
-    static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-    for (uint64_t pos = 0; pos < n;) {
-      const uint64_t at = offset + pos;
-      uint64_t len = std::min<uint64_t>(n - pos, kMapWindow);
-      if (len < n - pos) len -= (at + len) % page;  // windows end on page boundaries
-      Advise(of, at, at + len);
-      const storage::MappedRange map(of.fd.get(), at, static_cast<std::size_t>(len), path);
-      try {
-        map.Populate(0, static_cast<std::size_t>(len));
-      } catch (const Error& e) {
-        throw Error(e.code(), TensorWhere(fw.name, job.key, &job.chunk) + ": " + e.what());
-      }
-      digest.Update(map.data(), static_cast<std::size_t>(len));
-      done.fetch_add(len);
-      pos += len;
-    }
-  }
-
-  // Asks for [from, until + kReadAhead) once `until` comes within half of kReadAhead of
-  // what was asked for.
-  void Advise(OpenFile& of, uint64_t from, uint64_t until) {
-    if (of.advised >= until + kReadAhead / 2) return;
-    const uint64_t to = until + kReadAhead;
-    from = std::max(of.advised, from);
-    ::posix_fadvise(of.fd.get(), static_cast<off_t>(from), static_cast<off_t>(to - from), POSIX_FADV_WILLNEED);
-    of.advised = to;
   }
 
   const fs::path& dir_;

@@ -1,18 +1,36 @@
 // storage/h5.cc
 #include "storage/h5.h"
 
+#include <atomic>
+#include <cstdlib>
 #include <mutex>
 #include <vector>
 
+#include "format/names.h"
 #include "storage/zstd_filter.h"
 
 namespace ckpt::h5 {
 
+namespace {
+
+// Set when closing a file failed: HDF5 1.10 then holds a half-closed file that its own
+// termination would close again and crash on (SIGSEGV at exit).
+std::atomic<bool> close_failed{false};
+
+}  // namespace
+
 void Init() {
   static std::once_flag once;
   std::call_once(once, [] {
+    // HDF5 terminates through Shutdown, not through its own exit handler (which would
+    // crash on a file whose close failed). Must precede the first HDF5 call.
+    H5dont_atexit();
     H5open();
+    // No filter or VFD plugin is ever loaded from the machine's plugin directory: the
+    // format names its filters (shuffle, zstd) and ckpt registers them itself.
+    H5PLset_loading_state(0);
     RegisterZstdFilter();
+    std::atexit(Shutdown);
   });
   // The thread-safe HDF5 keeps the error-printing switch per thread: silence every
   // thread that calls in (errors are captured into messages by ErrorStack()).
@@ -21,6 +39,19 @@ void Init() {
     H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
     silenced = true;
   }
+}
+
+void Shutdown() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (!close_failed.load()) H5close();
+  });
+}
+
+herr_t CloseFile(hid_t id) {
+  const herr_t r = H5Fclose(id);
+  if (r < 0) close_failed = true;
+  return r;
 }
 
 std::string ErrorStack() {
@@ -110,6 +141,80 @@ std::string ReadStringAttr(hid_t obj, const char* name) {
   Check(H5Aread(attr.get(), type.get(), buf.data()), std::string("reading attribute ") + name);
   buf.resize(buf.find('\0') == std::string::npos ? buf.size() : buf.find('\0'));
   return buf;
+}
+
+Handle OpenOwnDataset(hid_t file, const std::string& name, const std::string& where) {
+  // One link name: a path would be resolved through links of its own.
+  if (name.empty() || name == "." || name.find('/') != std::string::npos) {
+    throw Error(ErrorCode::kCorrupt, where + ": '" + name + "' is not a dataset name of the root group");
+  }
+  H5L_info_t info;
+  if (H5Lget_info(file, name.c_str(), &info, H5P_DEFAULT) < 0) {
+    ErrorStack();
+    throw Error(ErrorCode::kCorrupt, where + ": dataset not found in the file");
+  }
+  if (info.type != H5L_TYPE_HARD) {
+    const char* kind = info.type == H5L_TYPE_SOFT       ? "a soft link"
+                       : info.type == H5L_TYPE_EXTERNAL ? "an external link (to another file)"
+                                                        : "a user-defined link";
+    throw Error(ErrorCode::kCorrupt, where + ": '" + name + "' is " + kind +
+                                         ", not a dataset of its own; refused (a shard holds only its own datasets)");
+  }
+  const hid_t id = H5Dopen2(file, name.c_str(), H5P_DEFAULT);
+  if (id < 0) {
+    ErrorStack();
+    throw Error(ErrorCode::kCorrupt, where + ": '" + name + "' is not a readable dataset");
+  }
+  return Dataset(id);
+}
+
+namespace {
+
+// Names of filters a shard may be found with, for messages.
+const char* FilterName(H5Z_filter_t id) {
+  switch (id) {
+    case H5Z_FILTER_DEFLATE: return "deflate";
+    case H5Z_FILTER_SHUFFLE: return "shuffle";
+    case H5Z_FILTER_FLETCHER32: return "fletcher32";
+    case H5Z_FILTER_SZIP: return "szip";
+    case H5Z_FILTER_NBIT: return "nbit";
+    case H5Z_FILTER_SCALEOFFSET: return "scaleoffset";
+    case 307: return "bzip2";
+    case 32000: return "LZF";
+    case 32001: return "Blosc";
+    case 32004: return "LZ4";
+    case 32008: return "bitshuffle";
+    case 32013: return "ZFP";
+    case 32015: return "zstd";
+    default: return "unknown";
+  }
+}
+
+}  // namespace
+
+void CheckStorage(hid_t dcpl, const std::string& where) {
+  const H5D_layout_t layout = H5Pget_layout(dcpl);
+  if (layout == H5D_VIRTUAL) {
+    throw Error(ErrorCode::kCorrupt,
+                where + ": a virtual dataset (its data would be read from other files); refused");
+  }
+  const int external = H5Pget_external_count(dcpl);
+  if (external != 0) {
+    throw Error(ErrorCode::kCorrupt,
+                where + ": its data is stored in external files (" + std::to_string(external) + "); refused");
+  }
+  const int filters = H5Pget_nfilters(dcpl);
+  if (filters < 0) throw Error(ErrorCode::kCorrupt, where + ": unreadable filter pipeline" + ErrorStack());
+  for (int i = 0; i < filters; ++i) {
+    unsigned flags = 0, config = 0;
+    std::size_t nvalues = 0;
+    const H5Z_filter_t id =
+        H5Pget_filter2(dcpl, static_cast<unsigned>(i), &flags, &nvalues, nullptr, 0, nullptr, &config);
+    if (id == H5Z_FILTER_SHUFFLE || id == static_cast<H5Z_filter_t>(names::kZstdFilterId)) continue;
+    throw Error(ErrorCode::kUnsupported, where + ": HDF5 filter " + std::to_string(id) + " (" + FilterName(id) +
+                                         ") is not one the format allows (shuffle 2, zstd " +
+                                         std::to_string(names::kZstdFilterId) + "); refused");
+  }
 }
 
 std::string EscapeKey(const std::string& key) {

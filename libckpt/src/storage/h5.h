@@ -17,8 +17,18 @@
 
 namespace ckpt::h5 {
 
-// Silences HDF5's automatic error printing and registers the zstd filter. Idempotent.
+// Silences HDF5's automatic error printing, turns off loading of plugins (filters from
+// the machine's plugin directory), registers the zstd filter and has Shutdown run at
+// exit instead of HDF5's own exit handler. Idempotent; called before any file is opened.
 void Init();
+
+// Terminates HDF5 (closes what is left open, frees its memory), unless closing a file
+// has failed: HDF5 1.10 cannot then terminate without crashing, and the process is about
+// to end anyway. Runs at exit; idempotent; no HDF5 call may follow it.
+void Shutdown();
+
+// H5Fclose, remembering a failure for Shutdown. File() handles close with it.
+herr_t CloseFile(hid_t id);
 
 // The innermost message of HDF5's current error stack ("" if none).
 std::string ErrorStack();
@@ -67,7 +77,7 @@ class Handle {
   Closer closer_ = nullptr;
 };
 
-inline Handle File(hid_t id) { return Handle(id, H5Fclose); }
+inline Handle File(hid_t id) { return Handle(id, CloseFile); }
 inline Handle Dataset(hid_t id) { return Handle(id, H5Dclose); }
 inline Handle Space(hid_t id) { return Handle(id, H5Sclose); }
 inline Handle Type(hid_t id) { return Handle(id, H5Tclose); }
@@ -91,6 +101,15 @@ Handle MakeSpace(const std::vector<hsize_t>& dims);
 void WriteStringAttr(hid_t obj, const char* name, const std::string& value);
 // Empty if absent.
 std::string ReadStringAttr(hid_t obj, const char* name);
+
+// Opens dataset `name` of the root group of `file`, refusing (kCorrupt, `where` first)
+// anything but a plain link name that is a hard link: a soft, external or user-defined
+// link would reach other objects or other files (FORMAT.md §5.6).
+Handle OpenOwnDataset(hid_t file, const std::string& name, const std::string& where);
+// Refuses (kCorrupt, `where` first) a dataset whose creation properties `dcpl` reach
+// outside its file (a virtual dataset, external storage) or name a filter other than
+// those of FORMAT.md §6 (shuffle, zstd), naming the filter's id.
+void CheckStorage(hid_t dcpl, const std::string& where);
 
 // Dataset names (FORMAT.md §5): the key escaped, plus "@o0,o1,..." for a partial chunk.
 std::string EscapeKey(const std::string& key);

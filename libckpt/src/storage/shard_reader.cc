@@ -6,15 +6,16 @@
 #include <algorithm>
 #include <cstring>
 #include <future>
-#include <nlohmann/json.hpp>
 #include <unordered_map>
 #include <vector>
 
 #include "format/checked.h"
 #include "format/names.h"
 #include "layout/box.h"
+#include "storage/file_hasher.h"
 #include "storage/fs.h"
 #include "storage/h5.h"
+#include "storage/shard_index.h"
 
 namespace ckpt::storage {
 namespace {
@@ -34,20 +35,18 @@ std::string DimsString(const std::vector<hsize_t>& d) {
 
 }  // namespace
 
-// What the shard index says about one dataset.
-struct IndexedDataset {
-  std::string dtype;  // ckpt dtype name, or "bytes"
-  std::vector<int64_t> sizes;
-  uint64_t offset = 0;
-};
-
 struct ShardReader::Impl {
   std::filesystem::path path;
-  std::unordered_map<std::string, IndexedDataset> index;
+  bool index_loaded = false;
+  std::vector<ShardIndexEntry> entries;  // the shard index, when it parsed
+  std::string index_error;               // why not, else
+  ErrorCode index_error_code = ErrorCode::kCorrupt;
+  std::unordered_map<std::string, const ShardIndexEntry*> index;  // by dataset, for the fast path
   Fd fd;
   uint64_t size = 0;
   h5::Handle file;
   std::vector<unsigned char> bounce;
+  std::unique_ptr<FileHasher> hasher;  // over fd, made on first Hash
 
   std::string Where(const std::string& key, const ChunkMeta& c) const {
     return path.filename().string() + ": tensor '" + key + "' chunk " + c.box.ToString() +
@@ -71,32 +70,33 @@ ShardReader::ShardReader(const Dir& dir, const std::string& file_name, bool use_
 }
 
 void ShardReader::LoadIndex() {
-  // A damaged or foreign index only disables the fast path.
-  const std::string text = h5::ReadStringAttr(impl_->file.get(), names::kShardIndexAttr);
-  const auto doc = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (!doc.is_object() || !doc.contains("chunks") || !doc["chunks"].is_array()) return;
-  for (const auto& c : doc["chunks"]) {
-    if (!c.is_object() || !c.contains("offset") || !c["offset"].is_number_unsigned() || !c.contains("dataset") ||
-        !c["dataset"].is_string() || !c.contains("dtype") || !c["dtype"].is_string()) {
-      continue;
+  Impl& m = *impl_;
+  if (m.index_loaded) return;
+  m.index_loaded = true;
+  const std::string where = m.path.string() + ": " + names::kShardIndexAttr;
+  try {
+    const std::string text = h5::ReadStringAttr(m.file.get(), names::kShardIndexAttr);
+    if (text.empty()) {
+      m.index_error = m.path.string() + ": HDF5 file without a " + names::kShardIndexAttr +
+                      " attribute; not a ckpt shard";
+      return;
     }
-    IndexedDataset d;
-    d.dtype = c["dtype"];
-    d.offset = c["offset"];
-    if (d.dtype == "bytes") {
-      if (!c.contains("size") || !c["size"].is_number_unsigned()) continue;
-      d.sizes = {c["size"].get<int64_t>()};
-    } else {
-      if (!c.contains("sizes") || !c["sizes"].is_array()) continue;
-      bool ok = true;
-      for (const auto& v : c["sizes"]) {
-        ok = ok && v.is_number_unsigned();
-        if (ok) d.sizes.push_back(v.get<int64_t>());
-      }
-      if (!ok) continue;
-    }
-    impl_->index.emplace(c["dataset"].get<std::string>(), std::move(d));
+    m.entries = ParseShardIndex(text, where);
+  } catch (const Error& e) {
+    // A damaged or foreign index only disables the fast path (FORMAT.md §5.5).
+    m.index_error = e.what();
+    m.index_error_code = e.code();
+    m.entries.clear();
+    return;
   }
+  for (const auto& e : m.entries)
+    if (e.offset) m.index.emplace(e.dataset, &e);
+}
+
+const std::vector<ShardIndexEntry>& ShardReader::Index() {
+  LoadIndex();
+  if (!impl_->index_error.empty()) throw Error(impl_->index_error_code, impl_->index_error);
+  return impl_->entries;
 }
 
 ShardReader::~ShardReader() = default;
@@ -120,21 +120,16 @@ ShardReader::Located ShardReader::Find(const std::string& key, DType dtype, cons
   at.chunk_bytes = static_cast<uint64_t>(
       internal::CheckedMul(chunk.box.NumElements(), static_cast<int64_t>(item), m.Where(key, chunk)));
   if (auto it = m.index.find(chunk.dataset); it != m.index.end() && chunk.compression.codec == Compression::Codec::kNone) {
-    const IndexedDataset& d = it->second;
-    const bool same_type = d.dtype == DTypeName(dtype) || (d.dtype == "bytes" && dtype == DType::kUInt8);
-    if (same_type && d.sizes == chunk.box.sizes && at.chunk_bytes > 0 && d.offset <= m.size &&
-        at.chunk_bytes <= m.size - d.offset) {
+    const ShardIndexEntry& d = *it->second;
+    const bool same_type = d.bytes ? dtype == DType::kUInt8 : d.dtype == dtype;
+    if (same_type && d.box.sizes == chunk.box.sizes && at.chunk_bytes > 0 && *d.offset <= m.size &&
+        at.chunk_bytes <= m.size - *d.offset) {
       at.contiguous = true;
-      at.base = d.offset;
+      at.base = *d.offset;
       return at;
     }
   }
-  const hid_t ds_id = H5Dopen2(m.file.get(), chunk.dataset.c_str(), H5P_DEFAULT);
-  if (ds_id < 0) {
-    h5::ErrorStack();
-    throw Error(ErrorCode::kCorrupt, m.Where(key, chunk) + ": dataset not found in the file");
-  }
-  at.ds = h5::Dataset(ds_id);
+  at.ds = h5::OpenOwnDataset(m.file.get(), chunk.dataset, m.Where(key, chunk));
   at.type = h5::Type(h5::Check(H5Dget_type(at.ds.get()), m.Where(key, chunk)));
   if (!h5::TypeMatches(at.type.get(), dtype)) {
     throw Error(ErrorCode::kCorrupt, m.Where(key, chunk) + ": stored element type (" +
@@ -150,18 +145,20 @@ ShardReader::Located ShardReader::Find(const std::string& key, DType dtype, cons
     throw Error(ErrorCode::kCorrupt, m.Where(key, chunk) + ": dataset has shape " + DimsString(dims) +
                                          ", metadata says " + DimsString(expected));
   }
-  if (at.chunk_bytes == 0) return at;
-  // Only contiguous storage has one data address, and HDF5 filters only chunked storage:
-  // a dataset with an address is contiguous and unfiltered, no need to copy its creation
-  // properties (a tenth of the cost of checking a dataset) to ask.
+  // Only contiguous storage in the file has one data address, and HDF5 filters only
+  // chunked storage: a dataset with an address is contiguous, unfiltered and its own, no
+  // need to copy its creation properties (a tenth of the cost of checking a dataset) to
+  // ask. Any other is checked for what the format does not allow (virtual, external
+  // storage, a filter other than shuffle and zstd) before its data is read.
   const haddr_t base = H5Dget_offset(at.ds.get());
   if (base != HADDR_UNDEF) {
     at.contiguous = true;
   } else {
-    h5::Handle dcpl = h5::Plist(H5Dget_create_plist(at.ds.get()));
+    h5::Handle dcpl = h5::Plist(h5::Check(H5Dget_create_plist(at.ds.get()), m.Where(key, chunk)));
+    h5::CheckStorage(dcpl.get(), m.Where(key, chunk));
     at.contiguous = H5Pget_layout(dcpl.get()) == H5D_CONTIGUOUS && H5Pget_nfilters(dcpl.get()) == 0;
   }
-  if (!at.contiguous) return at;
+  if (at.chunk_bytes == 0 || !at.contiguous) return at;
   if (base == HADDR_UNDEF || base > m.size || at.chunk_bytes > m.size - base) {
     throw Error(ErrorCode::kCorrupt, m.Where(key, chunk) + ": data lies past the end of the file (" +
                                          std::to_string(m.size) + " bytes): truncated");
@@ -183,13 +180,8 @@ void ShardReader::Hash(uint64_t offset, uint64_t n, Digest& digest) {
                                          std::to_string(offset) + " lie past the end of the file (" +
                                          std::to_string(m.size) + " bytes): truncated");
   }
-  MappedRange map(m.fd.get(), offset, static_cast<std::size_t>(n), m.path);
-  for (std::size_t pos = 0; pos < map.size(); pos += kDigestBlock) {
-    const std::size_t len = std::min(kDigestBlock, map.size() - pos);
-    map.Populate(pos, len);
-    digest.Update(map.data() + pos, len);
-    map.Release(pos + len);
-  }
+  if (!m.hasher) m.hasher = std::make_unique<FileHasher>(m.fd.get(), m.path);
+  m.hasher->Hash(offset, n, digest);
 }
 
 uint64_t ShardReader::Read(const std::string& key, DType dtype, const ChunkMeta& chunk, const Box& region,

@@ -17,6 +17,7 @@
 #include "ckpt/metadata.h"
 #include "storage/digest.h"
 #include "storage/fs.h"
+#include "storage/shard_index.h"
 
 namespace ckpt::storage {
 
@@ -50,9 +51,14 @@ class ShardReader {
   // filtered (its bytes are not the tensor's). For copying a chunk file to file.
   std::optional<uint64_t> Locate(const std::string& key, DType dtype, const ChunkMeta& chunk);
 
-  // Feeds `n` bytes at file offset `offset` to `digest`, straight from the page cache
-  // (mapped, not copied). For checking a located chunk without reading it into memory.
+  // Feeds `n` bytes at file offset `offset` to `digest` through the shard's FileHasher
+  // (from the page cache, not copied). For checking a located chunk without reading it.
   void Hash(uint64_t offset, uint64_t n, Digest& digest);
+
+  // The shard index (FORMAT.md §5.5), parsed strictly once per reader; kCorrupt (or
+  // kUnsupported) naming the file when it is missing or malformed. For describing a lone
+  // shard; reads of chunks never depend on it.
+  const std::vector<ShardIndexEntry>& Index();
 
   uint64_t file_size() const;
   const std::filesystem::path& path() const;

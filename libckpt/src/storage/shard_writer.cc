@@ -11,21 +11,21 @@
 #include <functional>
 #include <future>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
 #include <unordered_set>
 
 #include "format/names.h"
 #include "storage/digest.h"
+#include "storage/file_hasher.h"
 #include "storage/fs.h"
 #include "storage/h5.h"
+#include "storage/shard_index.h"
 
 namespace ckpt::storage {
 namespace {
 
 constexpr std::size_t kStreamBlock = std::size_t{8} << 20;      // pwrite + digest block
-constexpr std::size_t kCopyBlock = std::size_t{32} << 20;       // file-to-file copy block
 constexpr uint64_t kWritebackBytes = uint64_t{64} << 20;          // start writeback this often
 constexpr std::size_t kCompressChunkBytes = std::size_t{1} << 20;  // HDF5 chunk target
 
@@ -59,8 +59,6 @@ class Copier {
     int in_fd;
     uint64_t in_offset, out_offset;
     std::size_t len;
-    std::shared_ptr<MappedRange> map;  // the source bytes as hashed: their pages released once copied
-    std::size_t map_pos;
     std::filesystem::path in_path;
   };
   // `done(n)` is called on the copier thread after each block.
@@ -105,12 +103,10 @@ class Copier {
       std::exception_ptr failed;
       try {
         CopyRange(t.in_fd, t.in_offset, out_fd_, t.out_offset, t.len, t.in_path, out_path_);
-        t.map->Release(t.map_pos + t.len);
         done_(t.len);
       } catch (...) {
         failed = std::current_exception();
       }
-      t.map.reset();
       lock.lock();
       busy_ = false;
       if (failed && !error_) error_ = failed;
@@ -135,7 +131,7 @@ struct ShardWriter::Impl {
   Compression compression;
   h5::Handle file;
   Fd fd;
-  nlohmann::json index = nlohmann::json::array();
+  ShardIndexBuilder index;
   // Contiguous, space allocated at creation (so its file offset is known), never filled.
   h5::Handle contiguous_dcpl = [] {
     h5::Init();
@@ -165,13 +161,14 @@ struct ShardWriter::Impl {
 
   void RecordChunk(const std::string& key, DType dtype, const Shape& shape, const ChunkMeta& meta,
                    uint64_t data_offset) {
-    index.push_back({{"key", key},
-                     {"dtype", DTypeName(dtype)},
-                     {"shape", shape},
-                     {"offsets", meta.box.offsets},
-                     {"sizes", meta.box.sizes},
-                     {"dataset", meta.dataset}});
-    if (data_offset) index.back()["offset"] = data_offset;
+    ShardIndexEntry e;
+    e.key = key;
+    e.dtype = dtype;
+    e.shape = shape;
+    e.box = meta.box;
+    e.dataset = meta.dataset;
+    if (data_offset) e.offset = data_offset;
+    index.Add(e);
   }
 
   uint64_t DataOffset(hid_t ds, const std::string& key) const {
@@ -350,19 +347,17 @@ void ShardWriter::Stream::Copy(int fd, uint64_t offset, std::size_t n, const std
   s.Reserve(n);
   std::optional<Digest> own;  // the range's own checksum, when it is a whole stored chunk
   if (!expected.empty()) own.emplace(DType::kUInt8, false);
-  auto src = std::make_shared<MappedRange>(fd, offset, n, path);
-  // Each block is hashed here from the page cache's own pages, then copied inside the
-  // kernel by the shard's copier thread while the next block is hashed: no byte passes
-  // through a user-space buffer. The copies complete by ShardWriter::Finish.
+  // Each piece is hashed here as the FileHasher hands it over (a large range from the
+  // page cache's own pages, a small one through a cache-sized buffer), then copied inside
+  // the kernel by the shard's copier thread while the next piece is hashed. The copies
+  // complete by ShardWriter::Finish.
   Copier& copier = s.shard->Copies();
-  for (std::size_t done = 0; done < n; done += kCopyBlock) {
-    const std::size_t len = std::min(kCopyBlock, n - done);
-    const unsigned char* p = src->data() + done;
-    src->Populate(done, len);
+  FileHasher source(fd, path);
+  source.Scan(offset, n, [&](const unsigned char* p, std::size_t len, uint64_t done) {
     s.digest->Update(p, len);
     if (own) own->Update(p, len);
-    copier.Push({fd, offset + done, s.offset + s.pos + done, len, src, done, path});
-  }
+    copier.Push({fd, offset + done, s.offset + s.pos + done, len, path});
+  });
   s.pos += n;
   if (own && own->Checksum() != expected) {
     throw Error(ErrorCode::kCorrupt, std::string(what) + ": checksum mismatch: metadata says " +
@@ -393,17 +388,19 @@ ChunkMeta ShardWriter::WriteBytes(const std::string& key, const void* data, std:
   const uint64_t data_offset = impl_->StreamContiguous(ds.get(), data, n, digest, key);
   meta.checksum = digest.Checksum();
   meta.stored_bytes = n;
-  impl_->index.push_back({{"key", key}, {"dtype", "bytes"}, {"size", n}, {"dataset", meta.dataset}});
-  if (data_offset) impl_->index.back()["offset"] = data_offset;
+  ShardIndexEntry e;
+  e.key = key;
+  e.bytes = true;
+  e.box = meta.box;
+  e.dataset = meta.dataset;
+  if (data_offset) e.offset = data_offset;
+  impl_->index.Add(e);
   return meta;
 }
 
 uint64_t ShardWriter::Finish() {
   if (impl_->copier) impl_->copier->Drain();
-  const nlohmann::json index = {{"format", names::kShardIndexFormat},
-                                {"format_version", kFormatVersion},
-                                {"chunks", impl_->index}};
-  h5::WriteStringAttr(impl_->file.get(), names::kShardIndexAttr, index.dump());
+  h5::WriteStringAttr(impl_->file.get(), names::kShardIndexAttr, impl_->index.Finish());
   if (impl_->file.Close() < 0) {
     throw Error(ErrorCode::kIO, impl_->path.string() + ": closing HDF5 file" + h5::ErrorStack());
   }
