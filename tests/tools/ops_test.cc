@@ -817,7 +817,8 @@ TEST_CASE("every reader refuses a shard dataset that reaches outside its file or
     // load (the reader the library's Load uses)
     std::vector<float> w(24);
     names_all(ErrorOf([&] { CheckpointReader::Open(dir)->ReadRegion("model.w", Box::Full({6, 4}), w.data()); }));
-    const auto& chunks = ReadMetadata(dir).Find("model.w")->chunks;
+    const Metadata md = ReadMetadata(dir);
+    const auto& chunks = md.Find("model.w")->chunks;
     const std::size_t hostile = chunks[0].dataset == "model.w@3,0" ? 0 : 1;
     names_all(ErrorOf([&] { CheckpointReader::Open(dir)->VerifyChunk("model.w", hostile); }));
     // the tools' readers: a checkpoint source, a lone shard, verify and merge
