@@ -817,7 +817,8 @@ TEST_CASE("every reader refuses a shard dataset that reaches outside its file or
     // load (the reader the library's Load uses)
     std::vector<float> w(24);
     names_all(ErrorOf([&] { CheckpointReader::Open(dir)->ReadRegion("model.w", Box::Full({6, 4}), w.data()); }));
-    const auto& chunks = ReadMetadata(dir).Find("model.w")->chunks;
+    const Metadata md = ReadMetadata(dir);
+    const auto& chunks = md.Find("model.w")->chunks;
     const std::size_t hostile = chunks[0].dataset == "model.w@3,0" ? 0 : 1;
     names_all(ErrorOf([&] { CheckpointReader::Open(dir)->VerifyChunk("model.w", hostile); }));
     // the tools' readers: a checkpoint source, a lone shard, verify and merge
@@ -879,4 +880,18 @@ TEST_CASE("a lone shard: its index is parsed strictly once, bytes entries includ
   std::vector<float> b(4);
   CheckpointReader::Open(tmp / "c")->ReadRegion("model.b", Box::Full({4}), b.data());
   CHECK(b[0] == -1.5f);
+}
+
+TEST_CASE("verify reports links in a shard that no chunk names and that are not datasets of its own") {
+  ckpt_test::TempDir tmp("links");
+  SaveSample(tmp / "c");
+  const fs::path shard = tmp / "c" / ReadMetadata(tmp / "c").files[0].name;
+  const hid_t f = H5Fopen(shard.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  REQUIRE(f >= 0);
+  REQUIRE(H5Lcreate_external((tmp / "elsewhere.h5").c_str(), "x", f, "extra", H5P_DEFAULT, H5P_DEFAULT) >= 0);
+  REQUIRE(H5Lcreate_soft("/model.b", f, "alias", H5P_DEFAULT, H5P_DEFAULT) >= 0);
+  H5Fclose(f);
+  const std::string m = Messages(ops::Verify(tmp / "c", {}));
+  CHECK_MESSAGE(m.find(shard.filename().string() + ": 'extra' is an external link") != std::string::npos, m);
+  CHECK_MESSAGE(m.find(shard.filename().string() + ": 'alias' is a soft link") != std::string::npos, m);
 }

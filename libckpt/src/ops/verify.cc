@@ -301,6 +301,7 @@ struct FileWork {
   std::atomic<std::size_t> next{0};   // next entry of `order` to read
   std::atomic<bool> checked{false};   // all of `order` is published
   std::string open_problem;           // not readable HDF5
+  std::vector<std::string> link_problems;  // links no chunk names that are not datasets of its own
 
   // Claims the next published chunk; false when there is none now.
   bool Claim(std::size_t& i) {
@@ -420,6 +421,12 @@ class DataRun {
       fw.open_problem = e.what();
       Publish(fw, batch, true);
       return;
+    }
+    if (auto links = of.reader->ForeignLinks(100); !links.empty()) {  // those chunks name are reported below
+      std::set<std::string> named;
+      for (const std::size_t i : fw.jobs) named.insert(jobs_[i].chunk.dataset);
+      for (auto& [name, message] : links)
+        if (!named.count(name)) fw.link_problems.push_back(std::move(message));
     }
     std::vector<std::pair<uint64_t, std::size_t>> by_size;
     for (const std::size_t i : fw.jobs) by_size.emplace_back(ChunkBytes(jobs_[i]), i);
@@ -716,6 +723,8 @@ VerifyReport Verify(const fs::path& path, const VerifyOptions& o) {
         c.Add("files", fw.name, "", fw.open_problem);
         fw.open_problem.clear();  // a name listed twice is reported once
       }
+      for (auto& p : fw.link_problems) c.Add("datasets", fw.name, "", std::move(p));
+      fw.link_problems.clear();
     }
   }
   for (auto& [key, msg] : tiling) c.Add("tiling", "", key, std::move(msg));

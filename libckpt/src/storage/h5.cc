@@ -143,6 +143,30 @@ std::string ReadStringAttr(hid_t obj, const char* name) {
   return buf;
 }
 
+std::string ForeignLinkMessage(const std::string& name, H5L_type_t type) {
+  const char* kind = type == H5L_TYPE_SOFT       ? "a soft link"
+                     : type == H5L_TYPE_EXTERNAL ? "an external link (to another file)"
+                                                 : "a user-defined link";
+  return "'" + name + "' is " + kind + ", not a dataset of its own; refused (a shard holds only its own datasets)";
+}
+
+std::vector<std::pair<std::string, H5L_type_t>> ForeignLinks(hid_t file, std::size_t limit) {
+  struct Found {
+    std::vector<std::pair<std::string, H5L_type_t>> links;
+    std::size_t limit;
+  } found{{}, limit};
+  H5Literate(
+      file, H5_INDEX_NAME, H5_ITER_NATIVE, nullptr,
+      [](hid_t, const char* name, const H5L_info_t* info, void* data) -> herr_t {
+        auto* f = static_cast<Found*>(data);
+        if (info->type != H5L_TYPE_HARD) f->links.emplace_back(name, info->type);
+        return f->links.size() >= f->limit ? 1 : 0;
+      },
+      &found);
+  ErrorStack();
+  return std::move(found.links);
+}
+
 Handle OpenOwnDataset(hid_t file, const std::string& name, const std::string& where) {
   // One link name: a path would be resolved through links of its own.
   if (name.empty() || name == "." || name.find('/') != std::string::npos) {
@@ -153,13 +177,7 @@ Handle OpenOwnDataset(hid_t file, const std::string& name, const std::string& wh
     ErrorStack();
     throw Error(ErrorCode::kCorrupt, where + ": dataset not found in the file");
   }
-  if (info.type != H5L_TYPE_HARD) {
-    const char* kind = info.type == H5L_TYPE_SOFT       ? "a soft link"
-                       : info.type == H5L_TYPE_EXTERNAL ? "an external link (to another file)"
-                                                        : "a user-defined link";
-    throw Error(ErrorCode::kCorrupt, where + ": '" + name + "' is " + kind +
-                                         ", not a dataset of its own; refused (a shard holds only its own datasets)");
-  }
+  if (info.type != H5L_TYPE_HARD) throw Error(ErrorCode::kCorrupt, where + ": " + ForeignLinkMessage(name, info.type));
   const hid_t id = H5Dopen2(file, name.c_str(), H5P_DEFAULT);
   if (id < 0) {
     ErrorStack();

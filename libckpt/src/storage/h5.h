@@ -106,6 +106,10 @@ std::string ReadStringAttr(hid_t obj, const char* name);
 // anything but a plain link name that is a hard link: a soft, external or user-defined
 // link would reach other objects or other files (FORMAT.md §5.6).
 Handle OpenOwnDataset(hid_t file, const std::string& name, const std::string& where);
+// Links of the root group of `file` that are not hard links (soft, external,
+// user-defined), at most `limit`, in name order; and how such a link is refused.
+std::vector<std::pair<std::string, H5L_type_t>> ForeignLinks(hid_t file, std::size_t limit);
+std::string ForeignLinkMessage(const std::string& name, H5L_type_t type);
 // Refuses (kCorrupt, `where` first) a dataset whose creation properties `dcpl` reach
 // outside its file (a virtual dataset, external storage) or name a filter other than
 // those of FORMAT.md §6 (shuffle, zstd), naming the filter's id.

@@ -99,6 +99,13 @@ const std::vector<ShardIndexEntry>& ShardReader::Index() {
   return impl_->entries;
 }
 
+std::vector<std::pair<std::string, std::string>> ShardReader::ForeignLinks(std::size_t limit) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& [name, type] : h5::ForeignLinks(impl_->file.get(), limit))
+    out.emplace_back(name, impl_->path.filename().string() + ": " + h5::ForeignLinkMessage(name, type));
+  return out;
+}
+
 ShardReader::~ShardReader() = default;
 uint64_t ShardReader::file_size() const { return impl_->size; }
 const std::filesystem::path& ShardReader::path() const { return impl_->path; }

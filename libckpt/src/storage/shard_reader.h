@@ -60,6 +60,12 @@ class ShardReader {
   // shard; reads of chunks never depend on it.
   const std::vector<ShardIndexEntry>& Index();
 
+  // Each link of the root group that is not a dataset of the shard's own (a soft,
+  // external or user-defined link: FORMAT.md §5.6), at most `limit`: its name and a
+  // message naming the file and the link. For ckpt-verify: readers refuse such a link
+  // when a chunk names it, and follow none.
+  std::vector<std::pair<std::string, std::string>> ForeignLinks(std::size_t limit);
+
   uint64_t file_size() const;
   const std::filesystem::path& path() const;
 
