@@ -1,0 +1,49 @@
+// CheckpointWriter's memory per chunk: what it holds while chunks stream in must stay
+// close to what each chunk adds to metadata.json, not kilobytes of per-chunk objects.
+// CKPT_WRITER_MEMORY_CHUNKS=N measures N chunks (the README figure uses 1,000,000).
+#include <doctest/doctest.h>
+#include <malloc.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "ckpt/ckpt.h"
+#include "test_util.h"
+
+using namespace ckpt;
+
+namespace {
+// Bytes in use from malloc (small blocks and mmapped ones): C++ and HDF5 alike.
+int64_t HeapInUse() {
+  const struct mallinfo2 m = mallinfo2();
+  return static_cast<int64_t>(m.uordblks + m.hblkhd);
+}
+}  // namespace
+
+TEST_CASE("CheckpointWriter holds about the metadata's size per chunk, not kilobytes") {
+  const char* env = std::getenv("CKPT_WRITER_MEMORY_CHUNKS");
+  const int64_t n = env ? std::atoll(env) : 20000;
+  ckpt_test::TempDir tmp("wmem");
+  float v[4] = {1, 2, 3, 4};
+  auto w = CheckpointWriter::Create(tmp / "c", {});
+  // A first chunk opens the shard (HDF5's caches, the file) before the baseline.
+  w->WriteChunk("warmup", DType::kFloat32, {4}, Box::Full({4}), v);
+  const int64_t before = HeapInUse();
+  for (int64_t i = 0; i < n; ++i) {
+    // Two chunks per tensor, as a sharded save of FSDP layers has.
+    const std::string key = "model.layers." + std::to_string(i / 2) + ".mlp.weight";
+    w->WriteChunk(key, DType::kFloat32, {4, 2}, Box{{(i % 2) * 2, 0}, {2, 2}}, v);
+  }
+  const int64_t held = HeapInUse() - before;
+  w->Commit();
+  const auto meta = static_cast<int64_t>(std::filesystem::file_size(tmp / "c" / kMetadataFileName));
+  const double per_chunk = static_cast<double>(held) / static_cast<double>(n);
+  const double meta_per_chunk = static_cast<double>(meta) / static_cast<double>(n + 1);
+  MESSAGE(n << " chunks: writer holds " << per_chunk << " B per chunk; metadata.json has "
+            << meta_per_chunk << " B per chunk");
+  std::printf("writer memory: %lld chunks, %.0f B held per chunk, metadata.json %.0f B per chunk\n",
+              static_cast<long long>(n), per_chunk, meta_per_chunk);
+  CHECK(per_chunk < 2.0 * meta_per_chunk);
+}
