@@ -121,7 +121,9 @@ class CheckpointReader {
 };
 
 // Writes a checkpoint from one process, tensor by tensor: what the tools (merge,
-// convert, reshard) and a FULL export use. Memory stays bounded by one chunk at a time.
+// convert, reshard) and a FULL export use. Memory: one chunk's data at a time, plus a
+// compact record per chunk written (about 1.5 x its metadata.json record: box, checksum,
+// sizes, statistics, its shard-index text); Commit then builds the Metadata it returns.
 // Nothing is visible at `dir` until Commit(); destroying an uncommitted writer removes
 // its temporary directory.
 class CheckpointWriter {

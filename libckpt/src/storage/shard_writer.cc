@@ -135,7 +135,9 @@ struct ShardWriter::Impl {
   Compression compression;
   h5::Handle file;
   Fd fd;
-  nlohmann::json index = nlohmann::json::array();
+  // The shard index's chunk records (§5.5), each serialised as it is written: a JSON tree
+  // per chunk would cost about a kilobyte each until Finish.
+  std::string index_chunks;
   // Contiguous, space allocated at creation (so its file offset is known), never filled.
   h5::Handle contiguous_dcpl = [] {
     h5::Init();
@@ -165,13 +167,19 @@ struct ShardWriter::Impl {
 
   void RecordChunk(const std::string& key, DType dtype, const Shape& shape, const ChunkMeta& meta,
                    uint64_t data_offset) {
-    index.push_back({{"key", key},
-                     {"dtype", DTypeName(dtype)},
-                     {"shape", shape},
-                     {"offsets", meta.box.offsets},
-                     {"sizes", meta.box.sizes},
-                     {"dataset", meta.dataset}});
-    if (data_offset) index.back()["offset"] = data_offset;
+    nlohmann::json r = {{"key", key},
+                        {"dtype", DTypeName(dtype)},
+                        {"shape", shape},
+                        {"offsets", meta.box.offsets},
+                        {"sizes", meta.box.sizes},
+                        {"dataset", meta.dataset}};
+    if (data_offset) r["offset"] = data_offset;
+    AppendIndex(r);
+  }
+
+  void AppendIndex(const nlohmann::json& record) {
+    if (!index_chunks.empty()) index_chunks += ',';
+    index_chunks += record.dump();
   }
 
   uint64_t DataOffset(hid_t ds, const std::string& key) const {
@@ -395,17 +403,22 @@ ChunkMeta ShardWriter::WriteBytes(const std::string& key, const void* data, std:
   const uint64_t data_offset = impl_->StreamContiguous(ds.get(), data, n, digest, key);
   meta.checksum = digest.Checksum();
   meta.stored_bytes = n;
-  impl_->index.push_back({{"key", key}, {"dtype", "bytes"}, {"size", n}, {"dataset", meta.dataset}});
-  if (data_offset) impl_->index.back()["offset"] = data_offset;
+  nlohmann::json r = {{"key", key}, {"dtype", "bytes"}, {"size", n}, {"dataset", meta.dataset}};
+  if (data_offset) r["offset"] = data_offset;
+  impl_->AppendIndex(r);
   return meta;
 }
 
 uint64_t ShardWriter::Finish() {
   if (impl_->copier) impl_->copier->Drain();
-  const nlohmann::json index = {{"format", names::kShardIndexFormat},
-                                {"format_version", kFormatVersion},
-                                {"chunks", impl_->index}};
-  h5::WriteStringAttr(impl_->file.get(), names::kShardIndexAttr, index.dump());
+  // As one dump() of the whole object would write it (keys in order): chunks, format, version.
+  const nlohmann::json tail = {{"format", names::kShardIndexFormat}, {"format_version", kFormatVersion}};
+  std::string index = "{\"chunks\":[";
+  index += impl_->index_chunks;
+  index += "],";
+  index += tail.dump().substr(1);
+  std::string().swap(impl_->index_chunks);
+  h5::WriteStringAttr(impl_->file.get(), names::kShardIndexAttr, index);
   if (impl_->file.Close() < 0) {
     throw Error(ErrorCode::kIO, impl_->path.string() + ": closing HDF5 file" + h5::ErrorStack());
   }
