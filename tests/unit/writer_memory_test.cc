@@ -49,8 +49,8 @@ TEST_CASE("CheckpointWriter holds about the metadata's size per chunk, not kilob
   const double meta_per_chunk = static_cast<double>(meta) / static_cast<double>(warm + n);
   MESSAGE(n << " chunks after " << n << ": writer holds " << per_chunk << " B per chunk; metadata.json has "
             << meta_per_chunk << " B per chunk");
-  std::printf("writer memory: %lld chunks after as many, %.0f B held per chunk, metadata.json %.0f B per chunk\n",
-              static_cast<long long>(n), per_chunk, meta_per_chunk);
+  std::printf("writer memory: %lld chunks (after %lld), %.0f B held per chunk, metadata.json %.0f B per chunk\n",
+              static_cast<long long>(n), static_cast<long long>(warm), per_chunk, meta_per_chunk);
   // Before: a JSON tree per chunk for the shard index and whole ChunkMeta strings, about
   // 1.7 KB per chunk over 325 B of metadata. Now a compact record and the index's text;
   // the margin covers vectors that double inside the measured run.
