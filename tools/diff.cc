@@ -21,7 +21,9 @@ int DiffMain(int argc, char** argv) {
   app.add_option("B", b, "Second checkpoint, shard or .safetensors")->required();
   app.add_option("--atol", o.atol, "Absolute tolerance: |a-b| <= atol + rtol*|b| is equal")->check(CLI::NonNegativeNumber);
   app.add_option("--rtol", o.rtol, "Relative tolerance")->check(CLI::NonNegativeNumber);
-  app.add_flag("--nan-equal", o.nan_equal, "Treat NaN as equal to NaN");
+  app.add_flag("--nan-equal", o.nan_equal,
+               "Treat any NaN as equal to any NaN (without a tolerance, identical bits are always equal; "
+               "with --atol/--rtol a NaN otherwise differs)");
   app.add_flag("--keys-only", o.keys_only, "Compare keys, kinds, dtypes and shapes only; read no data");
   app.add_option("--exclude", o.exclude, "Skip keys matching this glob (repeatable)")
       ->allow_extra_args(false)->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);

@@ -27,6 +27,13 @@ void AddWriteFlags(CLI::App& app, MergeFlags& f) {
                  "than this are stored as several chunks (up to --max-memory / 8); others are copied file\n"
                  "to file, one chunk per tensor (or per --world part)")
       ->capture_default_str();
+  app.add_option("--keys", f.o.keys, "Only keys matching this glob (repeatable)")
+      ->allow_extra_args(false)->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  app.add_option("--exclude", f.o.exclude, "Skip keys matching this glob (repeatable), e.g. 'optimizer.*'")
+      ->allow_extra_args(false)->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  app.add_flag("--skip-unsupported", f.o.skip_unsupported,
+               "Skip safetensors tensors of a dtype ckpt does not support (a warning names each one)\n"
+               "instead of refusing the whole file");
 }
 
 int RunWrite(CLI::App& app, Common& common, MergeFlags& f, int argc, char** argv) {
@@ -37,6 +44,8 @@ int RunWrite(CLI::App& app, Common& common, MergeFlags& f, int argc, char** argv
     f.o.compression = ParseCompression(f.compress);
     f.o.progress = !common.quiet;
     const ops::MergeReport r = ops::Merge(f.src, f.dst, f.o);
+    for (const std::string& s : r.skipped)
+      std::cerr << app.get_name() << ": warning: skipped tensor " << s << ": a dtype ckpt does not support\n";
     if (common.json) std::cout << ops::RenderMergeJson(r);
     else if (!common.quiet) std::cout << ops::RenderMergeText(r);
     return kExitOk;
@@ -60,10 +69,6 @@ int MergeMain(int argc, char** argv) {
   AddCommon(app, common, "ckpt-merge", true);
   MergeFlags f;
   AddWriteFlags(app, f);
-  app.add_option("--keys", f.o.keys, "Only keys matching this glob (repeatable)")
-      ->allow_extra_args(false)->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  app.add_option("--exclude", f.o.exclude, "Skip keys matching this glob (repeatable), e.g. 'optimizer.*'")
-      ->allow_extra_args(false)->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_flag("--virtual", f.o.virtual_file,
                "Write one HDF5 file of virtual datasets that stitch each tensor from the shards\n"
                "(named relative to it: move the two together)");
@@ -77,7 +82,8 @@ int ConvertMain(int argc, char** argv) {
                "dtype both have; safetensors' __metadata__ travels as the checkpoint's user metadata.",
                "ckpt-convert");
   app.footer("Examples:\n  ckpt-convert model.safetensors ckpt/model --world 4\n"
-             "  ckpt-convert ckpt/step-1000 model.safetensors\n\n"
+             "  ckpt-convert ckpt/step-1000 model.safetensors --exclude 'optimizer.*'\n"
+             "  ckpt-convert model.safetensors ckpt/model --skip-unsupported   # e.g. leave out F8_E8M0 tensors\n\n"
              "Exit codes: 0 ok, 1 the source is malformed, 2 usage or I/O error.");
   Common common;
   AddCommon(app, common, "ckpt-convert", true);

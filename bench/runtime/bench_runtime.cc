@@ -11,9 +11,11 @@
 
 #include "ckpt/ckpt.h"
 #include "ckpt/runtime/runtime.h"
+#include "ckpt_demo/trainer.h"
 
 namespace fs = std::filesystem;
 namespace rt = ckpt::runtime;
+namespace demo = ckpt::demo;
 
 namespace {
 
@@ -41,7 +43,7 @@ int main(int argc, char** argv) {
   int world = 4, steps = 5, warmup = 2, repeats = 2;
   int64_t save_every = 100;
   std::string strategy = "fsdp", dir = "build-bench/scratch/runtime";
-  rt::TrainerConfig cfg;
+  demo::TrainerConfig cfg;
   cfg.model.vocab = 8192;
   cfg.model.dim = 1024;
   cfg.model.hidden = 4096;
@@ -68,7 +70,7 @@ int main(int argc, char** argv) {
   try {
     ckpt::RunThreads(world, [&](ckpt::Comm& comm) {
       const bool lead = comm.rank() == 0;
-      rt::Trainer t(comm, cfg);
+      demo::Trainer t(comm, cfg);
       rt::Accelerator& a = t.accelerator();
       std::size_t params = 0;
       for (auto& [k, p] : t.model().keyed_parameters())

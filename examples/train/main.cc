@@ -14,11 +14,13 @@
 
 #include "ckpt/ckpt.h"
 #include "ckpt/runtime/runtime.h"
+#include "ckpt_demo/trainer.h"
 #if CKPT_TRAIN_MPI
 #include "ckpt/mpi.h"
 #endif
 
 namespace rt = ckpt::runtime;
+namespace demo = ckpt::demo;
 
 int main(int argc, char** argv) {
   CLI::App app{"Train a small model across in-process ranks with ckpt checkpoints"};
@@ -29,7 +31,7 @@ int main(int argc, char** argv) {
   std::string ckpt_dir;
   bool resume = false, full = false;
   int keep = 3;
-  rt::TrainerConfig cfg;
+  demo::TrainerConfig cfg;
   cfg.model.dim = 64;
   cfg.model.hidden = 256;
   cfg.total_steps = 1000;
@@ -83,7 +85,7 @@ int main(int argc, char** argv) {
     cfg.tp_size = tp;
     auto run = [&](ckpt::Comm& comm) {
       const bool root = comm.rank() == 0;
-      rt::Trainer trainer(comm, cfg);
+      demo::Trainer trainer(comm, cfg);
       rt::Accelerator& accel = trainer.accelerator();
       if (root)
         std::printf("train: %s on %d rank%s (mesh dp=%d x tp=%d), %zu parameters\n", strategy.c_str(),

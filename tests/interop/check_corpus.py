@@ -106,7 +106,7 @@ SHUFFLE_FILTER = 2
 
 def escape_key(key):
     """FORMAT.md §5.2."""
-    s = key.replace("%", "%25").replace("/", "%2F")
+    s = key.replace("%", "%25").replace("/", "%2F").replace("@", "%40")
     return "%2E" + s[1:] if s.startswith(".") else s
 
 

@@ -9,11 +9,12 @@
 #include <vector>
 
 #include "ckpt/runtime/runtime.h"
+#include "ckpt_demo/trainer.h"
 
 namespace rt_test {
 
 using ckpt::runtime::Strategy;
-using ckpt::runtime::TrainerConfig;
+using ckpt::demo::TrainerConfig;
 using FullState = std::map<std::string, std::vector<float>>;
 
 // Small enough for 2 cores: uneven splits everywhere (12 / 4, 20 / 3, 30 / 4...).

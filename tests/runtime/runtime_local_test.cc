@@ -8,6 +8,7 @@
 #include "test_util.h"
 
 using namespace ckpt::runtime;
+using namespace ckpt::demo;
 using rt_test::SmallConfig;
 
 namespace {

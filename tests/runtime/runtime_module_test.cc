@@ -7,6 +7,7 @@
 #include "runtime_helpers.h"
 
 using namespace ckpt::runtime;
+using namespace ckpt::demo;
 using rt_test::SmallConfig;
 
 TEST_CASE("SplitRange is balanced and tiles the range") {
@@ -129,4 +130,98 @@ TEST_CASE("the loss falls") {
     }
     CHECK(last < 0.8f * first);
   });
+}
+
+TEST_CASE("FSDP gives gathered weights and gradients back after each module") {
+  // Clearing a vector keeps its capacity: every rank would keep the whole model gathered
+  // (weights and gradients) after one step instead of model / N plus one module.
+  ckpt::RunThreads(2, [&](ckpt::Comm& c) {
+    Trainer t(c, SmallConfig(Strategy::kFsdp));
+    t.Step();
+    t.Step();
+    int sharded = 0;
+    for (auto& [name, p] : t.module().NamedParameters()) {
+      CAPTURE(name);
+      sharded += p->fsdp_sharded;
+      CHECK(p->work.capacity() == 0);
+      CHECK(p->work_grad.capacity() == 0);
+      CHECK(p->data.size() == static_cast<std::size_t>(p->local_numel()));
+    }
+    CHECK(sharded > 0);
+  });
+}
+
+namespace {
+// One optimizer step on the module alone (no accelerator): forward, backward, step.
+void StepAlone(Classifier& model, Optimizer& opt, DataLoader& loader) {
+  Batch b = loader.Next();
+  Mat logits = model.Call(b.inputs);
+  Mat dlogits;
+  CrossEntropy(logits, b.labels, &dlogits);
+  opt.ZeroGrad();
+  model.CallBackward(dlogits);
+  opt.Step();
+}
+
+// The optimizer's tensors (exp_avg, exp_avg_sq per parameter, in order), whole.
+std::vector<std::vector<float>> OptimizerTensors(const rt_test::FullState& full) {
+  std::vector<std::vector<float>> out;
+  for (auto& [key, v] : full)
+    if (key.rfind("optimizer.", 0) == 0) out.push_back(v);
+  return out;
+}
+}  // namespace
+
+TEST_CASE("preparing an AdamW that has already stepped keeps its state") {
+  for (Strategy s : {Strategy::kDdp, Strategy::kFsdp}) {
+    CAPTURE(StrategyName(s));
+    // Reference: the same steps, everything prepared first, one rank.
+    rt_test::FullState want;
+    const ClassifierConfig cfg = SmallConfig(s).model;
+    SyntheticDataset data(64, cfg.vocab, cfg.context, cfg.classes, 5);
+    auto run = [&](ckpt::Comm& c, bool step_first, rt_test::FullState* out) {
+      Generator gen(1);
+      Classifier model(cfg, gen);
+      AdamW opt(model);
+      DataLoader loader(data, 8, 5);
+      if (step_first) {
+        StepAlone(model, opt, loader);  // every rank takes the whole batch
+        StepAlone(model, opt, loader);
+      }
+      Accelerator accel(c, {s});
+      accel.Prepare(model);
+      accel.Prepare(opt);
+      ckpt::StateDict sd = accel.CollectState();
+      for (auto& [key, e] : sd)
+        if (key.size() > 5 && key.compare(key.size() - 5, 5, ".step") == 0)
+          CHECK(std::get<ckpt::Scalar>(e).AsInt() == (step_first ? 2 : 0));
+      auto full = rt_test::Gather(accel);
+      if (c.rank() == 0) *out = std::move(full);
+    };
+    rt_test::FullState got;
+    ckpt::RunThreads(1, [&](ckpt::Comm& c) {
+      // What two steps leave in the state, with the optimizer stepped after prepare.
+      Generator gen(1);
+      Classifier model(cfg, gen);
+      AdamW opt(model);
+      DataLoader loader(data, 8, 5);
+      Accelerator accel(c, {Strategy::kDdp});
+      accel.Prepare(model);
+      accel.Prepare(opt);
+      StepAlone(model, opt, loader);
+      StepAlone(model, opt, loader);
+      want = rt_test::Gather(accel);
+    });
+    ckpt::RunThreads(2, [&](ckpt::Comm& c) { run(c, true, &got); });
+    const auto w = OptimizerTensors(want), g = OptimizerTensors(got);
+    REQUIRE(w.size() == g.size());
+    REQUIRE(!w.empty());
+    bool any_nonzero = false;
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      CAPTURE(i);
+      CHECK(rt_test::BitEqual(w[i], g[i]));
+      for (float x : g[i]) any_nonzero |= x != 0.0f;
+    }
+    CHECK(any_nonzero);
+  }
 }

@@ -11,6 +11,7 @@
 #include "test_util.h"
 
 using namespace ckpt::runtime;
+using namespace ckpt::demo;
 using rt_test::SmallConfig;
 namespace fs = std::filesystem;
 

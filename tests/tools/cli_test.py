@@ -166,9 +166,12 @@ def test_round_trip_all_dtypes(tools, tmp):
     for name, (st, arr) in tensors.items():
         check(name in rt and rt[name][0] == st and rt[name][1] == arr.shape and rt[name][2] == arr.tobytes(),
               f"{name}: safetensors round trip not bit-exact")
-    # Random bit patterns include NaNs: equal only with --nan-equal.
-    p = tools.run("ckpt-diff", st_path, ck, expect=1)
+    # Random bit patterns include NaNs: the same bits are the same value; under a tolerance
+    # (IEEE comparison) a NaN differs, unless --nan-equal.
+    tools.run("ckpt-diff", st_path, ck, expect=0)
+    p = tools.run("ckpt-diff", st_path, ck, "--atol", "1e-9", expect=1)
     check("NaN" in p.stdout, f"NaN differences are named: {p.stdout}")
+    tools.run("ckpt-diff", st_path, ck, "--atol", "1e-9", "--nan-equal", expect=0)
     tools.run("ckpt-diff", st_path, ck, "--nan-equal", expect=0)
     tools.run("ckpt-diff", back, ck, "--nan-equal", expect=0)
     j = tools.json("ckpt-diff", st_path, back, "--nan-equal")
@@ -484,6 +487,56 @@ def test_verify_corpus(tools, tmp):
     check("7 NaN" in p.stdout, f"--check-finite: {p.stdout}")
 
 
+def test_convert_flags(tools, tmp):
+    """ckpt-convert takes ckpt-merge's --keys / --exclude; --skip-unsupported leaves out (and
+    names) tensors of a dtype ckpt lacks; keys that look like chunk names stay apart."""
+    rng = np.random.default_rng(11)
+    t = {}
+    t["a.w"] = ("F32", rng.standard_normal((2, 3)).astype(np.float32))
+    t["b.w"] = ("F32", rng.standard_normal((4,)).astype(np.float32))
+    t["odd"] = ("F8_E8M0", np.arange(5, dtype=np.uint8))  # a dtype ckpt does not have
+    # A key spelled like a chunk name of another key: 'w' split over 4 files has a chunk at
+    # offsets [0, 0], which once made the dataset name 'w@0,0' twice.
+    t["w"] = ("F32", rng.standard_normal((8, 4)).astype(np.float32))
+    t["w@0,0"] = ("F32", rng.standard_normal((2, 4)).astype(np.float32))
+    st = os.path.join(tmp, "flags.safetensors")
+    write_safetensors(st, t)
+
+    def keys(ck):
+        with open(os.path.join(ck, "metadata.json")) as f:
+            return sorted(json.load(f)["entries"])
+
+    p = tools.run("ckpt-convert", st, os.path.join(tmp, "flags-refused"), expect=1)
+    check("'odd'" in p.stderr and "F8_E8M0" in p.stderr, f"the unsupported tensor is named: {p.stderr}")
+    check("--skip-unsupported" in tools.run("ckpt-convert", "--help", expect=0).stdout, "--help names the flag")
+
+    out = os.path.join(tmp, "flags-all")
+    p = tools.run("ckpt-convert", st, out, "--skip-unsupported", "--world", 4, expect=0)
+    check("warning: skipped tensor 'odd' (dtype 'F8_E8M0')" in p.stderr, f"warning names the tensor: {p.stderr}")
+    check(keys(out) == ["a.w", "b.w", "w", "w@0,0"], f"keys: {keys(out)}")
+    got, _ = read_ckpt_with_h5py(out)
+    for k in ("w", "w@0,0", "a.w"):
+        check(got[k][1].tobytes() == t[k][1].tobytes(), f"{k}: values read back with h5py differ")
+    tools.run("ckpt-verify", out, expect=0)
+    back = os.path.join(tmp, "flags-back.safetensors")
+    tools.run("ckpt-convert", out, back, expect=0)
+    rt, _ = read_safetensors(back)
+    check(rt["w@0,0"][2] == t["w@0,0"][1].tobytes() and rt["w"][2] == t["w"][1].tobytes(),
+          "w and w@0,0 round trip")
+
+    out = os.path.join(tmp, "flags-keys")
+    p = tools.run("ckpt-convert", st, out, "--skip-unsupported", "--keys", "a.*", "--keys", "b.*", expect=0)
+    check(keys(out) == ["a.w", "b.w"], f"--keys: {keys(out)}")
+    check("warning" not in p.stderr, f"no warning for a tensor not selected: {p.stderr}")
+    out = os.path.join(tmp, "flags-exclude")
+    tools.run("ckpt-convert", st, out, "--skip-unsupported", "--exclude", "w*", "--exclude", "odd", expect=0)
+    check(keys(out) == ["a.w", "b.w"], f"--exclude: {keys(out)}")
+    out = os.path.join(tmp, "flags-exclude.safetensors")
+    tools.run("ckpt-convert", back, out, "--exclude", "a.*", expect=0)
+    rt, _ = read_safetensors(out)
+    check(sorted(rt) == ["b.w", "w", "w@0,0"], f"--exclude to safetensors: {sorted(rt)}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
@@ -503,6 +556,7 @@ def main():
         test_merge(tools, tmp, st_path, ck)
         test_malformed_safetensors(tools, tmp)
         test_verify_corpus(tools, tmp)
+        test_convert_flags(tools, tmp)
     finally:
         if not FAILURES:
             shutil.rmtree(tmp, ignore_errors=True)

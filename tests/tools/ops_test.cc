@@ -477,27 +477,42 @@ TEST_CASE("diff: value drift, tolerance, renames, missing keys") {
   CHECK(what.size() == 2);
 }
 
-TEST_CASE("diff: NaN differs from NaN unless --nan-equal") {
+TEST_CASE("diff: identical bits are the same value, NaN included; IEEE NaN under a tolerance") {
   ckpt_test::TempDir tmp("nan");
-  for (const char* name : {"a", "b"}) {
+  const float quiet = NAN, other = -NAN;  // another bit pattern of NaN
+  auto write = [&](const char* name, float nan) {
     auto w = CheckpointWriter::Create(tmp / name, {});
-    float v[3] = {1, NAN, 3};
+    float v[3] = {1, nan, 3};
     w->WriteChunk("x", DType::kFloat32, {3}, Box::Full({3}), v);
+    double dv[2] = {nan, 2};  // another dtype takes the generic path
+    w->WriteChunk("y", DType::kFloat64, {2}, Box::Full({2}), dv);
     w->Commit();
-  }
-  auto d = ops::Diff(tmp / "a", tmp / "b", {});
-  REQUIRE(d.diffs.size() == 1);
+  };
+  write("a", quiet);
+  write("b", quiet);
+  write("c", other);
+  CHECK(ops::Diff(tmp / "a", tmp / "b", {}).same());
+  ops::DiffOptions tol;
+  tol.atol = 1e-6;
+  auto d = ops::Diff(tmp / "a", tmp / "b", tol);
+  REQUIRE(d.diffs.size() == 2);
+  CHECK(d.diffs[0].num_different == 1);
+  CHECK(d.diffs[0].num_nan == 1);
+  d = ops::Diff(tmp / "a", tmp / "c", {});  // NaNs of other bits
+  REQUIRE(d.diffs.size() == 2);
   CHECK(d.diffs[0].num_different == 1);
   ops::DiffOptions o;
   o.nan_equal = true;
+  CHECK(ops::Diff(tmp / "a", tmp / "c", o).same());
+  o.atol = 1e-6;
   CHECK(ops::Diff(tmp / "a", tmp / "b", o).same());
   ops::VerifyOptions vo;
   vo.check_finite = true;
   const auto v = ops::Verify(tmp / "a", vo);
-  REQUIRE(v.problems.size() == 1);
+  REQUIRE(v.problems.size() == 2);  // x and y
   CHECK(v.problems[0].check == "finite");
   vo.quick = true;  // from the recorded statistics
-  CHECK(ops::Verify(tmp / "a", vo).problems.size() == 1);
+  CHECK(ops::Verify(tmp / "a", vo).problems.size() == 2);
 }
 
 TEST_CASE("inspect: layout, totals, statistics recorded and recomputed") {
@@ -894,4 +909,29 @@ TEST_CASE("verify reports links in a shard that no chunk names and that are not 
   const std::string m = Messages(ops::Verify(tmp / "c", {}));
   CHECK_MESSAGE(m.find(shard.filename().string() + ": 'extra' is an external link") != std::string::npos, m);
   CHECK_MESSAGE(m.find(shard.filename().string() + ": 'alias' is a soft link") != std::string::npos, m);
+TEST_CASE("merge --world 4: a key spelled like another key's chunk gets a dataset of its own") {
+  // 'w' split in four has a chunk at [0, 0], which was dataset 'w@0,0': the same name as
+  // the whole tensor 'w@0,0' ("key 'w@0,0' writes dataset 'w@0,0' twice").
+  ckpt_test::TempDir tmp("at");
+  std::vector<float> w(32), w00(8);
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i);
+  for (std::size_t i = 0; i < w00.size(); ++i) w00[i] = -static_cast<float>(i);
+  {
+    auto wr = CheckpointWriter::Create(tmp / "src", {});
+    wr->WriteChunk("w", DType::kFloat32, {8, 4}, Box::Full({8, 4}), w.data());
+    wr->WriteChunk("w@0,0", DType::kFloat32, {2, 4}, Box::Full({2, 4}), w00.data());
+    wr->Commit();
+  }
+  ops::MergeOptions o;
+  o.world = 4;
+  ops::Merge(tmp / "src", tmp / "out", o);
+  CHECK(ops::Verify(tmp / "out", {}).ok());
+  const Metadata md = ReadMetadata(tmp / "out");
+  std::set<std::pair<std::string, std::string>> names;  // (file, dataset)
+  for (const auto& [key, e] : md.entries)
+    for (const auto& c : e.chunks) CHECK(names.emplace(c.file, c.dataset).second);
+  CHECK(md.Find("w@0,0")->chunks.front().dataset.find("%40") != std::string::npos);
+  auto src = ops::Source::Open(tmp / "out");
+  CHECK(ReadAll(*src, "w") == w);
+  CHECK(ReadAll(*src, "w@0,0") == w00);
 }

@@ -4,12 +4,17 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "ckpt/ckpt.h"
 #include "format/json_reader.h"
+#include "format/names.h"
 
 using namespace ckpt;
 
@@ -389,4 +394,64 @@ TEST_CASE("one Metadata read by many threads at once: Find never writes to it") 
   CHECK(copy.Find("k5")->value == "5");
   copy.BuildIndex();
   CHECK(copy.Find("k5")->value == "5");
+}
+
+namespace {
+// Inverts names::DatasetName (FORMAT.md §5.2): the key and, for a partial chunk, the offsets
+// text. Fails the test on a name no key produces.
+std::pair<std::string, std::string> DecodeDatasetName(const std::string& name) {
+  const std::size_t at = name.find('@');
+  const std::string esc = name.substr(0, at);
+  std::string key;
+  for (std::size_t i = 0; i < esc.size(); ++i) {
+    if (esc[i] != '%') {
+      key += esc[i];
+      continue;
+    }
+    REQUIRE(i + 2 < esc.size());
+    const std::string code = esc.substr(i + 1, 2);
+    if (code == "25") key += '%';
+    else if (code == "2F") key += '/';
+    else if (code == "40") key += '@';
+    else if (code == "2E" && i == 0) key += '.';
+    else FAIL("undecodable escape in " << name);
+    i += 2;
+  }
+  return {key, at == std::string::npos ? std::string("whole") : name.substr(at + 1)};
+}
+}  // namespace
+
+TEST_CASE("dataset names are injective over keys and offsets, whatever the keys hold") {
+  // Every key of up to 4 characters over the characters the rule is about, with whole and
+  // partial chunks: no two (key, chunk) pairs share a name, and each name decodes back.
+  const std::string alphabet = "a%/.@40,2EF";
+  std::vector<std::string> keys{""};
+  for (std::size_t begin = 0, len = 1; len <= 4; ++len) {
+    const std::size_t end = keys.size();
+    for (std::size_t k = begin; k < end; ++k)
+      for (char c : alphabet) keys.push_back(keys[k] + c);
+    begin = end;
+  }
+  const std::vector<std::vector<int64_t>> offsets{{}, {0}, {0, 0}, {1}, {10}, {1, 0}, {0, 40}};
+  std::map<std::string, std::pair<std::string, std::string>> seen;
+  for (const std::string& key : keys) {
+    if (key.empty()) continue;
+    for (std::size_t i = 0; i < offsets.size(); ++i) {
+      const bool whole = i == 0;
+      const std::string name = names::DatasetName(key, offsets[i], whole);
+      CAPTURE(key);
+      CAPTURE(name);
+      CHECK(name.find('/') == std::string::npos);
+      CHECK(name.front() != '.');
+      const auto decoded = DecodeDatasetName(name);
+      CHECK(decoded.first == key);
+      const auto [it, fresh] = seen.emplace(name, decoded);
+      CHECK_MESSAGE(fresh, "'" << key << "' shares dataset '" << name << "' with '" << it->second.first << "'");
+    }
+  }
+  CHECK(seen.size() == (keys.size() - 1) * offsets.size());
+  // The case that collided: tensor 'w' split in four has a chunk at [0, 0].
+  CHECK(names::DatasetName("w", {0, 0}, false) == "w@0,0");
+  CHECK(names::DatasetName("w@0,0", {0, 0}, true) == "w%400,0");
+  CHECK(names::EscapeKey(".a/b%c@d") == "%2Ea%2Fb%25c%40d");
 }

@@ -118,7 +118,10 @@ class CheckpointReader {
 };
 
 // Writes a checkpoint from one process, tensor by tensor: what the tools (merge,
-// convert, reshard) and a FULL export use. Memory stays bounded by one chunk at a time.
+// convert, reshard) and a FULL export use. Memory: one chunk's data at a time, plus a
+// compact record per chunk written (box, checksum, sizes, statistics, its shard-index
+// text: measured 558 B a chunk for 325 B of metadata.json, 773 B averaged over the first
+// million chunks with HDF5's bounded caches filling); Commit builds the Metadata it returns.
 // Nothing is visible at `dir` until Commit(); destroying an uncommitted writer removes
 // its temporary directory.
 class CheckpointWriter {

@@ -1,10 +1,16 @@
 // checkpoint/writer.cc: CheckpointWriter, a single-process streaming writer.
+//
+// Memory: a chunk's bytes go straight to its shard; the writer keeps one compact record
+// per chunk (box, checksum, sizes, statistics), turned into the Metadata only at Commit.
+// Strings every chunk would repeat (its file name, a dataset name that follows from key
+// and box) are not kept per chunk.
+#include <cstdio>
 #include <map>
 #include <unordered_map>
-#include <unordered_set>
 
 #include "checkpoint/commit.h"
 #include "ckpt/checkpoint.h"
+#include "format/names.h"
 #include "layout/box.h"
 #include "storage/fs.h"
 #include "storage/shard_writer.h"
@@ -32,15 +38,15 @@ class Writer final : public CheckpointWriter {
                   int file_index) override {
     const std::string key(key_view);
     const std::size_t entry = CheckChunk(key, dtype, shape, box);
-    ChunkMeta chunk = Shard(file_index).WriteChunk(key, dtype, shape, box, data);
-    metadata_.entries[entry].second.chunks.push_back(std::move(chunk));
+    Record(entry, file_index, Shard(file_index).WriteChunk(key, dtype, shape, box, data));
   }
 
   std::unique_ptr<ChunkStream> OpenChunk(std::string_view key_view, DType dtype, const Shape& shape, const Box& box,
                                          int file_index, const std::optional<ChunkStats>& stats) override {
     const std::string key(key_view);
     const std::size_t entry = CheckChunk(key, dtype, shape, box);
-    return std::make_unique<Stream>(*this, entry, Shard(file_index).Begin(key, dtype, shape, box, stats));
+    return std::make_unique<Stream>(*this, entry, file_index,
+                                    Shard(file_index).Begin(key, dtype, shape, box, stats));
   }
   void WriteScalar(std::string_view key, const Scalar& value) override {
     EntryMeta& e = Entry(std::string(key), EntryKind::kScalar);
@@ -75,6 +81,7 @@ class Writer final : public CheckpointWriter {
       throw Error(ErrorCode::kInvalidArgument, "CheckpointWriter: Commit() with " + std::to_string(open_streams_) +
                                                    " chunk stream(s) still open");
     }
+    BuildChunks();
     std::string problems;
     for (const auto& [key, e] : metadata_.entries) {
       if (e.kind != EntryKind::kTensor) continue;
@@ -105,8 +112,8 @@ class Writer final : public CheckpointWriter {
  private:
   class Stream final : public ChunkStream {
    public:
-    Stream(Writer& w, std::size_t entry, std::unique_ptr<storage::ShardWriter::Stream> s)
-        : w_(w), entry_(entry), s_(std::move(s)) {
+    Stream(Writer& w, std::size_t entry, int file, std::unique_ptr<storage::ShardWriter::Stream> s)
+        : w_(w), entry_(entry), file_(file), s_(std::move(s)) {
       ++w_.open_streams_;
     }
     ~Stream() override {
@@ -118,8 +125,7 @@ class Writer final : public CheckpointWriter {
                   expected_checksum, range.file.string() + ": bytes at offset " + std::to_string(range.offset));
     }
     void Close() override {
-      ChunkMeta chunk = Open().Finish();
-      w_.metadata_.entries[entry_].second.chunks.push_back(std::move(chunk));
+      w_.Record(entry_, file_, Open().Finish());
       s_.reset();
       --w_.open_streams_;
     }
@@ -131,18 +137,108 @@ class Writer final : public CheckpointWriter {
     }
     Writer& w_;
     std::size_t entry_;
+    int file_;
     std::unique_ptr<storage::ShardWriter::Stream> s_;
   };
+
+  // One tensor chunk as written, compactly. Its box lives in boxes_ (offsets, then sizes,
+  // rank-of-the-tensor values each); a dataset name or checksum that does not follow the
+  // usual form is kept whole in unusual_.
+  struct ChunkRecord {
+    uint32_t entry;
+    uint32_t file;
+    std::size_t box;
+    uint64_t checksum;
+    uint64_t stored_bytes;
+    Compression compression;
+    bool has_stats;
+    ChunkStats stats;
+  };
+  struct Unusual {
+    std::string file, dataset, checksum;
+  };
+
+  void Record(std::size_t entry, int file, ChunkMeta chunk) {
+    const auto& [key, e] = metadata_.entries[entry];
+    ChunkRecord r{static_cast<uint32_t>(entry), static_cast<uint32_t>(file), boxes_.size(), 0,
+                  chunk.stored_bytes, chunk.compression, chunk.stats.has_value(),
+                  chunk.stats.value_or(ChunkStats{})};
+    boxes_.insert(boxes_.end(), chunk.box.offsets.begin(), chunk.box.offsets.end());
+    boxes_.insert(boxes_.end(), chunk.box.sizes.begin(), chunk.box.sizes.end());
+    Unusual odd;
+    if (chunk.file != shards_[static_cast<std::size_t>(file)]->file_name()) odd.file = std::move(chunk.file);
+    if (chunk.dataset != names::DatasetName(key, chunk.box.offsets, chunk.box == Box::Full(e.shape)))
+      odd.dataset = std::move(chunk.dataset);
+    if (!ParseChecksum(chunk.checksum, &r.checksum)) odd.checksum = std::move(chunk.checksum);
+    if (!odd.file.empty() || !odd.dataset.empty() || !odd.checksum.empty()) unusual_.emplace(records_.size(), std::move(odd));
+    records_.push_back(r);
+  }
+
+  static bool ParseChecksum(const std::string& text, uint64_t* value) {
+    const std::string_view prefix = names::kChecksumPrefix;
+    if (text.size() != prefix.size() + 16 || text.compare(0, prefix.size(), prefix) != 0) return false;
+    uint64_t v = 0;
+    for (std::size_t i = prefix.size(); i < text.size(); ++i) {
+      const char c = text[i];
+      const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+      if (d < 0) return false;
+      v = (v << 4) | static_cast<uint64_t>(d);
+    }
+    *value = v;
+    return true;
+  }
+
+  // The records become the entries' chunks, in the order they were written.
+  void BuildChunks() {
+    std::vector<uint32_t> count(metadata_.entries.size(), 0);
+    for (const ChunkRecord& r : records_) ++count[r.entry];
+    for (std::size_t i = 0; i < count.size(); ++i) metadata_.entries[i].second.chunks.reserve(count[i]);
+    for (std::size_t i = 0; i < records_.size(); ++i) {
+      const ChunkRecord& r = records_[i];
+      auto& [key, e] = metadata_.entries[r.entry];
+      const auto nd = static_cast<std::ptrdiff_t>(e.shape.size());
+      const auto b = boxes_.begin() + static_cast<std::ptrdiff_t>(r.box);
+      ChunkMeta c;
+      c.box.offsets.assign(b, b + nd);
+      c.box.sizes.assign(b + nd, b + 2 * nd);
+      auto odd = unusual_.find(i);
+      const bool has_odd = odd != unusual_.end();
+      c.file = has_odd && !odd->second.file.empty()
+                   ? std::move(odd->second.file)
+                   : internal::ShardFileName(static_cast<int>(r.file), options_.num_files);
+      c.compression = r.compression;
+      c.stored_bytes = r.stored_bytes;
+      if (r.has_stats) c.stats = r.stats;
+      if (has_odd && !odd->second.dataset.empty()) {
+        c.dataset = std::move(odd->second.dataset);
+      } else {
+        c.dataset = names::DatasetName(key, c.box.offsets, c.box == Box::Full(e.shape));
+      }
+      if (has_odd && !odd->second.checksum.empty()) {
+        c.checksum = std::move(odd->second.checksum);
+      } else {
+        char hex[17];
+        std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(r.checksum));
+        c.checksum = std::string(names::kChecksumPrefix) + hex;
+      }
+      e.chunks.push_back(std::move(c));
+    }
+    std::vector<ChunkRecord>().swap(records_);
+    std::vector<int64_t>().swap(boxes_);
+    unusual_.clear();
+  }
 
   // Validates a tensor chunk against its entry (creating it on first use); returns the
   // entry's index.
   std::size_t CheckChunk(const std::string& key, DType dtype, const Shape& shape, const Box& box) {
     EntryMeta& e = Entry(key, EntryKind::kTensor);
-    if (e.chunks.empty() && e.shape.empty() && !seen_tensor_.count(key)) {
+    const std::size_t entry = index_.at(key);
+    if (typed_.size() <= entry) typed_.resize(entry + 1, false);
+    if (!typed_[entry]) {  // the first chunk of the key fixes its dtype and shape
       NumElements(shape);
       e.dtype = dtype;
       e.shape = shape;
-      seen_tensor_.insert(key);
+      typed_[entry] = true;
     } else if (e.dtype != dtype || e.shape != shape) {
       throw Error(ErrorCode::kInvalidArgument, "CheckpointWriter: key '" + key + "': chunk of " +
                                                    std::string(DTypeName(dtype)) + " " + Box::Full(shape).ToString() +
@@ -153,7 +249,7 @@ class Writer final : public CheckpointWriter {
       throw Error(ErrorCode::kInvalidArgument, "CheckpointWriter: key '" + key + "': chunk " + box.ToString() +
                                                    " lies outside " + Box::Full(shape).ToString());
     }
-    return index_.at(key);
+    return entry;
   }
 
   // An open descriptor of a file chunks are copied from (kept until the writer goes).
@@ -198,7 +294,10 @@ class Writer final : public CheckpointWriter {
   std::vector<std::unique_ptr<storage::ShardWriter>> shards_;
   Metadata metadata_;
   std::unordered_map<std::string, std::size_t> index_;
-  std::unordered_set<std::string> seen_tensor_;
+  std::vector<bool> typed_;  // per entry: a tensor whose first chunk fixed dtype and shape
+  std::vector<ChunkRecord> records_;
+  std::vector<int64_t> boxes_;
+  std::map<std::size_t, Unusual> unusual_;  // by record
   std::map<std::string, storage::Fd> sources_;
   int open_streams_ = 0;
   bool committed_ = false;

@@ -1,6 +1,11 @@
 // format/names.h: every on-disk name and JSON key, spelled once (schemas/FORMAT.md).
 #pragma once
 
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
 namespace ckpt::names {
 
 // §2 directory layout
@@ -43,6 +48,38 @@ inline constexpr const char* kSize = "size";
 
 // §5 HDF5 layout
 inline constexpr const char* kShardIndexAttr = "ckpt_shard_index";
+inline constexpr char kOffsetsSeparator = '@';  // §5.2: "<escaped key>@<o0>,<o1>,..."
+
+// §5.2 The escaped key: `%` -> %25, `/` -> %2F, `@` -> %40, a leading `.` -> %2E. The
+// escape character is escaped itself and the result never holds `@`, so a dataset name
+// decodes to exactly one (key, offsets) pair: two keys never share a dataset (§9.6).
+inline std::string EscapeKey(std::string_view key) {
+  std::string out;
+  out.reserve(key.size());
+  for (std::size_t i = 0; i < key.size(); ++i) {
+    const char c = key[i];
+    if (c == '%') out += "%25";
+    else if (c == '/') out += "%2F";
+    else if (c == kOffsetsSeparator) out += "%40";
+    else if (c == '.' && i == 0) out += "%2E";
+    else out += c;
+  }
+  return out;
+}
+
+// §5.2 The dataset of a chunk: the escaped key, plus "@o0,o1,..." unless the chunk is
+// the whole tensor.
+inline std::string DatasetName(std::string_view key, const std::vector<int64_t>& offsets, bool whole) {
+  std::string name = EscapeKey(key);
+  if (!whole) {
+    name += kOffsetsSeparator;
+    for (std::size_t d = 0; d < offsets.size(); ++d) {
+      if (d) name += ',';
+      name += std::to_string(offsets[d]);
+    }
+  }
+  return name;
+}
 inline constexpr const char* kShardIndexFormat = "ckpt-shard";
 inline constexpr const char* kDTypeAttr = "dtype";
 

@@ -30,15 +30,18 @@ struct ValueStats {
   uint64_t different = 0, nan = 0;
 };
 
-// Compares one block of n elements.
+// Compares one block of n elements. Exact (no tolerance): identical stored bits are the
+// same value, a NaN included; elements whose bits differ compare as numbers. With a
+// tolerance the comparison is IEEE's: a NaN differs from everything, itself included,
+// unless nan_equal.
 void CompareBlock(DType dtype, const uint8_t* a, const uint8_t* b, std::size_t n, const DiffOptions& o,
                   ValueStats& s) {
   const std::size_t item = DTypeSize(dtype);
   const bool floating = IsFloating(dtype);
   const bool exact = o.atol == 0 && o.rtol == 0;
   if (std::memcmp(a, b, n * item) == 0) {
-    if (!floating || o.nan_equal) return;
-    // Equal bytes, but NaN is not equal to NaN unless asked.
+    if (!floating || exact || o.nan_equal) return;
+    // Equal bytes, but under a tolerance NaN is not equal to NaN unless asked.
     int64_t nan = 0, inf = 0;
     detail::CountNonFinite(dtype, a, n, &nan, &inf);
     s.different += static_cast<uint64_t>(nan);
@@ -67,13 +70,14 @@ void CompareBlock(DType dtype, const uint8_t* a, const uint8_t* b, std::size_t n
       std::memcpy(&x, a + 4 * i, 4);
       std::memcpy(&y, b + 4 * i, 4);
       if (x == y && !std::isnan(x)) continue;
+      if (exact && std::memcmp(a + 4 * i, b + 4 * i, 4) == 0) continue;
       one(x, y, false);
     }
     return;
   }
   for (std::size_t i = 0; i < n; ++i) {
     const bool eq = std::memcmp(a + i * item, b + i * item, item) == 0;
-    if (eq && !floating) continue;
+    if (eq && (!floating || exact)) continue;
     one(ElementToDouble(dtype, a + i * item), ElementToDouble(dtype, b + i * item), eq);
   }
 }
@@ -345,7 +349,7 @@ std::string RenderDiffText(const DiffReport& r) {
     else if (d.what == "renamed") out << "renamed:    " << d.key << " -> " << d.other_key << "  (" << d.a << ", same values)\n";
     else if (d.what == "values" && d.num_elements)
       out << "values:     " << d.key << "  " << d.num_different << " of " << d.num_elements
-          << " elements differ" << (d.num_nan ? " (" + std::to_string(d.num_nan) + " NaN, equal only with --nan-equal)" : "")
+          << " elements differ" << (d.num_nan ? " (" + std::to_string(d.num_nan) + " with NaN)" : "")
           << ", max abs diff " << detail::FormatDouble(d.max_abs) << ", max rel diff "
           << detail::FormatDouble(d.max_rel) << "\n";
     else out << d.what << ":" << std::string(d.what.size() < 11 ? 11 - d.what.size() : 1, ' ') << d.key << "  "

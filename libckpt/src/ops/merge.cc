@@ -430,11 +430,19 @@ MergeReport Merge(const fs::path& src_path, const fs::path& dst, const MergeOpti
     throw Error(ErrorCode::kAlreadyExists, dst.string() + ": already exists (use --force to replace it)");
   if (fs::exists(dst, ec) && fs::equivalent(src_path, dst, ec))
     throw Error(ErrorCode::kInvalidArgument, dst.string() + ": source and destination are the same");
-  auto src = Source::Open(src_path);
+  auto src = Source::Open(src_path, o.skip_unsupported);
   const auto sel = Select(*src, o);
   MergeReport r;
   r.src = src_path.string();
   r.dst = dst.string();
+  for (const auto& [key, dtype] : src->skipped()) {
+    if (!o.keys.empty() && !detail::MatchesAny(o.keys, key)) continue;
+    if (detail::MatchesAny(o.exclude, key)) continue;
+    r.skipped.push_back("'" + key + "' (dtype '" + dtype + "')");
+  }
+  if (!r.skipped.empty())
+    r.notes.push_back(std::to_string(r.skipped.size()) +
+                      " tensor(s) of dtypes ckpt does not support skipped (--skip-unsupported)");
   // Two block buffers (read, cast) of at most `budget` each, well inside max_memory.
   const uint64_t budget =
       std::max<uint64_t>(std::min<uint64_t>(o.chunk_bytes, o.max_memory / 8), uint64_t{1} << 16);
@@ -479,6 +487,7 @@ std::string RenderMergeJson(const MergeReport& r) {
   j["bytes_copied"] = r.bytes_copied;
   j["seconds"] = r.seconds;
   j["notes"] = r.notes;
+  j["skipped"] = r.skipped;
   return j.dump(2) + "\n";
 }
 

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <unordered_set>
 
 #include "ckpt/error.h"
 #include "layout/box.h"
@@ -103,7 +104,8 @@ SafetensorsReader::~SafetensorsReader() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-std::unique_ptr<SafetensorsReader> SafetensorsReader::Open(const std::filesystem::path& path) {
+std::unique_ptr<SafetensorsReader> SafetensorsReader::Open(const std::filesystem::path& path,
+                                                           bool skip_unsupported) {
   std::unique_ptr<SafetensorsReader> r(new SafetensorsReader());
   r->path_ = path;
   r->fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -164,9 +166,17 @@ std::unique_ptr<SafetensorsReader> SafetensorsReader::Open(const std::filesystem
     t.name = name;
     const std::string dt = v["dtype"].get<std::string>();
     auto dtype = DTypeFromSafetensors(dt);
-    if (!dtype)
+    if (!dtype && !skip_unsupported)
       throw Error(ErrorCode::kUnsupported,
                   path.string() + ": " + where + ": unknown or unsupported dtype '" + dt + "'");
+    const bool skip = !dtype;
+    if (skip) {  // kept as bytes until the offsets are checked, then left out
+      r->skipped_.emplace_back(name, dt);
+      dtype = DType::kUInt8;
+      const auto b = v["data_offsets"][0].get<uint64_t>(), e = v["data_offsets"][1].get<uint64_t>();
+      if (e < b) Corrupt(path, where + ": data_offsets end before they begin");
+      t.shape = {static_cast<int64_t>(std::min<uint64_t>(e - b, uint64_t{1} << 62))};
+    }
     t.dtype = *dtype;
     if (v["shape"].size() > static_cast<std::size_t>(kSafetensorsMaxRank))
       Corrupt(path, where + ": shape has " + std::to_string(v["shape"].size()) +
@@ -174,7 +184,7 @@ std::unique_ptr<SafetensorsReader> SafetensorsReader::Open(const std::filesystem
     for (const auto& d : v["shape"]) {
       if (!d.is_number_unsigned() || d.get<uint64_t>() > uint64_t{1} << 62)
         Corrupt(path, where + ": shape must hold non-negative integers, found " + v["shape"].dump());
-      t.shape.push_back(d.get<int64_t>());
+      if (!skip) t.shape.push_back(d.get<int64_t>());
     }
     t.begin = v["data_offsets"][0].get<uint64_t>();
     t.end = v["data_offsets"][1].get<uint64_t>();
@@ -213,6 +223,11 @@ std::unique_ptr<SafetensorsReader> SafetensorsReader::Open(const std::filesystem
   if (pos != buffer_len)
     Corrupt(path, "tensors cover " + std::to_string(pos) + " bytes of the data buffer, which has " +
                       std::to_string(buffer_len));
+  if (!r->skipped_.empty()) {
+    std::unordered_set<std::string_view> skipped;
+    for (const auto& s : r->skipped_) skipped.insert(s.first);
+    std::erase_if(r->tensors_, [&](const SafetensorsTensor& t) { return skipped.count(t.name) > 0; });
+  }
   return r;
 }
 

@@ -47,9 +47,10 @@ class CheckpointSource final : public Source {
 
 class SafetensorsSource final : public Source {
  public:
-  explicit SafetensorsSource(const std::filesystem::path& file) {
+  explicit SafetensorsSource(const std::filesystem::path& file, bool skip_unsupported) {
     path_ = file;
-    reader_ = SafetensorsReader::Open(file);
+    reader_ = SafetensorsReader::Open(file, skip_unsupported);
+    skipped_ = reader_->skipped();
     metadata_.state_dict_type = StateDictType::kFull;
     metadata_.world_size = 1;
     metadata_.library_version = "safetensors";
@@ -216,7 +217,7 @@ bool Source::HoldsWhole(std::string_view key) const {
   return n == NumElementsOf(*e);
 }
 
-std::unique_ptr<Source> Source::Open(const std::filesystem::path& path) {
+std::unique_ptr<Source> Source::Open(const std::filesystem::path& path, bool skip_unsupported) {
   std::error_code ec;
   const auto st = std::filesystem::status(path, ec);
   if (ec || !std::filesystem::exists(st))
@@ -227,14 +228,14 @@ std::unique_ptr<Source> Source::Open(const std::filesystem::path& path) {
                   path.string() + ": not a checkpoint (no metadata.json; an uncommitted save?)");
     return std::make_unique<CheckpointSource>(path);
   }
-  if (path.extension() == ".safetensors") return std::make_unique<SafetensorsSource>(path);
+  if (path.extension() == ".safetensors") return std::make_unique<SafetensorsSource>(path, skip_unsupported);
   if (StartsWith(path, "\x89HDF\r\n\x1a\n", 8)) return std::make_unique<ShardSource>(path);
   if (path.filename() == kMetadataFileName) return Open(path.parent_path());
   // A safetensors file under another name: its header starts after 8 bytes with '{'.
   std::ifstream in(path, std::ios::binary);
   char head[9] = {};
   in.read(head, 9);
-  if (in && head[8] == '{') return std::make_unique<SafetensorsSource>(path);
+  if (in && head[8] == '{') return std::make_unique<SafetensorsSource>(path, skip_unsupported);
   throw Error(ErrorCode::kUnsupported,
               path.string() + ": neither a checkpoint directory, an HDF5 shard nor a safetensors file");
 }

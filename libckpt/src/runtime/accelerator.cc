@@ -71,7 +71,9 @@ std::vector<Box> DeserializeBoxes(const std::vector<uint8_t>& in) {
 // Rank 0 receives each tensor of `sd` whole, one at a time, and hands it to `sink`;
 // non-tensor entries go to `other` on rank 0. Every rank must pass the same keys in
 // the same order. Pieces held identically by several ranks are sent once (by the
-// lowest rank). COLLECTIVE.
+// lowest rank). Rank 0 copies its own pieces straight into the whole tensor and
+// receives the others' in rounds of at most one tensor's bytes, so it never holds more
+// than twice the tensor (what `report` records). COLLECTIVE.
 void StreamFull(Comm& comm, StateDict& sd, uint64_t max_buffer_bytes, SaveFullReport& report,
                 const std::function<void(const std::string&, const Tensor&, std::vector<float>&)>& sink,
                 const std::function<void(const std::string&, const Entry&)>& other) {
@@ -87,51 +89,78 @@ void StreamFull(Comm& comm, StateDict& sd, uint64_t max_buffer_bytes, SaveFullRe
     const uint64_t bytes = static_cast<uint64_t>(NumElements(t.shape)) * sizeof(float);
     report.largest_tensor_bytes = std::max(report.largest_tensor_bytes, bytes);
     report.total_tensor_bytes += bytes;
-    if (max_buffer_bytes != 0 && 2 * bytes > max_buffer_bytes)
-      throw Error(ErrorCode::kInvalidArgument,
-                  "'" + key + "': gathering it needs up to " + std::to_string(2 * bytes) +
-                      " bytes on rank 0, more than the limit of " + std::to_string(max_buffer_bytes));
     std::vector<Box> mine;
     for (const Chunk& c : t.chunks) mine.push_back(c.box);
     auto all_boxes = comm.AllGather(SerializeBoxes(mine));
-    // Owner of each distinct box: the lowest rank that holds it.
-    std::vector<std::vector<bool>> owns(all_boxes.size());
-    std::vector<std::vector<Box>> boxes(all_boxes.size());
+    // Owner of each distinct box: the lowest rank that holds it; the bytes each rank sends.
+    const auto n = all_boxes.size();
+    std::vector<std::vector<bool>> owns(n);
+    std::vector<std::vector<Box>> boxes(n);
+    std::vector<uint64_t> send_bytes(n, 0);
     std::vector<Box> seen;
-    for (std::size_t r = 0; r < all_boxes.size(); ++r) {
+    for (std::size_t r = 0; r < n; ++r) {
       boxes[r] = DeserializeBoxes(all_boxes[r]);
       for (const Box& b : boxes[r]) {
         const bool first = std::find(seen.begin(), seen.end(), b) == seen.end();
         if (first) seen.push_back(b);
         owns[r].push_back(first && b.NumElements() > 0);
+        if (owns[r].back()) send_bytes[r] += static_cast<uint64_t>(b.NumElements()) * sizeof(float);
       }
     }
-    std::vector<uint8_t> payload;
+    all_boxes = {};
+    // Rounds of senders (ranks 1..n-1, in order) whose pieces together fit in one tensor's
+    // bytes (a piece larger than that goes alone). Every rank computes the same rounds.
+    std::vector<std::vector<std::size_t>> rounds;
+    uint64_t round_bytes = 0, staging = bytes;
+    for (std::size_t r = 1; r < n; ++r) {
+      if (send_bytes[r] == 0) continue;
+      if (rounds.empty() || round_bytes + send_bytes[r] > bytes) {
+        rounds.emplace_back();
+        round_bytes = 0;
+      }
+      rounds.back().push_back(r);
+      round_bytes += send_bytes[r];
+      staging = std::max(staging, bytes + round_bytes);
+    }
+    if (max_buffer_bytes != 0 && staging > max_buffer_bytes)
+      throw Error(ErrorCode::kInvalidArgument,
+                  "'" + key + "': gathering it needs " + std::to_string(staging) +
+                      " bytes on rank 0, more than the limit of " + std::to_string(max_buffer_bytes));
     const auto me = static_cast<std::size_t>(comm.rank());
-    for (std::size_t i = 0; i < t.chunks.size(); ++i) {
-      if (!owns[me][i]) continue;
-      const auto n = static_cast<std::size_t>(t.chunks[i].box.NumElements()) * sizeof(float);
-      const auto* src = static_cast<const uint8_t*>(t.chunks[i].data);
-      payload.insert(payload.end(), src, src + n);
+    std::vector<float> full;
+    if (root) {
+      report.peak_buffer_bytes = std::max(report.peak_buffer_bytes, staging);
+      full.assign(static_cast<std::size_t>(NumElements(t.shape)), 0.0f);
+      for (std::size_t i = 0; i < t.chunks.size(); ++i)
+        if (owns[0][i])
+          CopyBox(t.shape, boxes[0][i], full.data(), static_cast<float*>(t.chunks[i].data), true);
     }
-    auto pieces = comm.Gather(payload, 0);
-    payload = {};
-    if (!root) continue;
-    uint64_t held = 0;
-    for (const auto& p : pieces) held += p.size();
-    std::vector<float> full(static_cast<std::size_t>(NumElements(t.shape)), 0.0f);
-    report.peak_buffer_bytes = std::max(report.peak_buffer_bytes, held + bytes);
-    for (std::size_t r = 0; r < pieces.size(); ++r) {
-      std::size_t off = 0;
-      for (std::size_t i = 0; i < boxes[r].size(); ++i) {
-        if (!owns[r][i]) continue;
-        CopyBox(t.shape, boxes[r][i], full.data(),
-                reinterpret_cast<float*>(pieces[r].data() + off), true);
-        off += static_cast<std::size_t>(boxes[r][i].NumElements()) * sizeof(float);
+    for (const auto& round : rounds) {
+      std::vector<uint8_t> payload;
+      if (std::find(round.begin(), round.end(), me) != round.end()) {
+        payload.reserve(send_bytes[me]);
+        for (std::size_t i = 0; i < t.chunks.size(); ++i) {
+          if (!owns[me][i]) continue;
+          const auto len = static_cast<std::size_t>(t.chunks[i].box.NumElements()) * sizeof(float);
+          const auto* src = static_cast<const uint8_t*>(t.chunks[i].data);
+          payload.insert(payload.end(), src, src + len);
+        }
       }
-      pieces[r] = {};
+      auto pieces = comm.Gather(payload, 0);
+      std::vector<uint8_t>().swap(payload);
+      if (!root) continue;
+      for (std::size_t r : round) {
+        std::size_t off = 0;
+        for (std::size_t i = 0; i < boxes[r].size(); ++i) {
+          if (!owns[r][i]) continue;
+          CopyBox(t.shape, boxes[r][i], full.data(),
+                  reinterpret_cast<float*>(pieces[r].data() + off), true);
+          off += static_cast<std::size_t>(boxes[r][i].NumElements()) * sizeof(float);
+        }
+        std::vector<uint8_t>().swap(pieces[r]);
+      }
     }
-    sink(key, t, full);
+    if (root) sink(key, t, full);
   }
 }
 
@@ -212,7 +241,7 @@ class DistributedModel::FsdpHook final : public ModuleHook {
                          DType::kFloat32, ReduceOp::kSum);
       ++model_->stats_.reduce_scatters;
       for (std::size_t j = 0; j < p->grad.size(); ++j) p->grad[j] += recv[j] * inv;
-      p->work_grad = {};
+      Release(p->work_grad);
     }
     Free(m);
   }
@@ -248,10 +277,13 @@ class DistributedModel::FsdpHook final : public ModuleHook {
       if (for_backward) p->work_grad.assign(p->work.size(), 0.0f);
     }
   }
+  // Gives the buffer's memory back: `v = {}` would only clear it and keep its capacity,
+  // so every rank would end up holding the whole model gathered.
+  static void Release(std::vector<float>& v) { std::vector<float>().swap(v); }
   void Free(Module& m) {
     if (!shard_) return;
     for (auto& [name, p] : m.OwnParameters())
-      if (p->fsdp_sharded) p->work = {};
+      if (p->fsdp_sharded) Release(p->work);
   }
 
   DistributedModel* model_;

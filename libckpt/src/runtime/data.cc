@@ -1,4 +1,4 @@
-// Random numbers, the synthetic data set and the resumable data loader.
+// Random numbers and the resumable data loader.
 #include "ckpt/runtime/data.h"
 
 #include <cmath>
@@ -68,33 +68,7 @@ void Generator::RestoreState(const std::string& prefix, const StateDict& sd) {
   std::memcpy(&offset_, b.data.data() + 8, 8);
 }
 
-SyntheticDataset::SyntheticDataset(int64_t size, int64_t vocab, int64_t context, int64_t classes,
-                                   uint64_t seed)
-    : size_(size), vocab_(vocab), context_(context), classes_(classes), seed_(seed) {
-  if (size <= 0 || vocab <= 0 || context <= 0 || classes <= 0)
-    throw Error(ErrorCode::kInvalidArgument, "SyntheticDataset: sizes must be positive");
-  Generator gen(Mix(seed, 0x7eac4e7));
-  teacher_.resize(static_cast<std::size_t>(vocab * classes));
-  for (float& t : teacher_) t = gen.Normal();
-}
-
-void SyntheticDataset::Get(int64_t index, float* tokens, int32_t* label) const {
-  std::vector<double> score(static_cast<std::size_t>(classes_), 0.0);
-  for (int64_t j = 0; j < context_; ++j) {
-    const auto t = static_cast<int64_t>(Mix(seed_, static_cast<uint64_t>(index),
-                                            static_cast<uint64_t>(j)) %
-                                        static_cast<uint64_t>(vocab_));
-    tokens[j] = static_cast<float>(t);
-    for (int64_t c = 0; c < classes_; ++c)
-      score[static_cast<std::size_t>(c)] += teacher_[static_cast<std::size_t>(t * classes_ + c)];
-  }
-  int64_t best = 0;
-  for (int64_t c = 1; c < classes_; ++c)
-    if (score[static_cast<std::size_t>(c)] > score[static_cast<std::size_t>(best)]) best = c;
-  *label = static_cast<int32_t>(best);
-}
-
-DataLoader::DataLoader(const SyntheticDataset& data, int64_t global_batch, uint64_t seed)
+DataLoader::DataLoader(const Dataset& data, int64_t global_batch, uint64_t seed)
     : data_(&data), global_batch_(global_batch), seed_(seed) {
   if (global_batch <= 0 || global_batch > data.size())
     throw Error(ErrorCode::kInvalidArgument, "DataLoader: global batch " +
@@ -135,11 +109,11 @@ Batch DataLoader::Next() {
   if (order_epoch_ != epoch_) Shuffle();
   const int64_t local = global_batch_ / dp_size_;
   Batch b;
-  b.inputs = Mat(local, data_->context());
+  b.inputs = Mat(local, data_->sample_size());
   b.labels.resize(static_cast<std::size_t>(local));
   for (int64_t i = 0; i < local; ++i) {
     const int64_t sample = order_[static_cast<std::size_t>(index_ + dp_rank_ * local + i)];
-    data_->Get(sample, b.inputs.data() + i * data_->context(), &b.labels[static_cast<std::size_t>(i)]);
+    data_->Get(sample, b.inputs.data() + i * data_->sample_size(), &b.labels[static_cast<std::size_t>(i)]);
   }
   index_ += global_batch_;
   return b;

@@ -1,6 +1,7 @@
 // SGD, AdamW and the LR scheduler.
 #include "ckpt/runtime/optim.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "ckpt/error.h"
@@ -16,13 +17,44 @@ Optimizer::Optimizer(Module& module, double lr) : lr_(lr) {
 void Optimizer::Bind(std::vector<std::string> param_keys) {
   if (param_keys.size() != params_.size())
     throw Error(ErrorCode::kInternal, "Optimizer::Bind: key count does not match parameters");
-  keys_ = std::move(param_keys);
-  slots_.assign(params_.size(), Slot{});
   const std::size_t n_state = StateNames().size();
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    params_[i]->Materialize();
-    slots_[i].buffers.assign(n_state, std::vector<float>(params_[i]->data.size(), 0.0f));
+  if (slots_.size() == params_.size()) {
+    // Stepped before prepare: keep the state. It has the layout the parameter had then,
+    // its local part now or the whole tensor (stepped before the model was prepared);
+    // a whole-tensor buffer is cut to the local part.
+    std::vector<Slot> kept(params_.size());
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      Parameter& p = *params_[i];
+      p.Materialize();
+      kept[i].step = slots_[i].step;
+      for (std::vector<float>& buf : slots_[i].buffers) {
+        if (buf.size() == p.data.size()) {
+          kept[i].buffers.push_back(std::move(buf));
+        } else if (buf.size() == static_cast<std::size_t>(NumElements(p.shape))) {
+          std::vector<float> part(p.data.size());
+          internal::ForEachRun(p.shape, p.local_box, [&](int64_t g, int64_t l, int64_t run) {
+            std::copy_n(buf.data() + g, run, part.data() + l);
+          });
+          kept[i].buffers.push_back(std::move(part));
+        } else {
+          throw Error(ErrorCode::kInvalidArgument,
+                      "optimizer: parameter '" + param_keys[i] + "' has state of " +
+                          std::to_string(buf.size()) + " elements from steps taken before prepare, "
+                          "which fits neither its local part (" + std::to_string(p.data.size()) +
+                          ") nor the whole tensor (" + std::to_string(NumElements(p.shape)) +
+                          "); prepare the optimizer before stepping it");
+        }
+      }
+    }
+    slots_ = std::move(kept);
+  } else {
+    slots_.assign(params_.size(), Slot{});
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      params_[i]->Materialize();
+      slots_[i].buffers.assign(n_state, std::vector<float>(params_[i]->data.size(), 0.0f));
+    }
   }
+  keys_ = std::move(param_keys);
 }
 
 void Optimizer::ZeroGrad() {

@@ -235,34 +235,10 @@ void CheckStorage(hid_t dcpl, const std::string& where) {
   }
 }
 
-std::string EscapeKey(const std::string& key) {
-  std::string out;
-  out.reserve(key.size());
-  for (std::size_t i = 0; i < key.size(); ++i) {
-    const char c = key[i];
-    if (c == '%') {
-      out += "%25";
-    } else if (c == '/') {
-      out += "%2F";
-    } else if (c == '.' && i == 0) {
-      out += "%2E";
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
+std::string EscapeKey(const std::string& key) { return names::EscapeKey(key); }
 
 std::string DatasetName(const std::string& key, const std::vector<int64_t>& offsets, bool whole) {
-  std::string name = EscapeKey(key);
-  if (!whole) {
-    name += '@';
-    for (std::size_t d = 0; d < offsets.size(); ++d) {
-      if (d) name += ',';
-      name += std::to_string(offsets[d]);
-    }
-  }
-  return name;
+  return names::DatasetName(key, offsets, whole);
 }
 
 }  // namespace ckpt::h5

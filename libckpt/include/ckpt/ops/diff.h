@@ -17,8 +17,12 @@
 namespace ckpt::ops {
 
 struct DiffOptions {
-  double atol = 0, rtol = 0;  // |a - b| <= atol + rtol * |b| counts as equal
-  bool nan_equal = false;     // NaN equals NaN (otherwise a NaN always differs)
+  // |a - b| <= atol + rtol * |b| counts as equal. Without a tolerance, elements with
+  // identical stored bits are equal (a NaN included) and others compare as numbers.
+  double atol = 0, rtol = 0;
+  // NaN equals any NaN: of other bits, and under a tolerance (where a NaN otherwise
+  // differs even from the same bits, as in IEEE comparison).
+  bool nan_equal = false;
   bool keys_only = false;     // layout only: keys, kinds, dtypes, shapes
   std::vector<std::string> exclude;
   uint64_t max_memory = uint64_t{1} << 30;

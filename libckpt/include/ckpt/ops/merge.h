@@ -46,6 +46,9 @@ struct MergeOptions {
   bool force = false;         // replace an existing destination
   bool virtual_file = false;  // write HDF5 virtual datasets instead of copies
   bool verify_data = false;   // also re-read and checksum the output before committing it
+  // A safetensors tensor of a dtype ckpt lacks is skipped (named in MergeReport::skipped)
+  // instead of refusing the whole file.
+  bool skip_unsupported = false;
   bool progress = false;
 };
 
@@ -57,6 +60,8 @@ struct MergeReport {
   uint64_t bytes_copied = 0;  // of which copied file to file (no cast, no compression)
   double seconds = 0;
   std::vector<std::string> notes;  // entries that could not be carried over, and why
+  // Selected tensors left out by skip_unsupported: "'name' (dtype 'F4')".
+  std::vector<std::string> skipped;
 };
 
 // Throws kAlreadyExists (dst exists without force), kInvalidArgument (bad options, a

@@ -46,8 +46,11 @@ class SafetensorsReader {
   // Opens and validates `path`. Throws kNotFound / kIO if it cannot be read, kCorrupt for
   // a malformed header (length past the end of the file, invalid JSON, duplicate keys,
   // shape x itemsize != byte length, overlapping, non-contiguous or out-of-range offsets)
-  // and kUnsupported for an unknown dtype.
-  static std::unique_ptr<SafetensorsReader> Open(const std::filesystem::path& path);
+  // and kUnsupported for an unknown dtype. With `skip_unsupported`, a tensor of a dtype
+  // ckpt lacks is left out of tensors() (listed in skipped()) instead; its offsets are
+  // still checked.
+  static std::unique_ptr<SafetensorsReader> Open(const std::filesystem::path& path,
+                                                 bool skip_unsupported = false);
   ~SafetensorsReader();
   SafetensorsReader(const SafetensorsReader&) = delete;
   SafetensorsReader& operator=(const SafetensorsReader&) = delete;
@@ -56,6 +59,8 @@ class SafetensorsReader {
   // In the order of their data offsets.
   const std::vector<SafetensorsTensor>& tensors() const { return tensors_; }
   const SafetensorsTensor* Find(std::string_view name) const;
+  // Tensors left out by skip_unsupported: (name, dtype as the file spells it).
+  const std::vector<std::pair<std::string, std::string>>& skipped() const { return skipped_; }
   // The "__metadata__" object, as (key, value) pairs in file order.
   const std::vector<std::pair<std::string, std::string>>& metadata() const { return metadata_; }
   uint64_t file_size() const { return file_size_; }
@@ -75,6 +80,7 @@ class SafetensorsReader {
   uint64_t data_start_ = 0;
   std::vector<SafetensorsTensor> tensors_;
   std::vector<std::pair<std::string, std::string>> metadata_;
+  std::vector<std::pair<std::string, std::string>> skipped_;
 };
 
 // Writes a safetensors file in one pass: the header is fixed up front (every tensor's

@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "ckpt/checkpoint.h"
@@ -27,12 +28,16 @@ class Source {
   // Detects the kind: a directory is a checkpoint; a file is safetensors if its name ends
   // in .safetensors, an HDF5 shard if it starts with the HDF5 signature. Reads metadata
   // only. Throws kNotFound / kIO / kCorrupt / kUnsupported naming the path.
-  static std::unique_ptr<Source> Open(const std::filesystem::path& path);
+  // `skip_unsupported`: a safetensors tensor of a dtype ckpt lacks is left out (and listed
+  // in skipped()) instead of refusing the file.
+  static std::unique_ptr<Source> Open(const std::filesystem::path& path, bool skip_unsupported = false);
   virtual ~Source() = default;
 
   virtual SourceKind kind() const = 0;
   const std::filesystem::path& path() const { return path_; }
   const Metadata& metadata() const { return metadata_; }
+  // Tensors left out by skip_unsupported: (name, dtype as the source spells it).
+  const std::vector<std::pair<std::string, std::string>>& skipped() const { return skipped_; }
 
   // Reads `region` (global coordinates) of tensor `key` into `out`, row-major over
   // region.sizes. Chunks of a checkpoint read whole have their checksum verified.
@@ -59,6 +64,7 @@ class Source {
  protected:
   std::filesystem::path path_;
   Metadata metadata_;
+  std::vector<std::pair<std::string, std::string>> skipped_;
 };
 
 // The elements of a tensor entry: product of its shape.

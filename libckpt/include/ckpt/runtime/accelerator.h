@@ -112,12 +112,14 @@ struct LoadStateOptions {
 
 struct SaveFullOptions {
   bool overwrite = false;
-  // Refuse (before writing) a tensor whose staging on rank 0 would exceed this; 0: no limit.
+  // Refuse (before writing) a tensor whose staging on rank 0 (the whole tensor plus the
+  // largest round of pieces it receives) would exceed this; 0: no limit.
   uint64_t max_buffer_bytes = 0;
 };
 
 struct SaveFullReport {
-  uint64_t peak_buffer_bytes = 0;  // most staging memory rank 0 held at once
+  // Most staging memory rank 0 held at once: the whole tensor and the pieces of one round.
+  uint64_t peak_buffer_bytes = 0;
   uint64_t largest_tensor_bytes = 0;
   uint64_t total_tensor_bytes = 0;
 };
@@ -153,8 +155,9 @@ class Accelerator {
   // COLLECTIVE. Loads into the prepared objects, resharding from whatever saved it.
   LoadReport LoadState(const std::filesystem::path& dir, const LoadStateOptions& options = {});
   // COLLECTIVE. Writes a FULL checkpoint (one file, one chunk per tensor) from rank 0,
-  // gathering one tensor at a time: rank 0 never holds more than one full tensor plus
-  // its pieces as received.
+  // gathering one tensor at a time: rank 0 holds the whole tensor (its own pieces copied
+  // in) and the other ranks' pieces as they arrive, in rounds of at most one tensor's
+  // bytes, so its staging stays within 2 x the largest tensor.
   SaveFullReport SaveFull(const std::filesystem::path& dir, const SaveFullOptions& options = {});
   // COLLECTIVE. The full value of every tensor of the state, on rank 0 (empty elsewhere).
   // Holds the whole state on rank 0: for tests and small models only.

@@ -1,5 +1,5 @@
-// ckpt/runtime/data.h: random numbers, a deterministic synthetic data set, and a data
-// loader whose position (epoch, index, shuffle seed) resumes exactly.
+// ckpt/runtime/data.h: random numbers, the data set interface, and a data loader whose
+// position (epoch, index, shuffle seed) resumes exactly.
 //
 // Threading: one object per rank (thread).
 #pragma once
@@ -44,23 +44,18 @@ class Generator final : public Stateful {
 // Stateless hash of (seed, a, b): deterministic per sample, independent of world size.
 uint64_t Mix(uint64_t seed, uint64_t a, uint64_t b = 0);
 
-// A classification task: sample i is `context` token ids; its label is the argmax of a
-// fixed random teacher over the bag of tokens. Same seed, same data, on every rank.
-class SyntheticDataset {
+// A data set of classification samples: sample i is sample_size() floats and a label.
+// Get must be a pure function of the index (the loader resumes by position).
+class Dataset {
  public:
-  SyntheticDataset(int64_t size, int64_t vocab, int64_t context, int64_t classes, uint64_t seed);
-  int64_t size() const { return size_; }
-  int64_t context() const { return context_; }
-  void Get(int64_t index, float* tokens, int32_t* label) const;
-
- private:
-  int64_t size_, vocab_, context_, classes_;
-  uint64_t seed_;
-  std::vector<float> teacher_;  // [vocab, classes]
+  virtual ~Dataset() = default;
+  virtual int64_t size() const = 0;
+  virtual int64_t sample_size() const = 0;
+  virtual void Get(int64_t index, float* inputs, int32_t* label) const = 0;
 };
 
 struct Batch {
-  Mat inputs;                   // [batch, context] token ids
+  Mat inputs;                   // [batch, sample_size]
   std::vector<int32_t> labels;  // [batch]
 };
 
@@ -70,7 +65,8 @@ struct Batch {
 // epoch is dropped. State: epoch, index (next sample of the epoch order), seed.
 class DataLoader final : public Stateful {
  public:
-  DataLoader(const SyntheticDataset& data, int64_t global_batch, uint64_t seed);
+  // REQUIRES: `data` outlives the loader.
+  DataLoader(const Dataset& data, int64_t global_batch, uint64_t seed);
   // This rank's share of the next global batch. REQUIRES: global_batch divisible by
   // the data-parallel size.
   Batch Next();
@@ -87,7 +83,7 @@ class DataLoader final : public Stateful {
 
  private:
   void Shuffle();
-  const SyntheticDataset* data_;
+  const Dataset* data_;
   int64_t global_batch_;
   uint64_t seed_;
   int64_t epoch_ = 0;

@@ -2,7 +2,8 @@
 //
 // Not a deep-learning framework: explicit Forward/Backward per module, float32 only,
 // matrix work through a BLAS. Just enough to train a small MLP or a stack of
-// transformer-ish MLP blocks across ranks and to checkpoint it.
+// transformer-ish MLP blocks across ranks and to checkpoint it (examples/demo builds a
+// classifier from these).
 //
 // Parallelism lives in the parameters' layout (set by Accelerator::Prepare): each
 // Parameter knows the part of the global tensor its tensor-parallel position computes
@@ -276,36 +277,6 @@ class MlpBlock final : public Module {
   std::unique_ptr<Linear> fc1_;
   std::unique_ptr<Gelu> act_;
   std::unique_ptr<Linear> fc2_;
-};
-
-struct ClassifierConfig {
-  int64_t vocab = 256;
-  int64_t context = 8;
-  int64_t dim = 64;
-  int64_t hidden = 256;
-  int64_t layers = 2;
-  int64_t classes = 16;
-};
-
-// embed (EmbeddingBag) -> blocks (Sequential of MlpBlock) -> norm -> head: logits.
-class Classifier final : public Module {
- public:
-  Classifier(const ClassifierConfig& config, Generator& gen);
-  std::unique_ptr<Module> Clone() const override;
-  std::vector<NamedModule> Children() override;
-  const ClassifierConfig& config() const { return config_; }
-
- protected:
-  Mat Forward(const Mat& x) override;
-  Mat Backward(const Mat& dy) override;
-
- private:
-  Classifier(const Classifier& other);
-  ClassifierConfig config_;
-  std::unique_ptr<EmbeddingBag> embed_;
-  std::unique_ptr<Sequential> blocks_;
-  std::unique_ptr<LayerNorm> norm_;
-  std::unique_ptr<Linear> head_;
 };
 
 // Mean softmax cross-entropy over the rows of `logits`; writes d(loss)/d(logits)

@@ -31,7 +31,9 @@ class Optimizer : public Stateful {
   const std::vector<Parameter*>& params() const { return params_; }
 
   // Called by Accelerator::Prepare once the parameters are laid out: names each
-  // parameter by its global key and sizes the state to the local parts.
+  // parameter by its global key and sizes the state to the local parts. State from
+  // steps taken before prepare is kept (cut to the local part when it covers the whole
+  // tensor); state that fits neither throws kInvalidArgument.
   void Bind(std::vector<std::string> param_keys);
   bool bound() const { return !keys_.empty() || params_.empty(); }
 

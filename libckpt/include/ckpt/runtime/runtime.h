@@ -7,4 +7,3 @@
 #include "ckpt/runtime/module.h"
 #include "ckpt/runtime/optim.h"
 #include "ckpt/runtime/stateful.h"
-#include "ckpt/runtime/trainer.h"
