@@ -174,6 +174,7 @@ fs::path BeginStaging(const fs::path& target, bool directory) {
   const fs::path parent = ParentOf(target);
   const std::string name = fs::path(target).filename().empty() ? target.parent_path().filename().string()
                                                                : target.filename().string();
+  MakeDirs(parent);
   Staged s;
   bool exclusive = false;
   s.parent_lock = LockParent(parent, exclusive);
