@@ -18,6 +18,7 @@
 #include "ckpt/runtime/runtime.h"
 #include "fault/fault_fs.h"
 #include "fault/fault_util.h"
+#include "runtime/runtime_helpers.h"
 #include "test_util.h"
 
 namespace {
@@ -238,17 +239,7 @@ TEST_CASE("fault sweep: a checkpoint-manager rotation") {
   using namespace ckpt::runtime;
   ckpt_test::TempDir tmp("sweep-rotation");
   const fs::path root = tmp / "run", pristine = tmp / "pristine";
-  TrainerConfig c;
-  c.model.vocab = 16;
-  c.model.context = 4;
-  c.model.dim = 8;
-  c.model.hidden = 12;
-  c.model.layers = 1;
-  c.model.classes = 3;
-  c.strategy = Strategy::kFsdp;
-  c.dataset_size = 64;
-  c.global_batch = 8;
-  c.total_steps = 50;
+  const TrainerConfig c = rt_test::SmallConfig(Strategy::kFsdp);
   // Steps 1 and 2 committed, keep_last 2: saving step 3 commits it, moves `latest`, prunes step 1.
   RunThreads(2, [&](Comm& comm) {
     Trainer t(comm, c);

@@ -41,6 +41,8 @@ struct SaveOptions {
 // (replicas, written once); partially overlapping claims, or ranks that disagree on a
 // key's kind, dtype or global shape, are an error before anything is written. If any
 // rank fails, no rank commits, every rank throws, and whatever was at `dir` is untouched.
+// Only what was at `dir` when the save began is replaced: if another writer commits there
+// meanwhile, this save fails with kAlreadyExists (of two saves to one new path, one wins).
 void Save(const std::filesystem::path& dir, const StateDict& state, Comm& comm,
           const SaveOptions& options = {});
 

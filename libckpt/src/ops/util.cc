@@ -1,6 +1,7 @@
 // ops/util.cc: see util.h.
 #include "ops/util.h"
 
+#include "storage/commit.h"
 #include "storage/fs.h"
 
 #include <fcntl.h>
@@ -167,9 +168,7 @@ std::string ReadFileText(const std::filesystem::path& path) {
 }
 
 void WriteFileText(const std::filesystem::path& path, std::string_view text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  if (!out) throw Error(ErrorCode::kIO, path.string() + ": cannot write");
+  storage::CommitFile(path, text);  // staged, fsynced, renamed into place
 }
 
 void PreadAll(int fd, void* out, uint64_t n, uint64_t offset, const std::filesystem::path& path) {

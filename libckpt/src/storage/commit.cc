@@ -174,6 +174,7 @@ fs::path BeginStaging(const fs::path& target, bool directory) {
   const fs::path parent = ParentOf(target);
   const std::string name = fs::path(target).filename().empty() ? target.parent_path().filename().string()
                                                                : target.filename().string();
+  MakeDirs(parent);
   Staged s;
   bool exclusive = false;
   s.parent_lock = LockParent(parent, exclusive);
@@ -238,10 +239,7 @@ void CommitStaged(const fs::path& staging, const fs::path& target, Replace repla
   struct stat st;
   bool exchanged = false;
   if (::lstat(target.c_str(), &st) != 0) {
-    if (replace == Replace::kExpected && registered && begun.had_target) {
-      throw Error(ErrorCode::kAlreadyExists, target.string() + ": removed by another writer while this one was writing");
-    }
-    RenameNew(staging, target);
+    RenameNew(staging, target);  // replacing nothing is always allowed
   } else {
     if (replace == Replace::kNever) {
       throw Error(ErrorCode::kAlreadyExists, target.string() + ": already exists");

@@ -38,7 +38,7 @@ enum class Replace {
 // Reserves a fresh staging path beside `target` and registers it until it is committed
 // or discarded; with `directory`, creates it as a directory. First removes the leftovers
 // of killed writers for `target` (when no other writer works in the same directory).
-// The parent directory must exist.
+// Creates the parent directory if needed.
 fs::path BeginStaging(const fs::path& target, bool directory);
 
 // Commits `staging` (a file or directory fully written and fsynced) at `target` as the

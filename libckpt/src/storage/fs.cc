@@ -30,8 +30,12 @@ namespace {
   throw Error(ErrorCode::kIO, path.string() + ": " + what + ": " + std::strerror(err));
 }
 
-FileSystem g_posix;
-std::atomic<FileSystem*> g_fs{&g_posix};
+// Never destroyed: files may still be closed during static destruction.
+FileSystem& Posix() {
+  static FileSystem* posix = new FileSystem();
+  return *posix;
+}
+std::atomic<FileSystem*> g_fs{nullptr};
 
 }  // namespace
 
@@ -57,9 +61,15 @@ int FileSystem::Remove(const fs::path& path, bool directory) {
   return directory ? ::rmdir(path.c_str()) : ::unlink(path.c_str());
 }
 
-FileSystem& Fs() { return *g_fs.load(std::memory_order_acquire); }
+FileSystem& Fs() {
+  FileSystem* fs = g_fs.load(std::memory_order_acquire);
+  return fs ? *fs : Posix();
+}
 
-FileSystem* SetFileSystem(FileSystem* fs) { return g_fs.exchange(fs ? fs : &g_posix, std::memory_order_acq_rel); }
+FileSystem* SetFileSystem(FileSystem* fs) {
+  FileSystem* prev = g_fs.exchange(fs, std::memory_order_acq_rel);
+  return prev ? prev : &Posix();
+}
 
 Fd& Fd::operator=(Fd&& o) noexcept {
   if (this != &o) {
