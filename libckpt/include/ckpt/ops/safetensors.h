@@ -55,6 +55,7 @@ class SafetensorsReader {
   const std::filesystem::path& path() const { return path_; }
   // In the order of their data offsets.
   const std::vector<SafetensorsTensor>& tensors() const { return tensors_; }
+  // O(log n): by name, nullptr if none.
   const SafetensorsTensor* Find(std::string_view name) const;
   // The "__metadata__" object, as (key, value) pairs in file order.
   const std::vector<std::pair<std::string, std::string>>& metadata() const { return metadata_; }
@@ -74,6 +75,7 @@ class SafetensorsReader {
   uint64_t file_size_ = 0;
   uint64_t data_start_ = 0;
   std::vector<SafetensorsTensor> tensors_;
+  std::vector<std::size_t> by_name_;  // indices of tensors_, in name order
   std::vector<std::pair<std::string, std::string>> metadata_;
 };
 
