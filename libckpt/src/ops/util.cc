@@ -73,7 +73,9 @@ struct GlobElement {
 
 // "[...]" at pattern[i] (i just past '['): the set, and i moved past its ']'; false (i
 // unchanged) when no ']' closes it, so that the '[' is a literal, as fnmatch reads it.
-bool ParseBracket(std::string_view pattern, std::size_t& i, std::bitset<256>& out) {
+// `never`: the bracket holds what fnmatch cannot match at all (an unknown [:class:], an
+// unterminated or multi-character [.x.] or [=x=]).
+bool ParseBracket(std::string_view pattern, std::size_t& i, std::bitset<256>& out, bool& never) {
   std::size_t p = i;
   bool negate = false;
   if (p < pattern.size() && (pattern[p] == '!' || pattern[p] == '^')) negate = true, ++p;
@@ -84,6 +86,17 @@ bool ParseBracket(std::string_view pattern, std::size_t& i, std::bitset<256>& ou
     unsigned char c = static_cast<unsigned char>(pattern[p]);
     if (c == ']' && !first) break;
     first = false;
+    if (c == '[' && p + 1 < pattern.size() && (pattern[p + 1] == '.' || pattern[p + 1] == '=')) {  // [.x.] [=x=]
+      const char kind = pattern[p + 1];
+      const std::size_t close = pattern.find(std::string{kind, ']'}, p + 2);
+      if (close == std::string_view::npos || close != p + 3) {
+        never = true;
+        return true;  // consumed as far as fnmatch reads: the rest cannot match either
+      }
+      set.set(static_cast<unsigned char>(pattern[p + 2]));
+      p = close + 2;
+      continue;
+    }
     if (c == '[' && p + 1 < pattern.size() && pattern[p + 1] == ':') {  // [:alpha:]
       const std::size_t close = pattern.find(":]", p + 2);
       if (close != std::string_view::npos) {
@@ -93,7 +106,10 @@ bool ParseBracket(std::string_view pattern, std::size_t& i, std::bitset<256>& ou
                        : name == "punct" ? ::ispunct : name == "xdigit" ? ::isxdigit : name == "blank" ? ::isblank
                        : name == "cntrl" ? ::iscntrl : name == "print" ? ::isprint : name == "graph" ? ::isgraph
                        : nullptr;
-        if (!is) return false;  // fnmatch: an unknown class makes the pattern fail to match
+        if (!is) {  // fnmatch: an unknown class makes the pattern fail to match
+          never = true;
+          return true;
+        }
         for (int b = 0; b < 128; ++b)
           if (is(b)) set.set(static_cast<std::size_t>(b));
         p = close + 2;
@@ -123,7 +139,8 @@ bool ParseBracket(std::string_view pattern, std::size_t& i, std::bitset<256>& ou
 // at worst, no recursion and no allocation proportional to the text.
 bool GlobMatch(std::string_view pattern, std::string_view text) {
   std::vector<GlobElement> elems;
-  for (std::size_t i = 0; i < pattern.size();) {
+  bool never = false;
+  for (std::size_t i = 0; i < pattern.size() && !never;) {
     GlobElement e;
     const char c = pattern[i++];
     if (c == '*') {
@@ -131,7 +148,7 @@ bool GlobMatch(std::string_view pattern, std::string_view text) {
       e.star = true;
     } else if (c == '?') {
       e.set.set();
-    } else if (c == '[' && ParseBracket(pattern, i, e.set)) {
+    } else if (c == '[' && ParseBracket(pattern, i, e.set, never)) {
     } else if (c == '\\' && i < pattern.size()) {
       e.set.set(static_cast<unsigned char>(pattern[i++]));
     } else {
@@ -139,6 +156,7 @@ bool GlobMatch(std::string_view pattern, std::string_view text) {
     }
     elems.push_back(e);
   }
+  if (never) return false;
   std::size_t p = 0, t = 0, star = SIZE_MAX, mark = 0;
   while (t < text.size()) {
     if (p < elems.size() && elems[p].star) {
