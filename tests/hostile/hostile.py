@@ -12,9 +12,10 @@ ckpt-convert, and a Load through hostile_load) under a timeout and a memory cap.
     under a tight timeout of their own, and under the memory cap);
   - a clear error: on a case marked bad, every tool but ckpt-inspect exits non-zero and
     ckpt-verify exits 1; the output names the input (the file or the key);
-  - nothing opened outside the input: the cases that point outside (symlinks, external
-    links, virtual datasets, external storage) run under strace, which must show no
-    successful open of the outside file.
+  - nothing opened outside the input: the cases that name a file outside (external links,
+    virtual datasets, external storage) run under strace, which must show no successful
+    open of it; a symlink out is opened by its own name, so those cases rely on being
+    refused (ckpt-verify exits 1; the readers refuse it).
 
   hostile.py --bin DIR --load PATH --work DIR [--only hdf5] [--no-memory-cap] [--timeout S]
 

@@ -166,7 +166,9 @@ class Pattern {
   static constexpr int kMaxCount = 1000;
 
   [[noreturn]] void Bad(const std::string& what) const {
-    throw Error(ErrorCode::kInvalidArgument, "schema: pattern " + json(src_).dump() + ": " + what);
+    throw Error(ErrorCode::kInvalidArgument,
+                "schema: pattern " + json(src_).dump() +
+                    " is not a valid regular expression (of the subset supported): " + what);
   }
   bool More() const { return pos_ < src_.size(); }
   char Peek() const { return src_[pos_]; }
