@@ -22,6 +22,7 @@
 #include "ckpt/comm.h"
 #include "ckpt/error.h"
 #include "ckpt/tensor.h"
+#include "fuzz/fuzz_checkpoint.h"
 #include "fuzz/fuzz_util.h"
 #include "test_util.h"
 
@@ -29,31 +30,13 @@ namespace {
 
 namespace fs = std::filesystem;
 
-ckpt::StateDict SampleState(std::vector<float>& w, std::vector<uint16_t>& b, std::vector<float>& zero_d) {
-  w.resize(4 * 6);
-  for (std::size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i) * 0.5f - 3.0f;
-  b = {0x3f80, 0x4000, 0x4040, 0x4080, 0x40a0, 0x40c0};  // bf16 1..6
-  zero_d = {42.0f};
-  ckpt::StateDict state;
-  state.Add("model.w", ckpt::Tensor::Full(ckpt::DType::kFloat32, {4, 6}, w.data()));
-  state.Add("model.b", ckpt::Tensor::Sharded(ckpt::DType::kBFloat16, {6},
-                                             {ckpt::Chunk{ckpt::Box{{0}, {2}}, b.data()},
-                                              ckpt::Chunk{ckpt::Box{{2}, {4}}, b.data() + 2}}));
-  state.Add("model.empty", ckpt::Tensor::Full(ckpt::DType::kFloat32, {0, 3}, w.data()));
-  state.Add("model.scale", ckpt::Tensor::Full(ckpt::DType::kFloat32, {}, zero_d.data()));
-  state.Add("step", ckpt::Scalar::Int(7));
-  state.Add("rng", ckpt::Bytes{{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}});
-  state.Add("config", ckpt::Json{R"({"lr": 0.001, "layers": [1, 2]})"});
-  return state;
-}
-
 // The checkpoint directory every input is tried against; made on first use.
 const fs::path& CheckpointDir() {
   static const ckpt_test::TempDir root("fuzz-load");
   static const fs::path dir = [] {
     std::vector<float> w, zero_d;
     std::vector<uint16_t> b;
-    const ckpt::StateDict state = SampleState(w, b, zero_d);
+    const ckpt::StateDict state = ckpt_fuzz::SampleState(w, b, zero_d);
     ckpt::SingleComm comm;
     const fs::path plain = root / "ckpt";
     ckpt::Save(plain, state, comm);
@@ -81,69 +64,6 @@ void WriteMetadata(const uint8_t* data, size_t size) {
   if (!out.flush()) ckpt_fuzz::Fail("cannot write metadata.json");
 }
 
-// Bytes of `box` of a tensor of `dtype`, or 0 when it claims more than we read.
-std::size_t BoundedBytes(const ckpt::Box& box, ckpt::DType dtype) {
-  const int64_t elements = box.NumElements();  // throws ckpt::Error on overflow
-  const uint64_t item = ckpt::DTypeSize(dtype);
-  if (elements < 0 || static_cast<uint64_t>(elements) > ckpt_fuzz::kMaxReadBytes / item) return 0;
-  return static_cast<std::size_t>(static_cast<uint64_t>(elements) * item);
-}
-
-void ReadEverything(ckpt::CheckpointReader& reader) {
-  std::vector<uint8_t> buf;
-  for (const auto& [key, entry] : reader.metadata().entries) {
-    try {
-      if (entry.kind == ckpt::EntryKind::kBytes) {
-        if (entry.size <= ckpt_fuzz::kMaxReadBytes) (void)reader.ReadBytes(key);
-        continue;
-      }
-      if (entry.kind != ckpt::EntryKind::kTensor) continue;
-      const ckpt::Box full = ckpt::Box::Full(entry.shape);
-      const std::size_t bytes = BoundedBytes(full, entry.dtype);
-      if (bytes == 0 && full.NumElements() != 0) continue;
-      buf.assign(bytes + 1, 0);
-      reader.ReadRegion(key, full, buf.data());
-      for (std::size_t i = 0; i < entry.chunks.size(); ++i) {
-        const std::size_t chunk_bytes = BoundedBytes(entry.chunks[i].box, entry.dtype);
-        if (chunk_bytes == 0 && entry.chunks[i].box.NumElements() != 0) continue;
-        buf.assign(chunk_bytes + 1, 0);
-        reader.ReadChunk(key, i, buf.data());
-      }
-    } catch (const ckpt::Error&) {
-    }
-  }
-}
-
-// A non-strict Load of every entry the metadata lists (tensors as full tensors).
-void LoadEverything(const ckpt::Metadata& metadata) {
-  std::vector<std::vector<uint8_t>> buffers;
-  buffers.reserve(metadata.entries.size());
-  ckpt::StateDict target;
-  for (const auto& [key, entry] : metadata.entries) {
-    switch (entry.kind) {
-      case ckpt::EntryKind::kTensor: {
-        const ckpt::Box full = ckpt::Box::Full(entry.shape);
-        const std::size_t bytes = BoundedBytes(full, entry.dtype);
-        if (bytes == 0 && full.NumElements() != 0) continue;
-        buffers.emplace_back(bytes + 1, 0);
-        target.Add(key, ckpt::Tensor::Full(entry.dtype, entry.shape, buffers.back().data()));
-        break;
-      }
-      case ckpt::EntryKind::kScalar: target.Add(key, ckpt::Scalar{}); break;
-      case ckpt::EntryKind::kBytes:
-        if (entry.size <= ckpt_fuzz::kMaxReadBytes) target.Add(key, ckpt::Bytes{});
-        break;
-      case ckpt::EntryKind::kJson: target.Add(key, ckpt::Json{}); break;
-    }
-  }
-  ckpt::SingleComm comm;
-  ckpt::LoadOptions options;
-  options.state_dict_type = metadata.state_dict_type;
-  options.strict = false;
-  options.io_threads = 1;
-  (void)ckpt::Load(CheckpointDir(), target, comm, options);
-}
-
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -154,9 +74,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } catch (const ckpt::Error&) {
     return 0;
   }
-  ReadEverything(*reader);
+  ckpt_fuzz::ReadEverything(*reader);
   try {
-    LoadEverything(reader->metadata());
+    ckpt_fuzz::LoadEverything(CheckpointDir(), reader->metadata());
   } catch (const ckpt::Error&) {
   }
   return 0;

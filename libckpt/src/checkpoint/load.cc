@@ -60,9 +60,17 @@ void Match(const Metadata& m, const StateDict& target, bool local, LoadReport& r
         report.mismatched.push_back(key + ": shape " + ShapeString(e->shape) + " in the checkpoint, " +
                                     ShapeString(t->shape) + " in the target");
       } else if (local) {
+        // Sorted saved boxes, looked up per target chunk: n log n, not n x m.
+        std::vector<const Box*> saved;
+        saved.reserve(e->chunks.size());
+        for (const ChunkMeta& s : e->chunks) saved.push_back(&s.box);
+        const auto less = [](const Box* a, const Box* b) {
+          return a->offsets != b->offsets ? a->offsets < b->offsets : a->sizes < b->sizes;
+        };
+        std::sort(saved.begin(), saved.end(), less);
         for (const Chunk& c : t->chunks) {
-          bool same = false;
-          for (const ChunkMeta& s : e->chunks) same = same || s.box == c.box;
+          const auto it = std::lower_bound(saved.begin(), saved.end(), &c.box, less);
+          const bool same = it != saved.end() && **it == c.box;
           if (!same) {
             report.mismatched.push_back(key + ": LOCAL chunk " + c.box.ToString() +
                                         " was not saved as such (a LOCAL layout must be identical)");

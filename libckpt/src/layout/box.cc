@@ -2,10 +2,13 @@
 #include "layout/box.h"
 
 #include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <cstring>
 #include <numeric>
+#include <string>
 
 #include "ckpt/metadata.h"
-#include "format/checked.h"
 
 namespace ckpt::layout {
 
@@ -118,56 +121,194 @@ int64_t CountRuns(const Box& src_box, const Box& dst_box, const Box& region) {
   return n;
 }
 
+namespace {
+
+constexpr std::size_t kMaxReports = 20;        // of each kind of tiling problem
+constexpr uint64_t kCornerBudget = 1u << 24;   // corners the exact check may sort
+constexpr uint64_t kPairBudget = 1u << 24;     // box pairs the overlap search may compare
+
+bool Disjoint(const Box& a, const Box& b) {
+  for (std::size_t d = 0; d < a.sizes.size(); ++d)
+    if (a.offsets[d] >= b.offsets[d] + b.sizes[d] || b.offsets[d] >= a.offsets[d] + a.sizes[d]) return true;
+  return false;
+}
+
+// Whether the boxes (in bounds, non-empty, over dims `dims`) cover `shape` exactly once,
+// decided in O(n 2^k log n) for k = dims.size(): a box's indicator is the signed sum of the
+// orthants at its 2^k corners, and that expansion is unique, so the boxes' coverage counts
+// equal the whole tensor's indicator if and only if their signed corner sums equal the
+// tensor's own. The corners are sorted, not hashed: (k + 1) x 8 bytes each, about the size
+// of the chunks' own JSON for the usual k <= 3. nullopt when there would be more than
+// kCornerBudget corners.
+std::optional<bool> ExactCover(const Shape& shape, const std::vector<const Box*>& boxes,
+                               const std::vector<std::size_t>& dims) {
+  const std::size_t k = dims.size();
+  if (k >= 32 || (boxes.size() + 1) > (kCornerBudget >> k)) return std::nullopt;
+  const std::size_t rec = k + 1;  // k coordinates, then the sign
+  const std::size_t corners = (boxes.size() + 1) << k;
+  std::vector<int64_t> flat;
+  flat.reserve(corners * rec);
+  auto add = [&](const int64_t* lo, const int64_t* hi, int64_t sign) {
+    for (uint64_t mask = 0; mask < (uint64_t{1} << k); ++mask) {
+      int64_t s = sign;
+      for (std::size_t i = 0; i < k; ++i) {
+        const bool upper = (mask >> i) & 1;
+        flat.push_back(upper ? hi[i] : lo[i]);
+        if (upper) s = -s;
+      }
+      flat.push_back(s);
+    }
+  };
+  std::vector<int64_t> lo(k), hi(k);
+  for (const Box* b : boxes) {
+    for (std::size_t i = 0; i < k; ++i) {
+      lo[i] = b->offsets[dims[i]];
+      hi[i] = b->offsets[dims[i]] + b->sizes[dims[i]];
+    }
+    add(lo.data(), hi.data(), 1);
+  }
+  for (std::size_t i = 0; i < k; ++i) lo[i] = 0, hi[i] = shape[dims[i]];
+  add(lo.data(), hi.data(), -1);
+  std::vector<uint32_t> order(corners);
+  for (std::size_t i = 0; i < corners; ++i) order[i] = static_cast<uint32_t>(i);
+  const auto at = [&](uint32_t i) { return flat.data() + static_cast<std::size_t>(i) * rec; };
+  std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+    return std::lexicographical_compare(at(a), at(a) + k, at(b), at(b) + k);
+  });
+  for (std::size_t i = 0; i < corners;) {
+    int64_t sum = 0;
+    std::size_t j = i;
+    for (; j < corners && std::equal(at(order[i]), at(order[i]) + k, at(order[j])); ++j) sum += at(order[j])[k];
+    if (sum != 0) return false;
+    i = j;
+  }
+  return true;
+}
+
+}  // namespace
+
+// Linear or n log n in the number of boxes on every input (no pairwise comparison of all
+// boxes, no report per pair): rank and bounds box by box; exact duplicates by sorting,
+// each reported once with its count; then the exact-cover check above. Only when that
+// fails (or cannot run) are overlapping pairs searched for, by a sweep along the dimension
+// with the most distinct offsets, within kPairBudget comparisons and kMaxReports reports.
 std::vector<std::string> TilingProblems(const Shape& shape, const std::vector<Box>& boxes) {
   std::vector<std::string> problems;
   const Box whole = Box::Full(shape);
-  std::vector<std::size_t> valid;
-  for (std::size_t i = 0; i < boxes.size(); ++i) {
-    const Box& b = boxes[i];
+  std::size_t bad_rank = 0, outside = 0;
+  std::vector<const Box*> valid;
+  for (const Box& b : boxes) {
     if (b.offsets.size() != shape.size() || b.sizes.size() != shape.size()) {
-      problems.push_back("chunk " + b.ToString() + " has rank " + std::to_string(b.sizes.size()) +
-                         ", the tensor has rank " + std::to_string(shape.size()));
+      if (bad_rank++ < kMaxReports)
+        problems.push_back("chunk " + b.ToString() + " has rank " + std::to_string(b.sizes.size()) +
+                           ", the tensor has rank " + std::to_string(shape.size()));
       continue;
     }
     bool in_bounds = true;
+    bool empty = false;
     for (std::size_t d = 0; d < shape.size(); ++d) {
       if (b.offsets[d] < 0 || b.sizes[d] < 0 || b.offsets[d] > shape[d] || b.sizes[d] > shape[d] - b.offsets[d]) {
         in_bounds = false;
       }
+      empty = empty || b.sizes[d] == 0;
     }
     if (!in_bounds) {
-      problems.push_back("chunk " + b.ToString() + " lies outside the tensor " + whole.ToString());
+      if (outside++ < kMaxReports)
+        problems.push_back("chunk " + b.ToString() + " lies outside the tensor " + whole.ToString());
       continue;
     }
-    valid.push_back(i);
+    if (!empty) valid.push_back(&b);
   }
-  // Overlaps: sort by the first dimension's start and compare only boxes whose first
-  // dimension ranges meet.
-  std::sort(valid.begin(), valid.end(), [&](std::size_t a, std::size_t b) {
-    if (shape.empty()) return a < b;
-    return boxes[a].offsets[0] < boxes[b].offsets[0];
-  });
-  bool overlap = false;
-  for (std::size_t i = 0; i < valid.size(); ++i) {
-    const Box& a = boxes[valid[i]];
-    if (a.NumElements() == 0) continue;
-    for (std::size_t j = i + 1; j < valid.size(); ++j) {
-      const Box& b = boxes[valid[j]];
-      if (!shape.empty() && b.offsets[0] >= a.offsets[0] + a.sizes[0]) break;
-      if (Overlaps(a, b)) {
+  if (bad_rank > kMaxReports)
+    problems.push_back("... and " + std::to_string(bad_rank - kMaxReports) + " more chunks of the wrong rank");
+  if (outside > kMaxReports)
+    problems.push_back("... and " + std::to_string(outside - kMaxReports) + " more chunks outside the tensor");
+
+  // Exact duplicates: sorted, each run reported once.
+  const auto less = [](const Box* a, const Box* b) {
+    return a->offsets != b->offsets ? a->offsets < b->offsets : a->sizes < b->sizes;
+  };
+  std::sort(valid.begin(), valid.end(), less);
+  std::vector<const Box*> unique;
+  std::size_t duplicated = 0;
+  for (std::size_t i = 0; i < valid.size();) {
+    std::size_t j = i + 1;
+    while (j < valid.size() && *valid[j] == *valid[i]) ++j;
+    if (j - i > 1 && duplicated++ < kMaxReports)
+      problems.push_back("chunk " + valid[i]->ToString() + " is listed " + std::to_string(j - i) +
+                         " times (its copies overlap)");
+    unique.push_back(valid[i]);
+    i = j;
+  }
+  if (duplicated > kMaxReports)
+    problems.push_back("... and " + std::to_string(duplicated - kMaxReports) + " more chunks listed more than once");
+
+  uint64_t covered = 0;  // saturating: more than the tensor is an overlap anyway
+  for (const Box* b : unique) {
+    const auto n = static_cast<uint64_t>(b->NumElements());
+    covered = n > UINT64_MAX - covered ? UINT64_MAX : covered + n;
+  }
+  const auto total = static_cast<uint64_t>(NumElements(shape));
+
+  // The dims some box does not span whole: the others do not change the coverage.
+  std::vector<std::size_t> dims;
+  for (std::size_t d = 0; d < shape.size(); ++d)
+    for (const Box* b : unique)
+      if (b->offsets[d] != 0 || b->sizes[d] != shape[d]) {
+        dims.push_back(d);
+        break;
+      }
+  if (duplicated == 0 && covered == total &&
+      (total == 0 || ExactCover(shape, unique, dims) == std::optional<bool>(true)))
+    return problems;
+
+  // Overlapping pairs: sweep along the dim with the most distinct offsets.
+  std::size_t sweep = 0, most = 0;
+  for (const std::size_t d : dims) {
+    std::vector<int64_t> offs;
+    offs.reserve(unique.size());
+    for (const Box* b : unique) offs.push_back(b->offsets[d]);
+    std::sort(offs.begin(), offs.end());
+    const auto distinct = static_cast<std::size_t>(std::unique(offs.begin(), offs.end()) - offs.begin());
+    if (distinct > most) most = distinct, sweep = d;
+  }
+  std::vector<const Box*> order = unique;
+  if (!shape.empty())
+    std::stable_sort(order.begin(), order.end(),
+                     [&](const Box* a, const Box* b) { return a->offsets[sweep] < b->offsets[sweep]; });
+  std::size_t overlaps = 0;
+  uint64_t budget = kPairBudget;
+  bool complete = true;
+  for (std::size_t i = 0; i < order.size() && complete && overlaps < kMaxReports; ++i) {
+    const Box& a = *order[i];
+    for (std::size_t j = i + 1; j < order.size(); ++j) {
+      const Box& b = *order[j];
+      if (!shape.empty() && b.offsets[sweep] >= a.offsets[sweep] + a.sizes[sweep]) break;
+      if (budget-- == 0) {
+        complete = false;
+        break;
+      }
+      if (!Disjoint(a, b)) {
         problems.push_back("chunks " + a.ToString() + " and " + b.ToString() + " overlap");
-        overlap = true;
+        if (++overlaps == kMaxReports) {
+          problems.push_back("... (more overlapping chunks not listed)");
+          break;
+        }
       }
     }
   }
-  if (!overlap) {
-    int64_t covered = 0;
-    for (std::size_t i : valid) covered = internal::CheckedAdd(covered, boxes[i].NumElements(), "tiling");
-    const int64_t total = NumElements(shape);
-    if (covered != total) {
-      problems.push_back("chunks cover " + std::to_string(covered) + " of " + std::to_string(total) +
-                         " elements of " + whole.ToString() + " (a gap)");
-    }
+  if (overlaps > 0 || duplicated > 0) return problems;
+  // No overlap found: the volume tells a gap; pairwise disjoint and of the full volume
+  // is an exact tiling.
+  if (covered < total) {
+    problems.push_back("chunks cover " + std::to_string(covered) + " of " + std::to_string(total) +
+                       " elements of " + whole.ToString() + " (a gap)");
+  } else if (covered > total) {
+    problems.push_back("chunks cover " + std::to_string(covered) + " elements of " + whole.ToString() +
+                       ", which has " + std::to_string(total) + ": some overlap (too many chunks to name them)");
+  } else if (!complete) {
+    problems.push_back(std::to_string(unique.size()) + " chunks may not tile " + whole.ToString() +
+                       " exactly: too many chunks, in too many dimensions, to check");
   }
   return problems;
 }

@@ -10,6 +10,10 @@
 // (a $ref that does not resolve, a bad pattern, a keyword of the wrong type) throws
 // Error(kInvalidArgument) from the constructor.
 //
+// Patterns are matched in time linear in the string (a Thompson automaton, no backtracking
+// and no recursion over the text); values nested deeper than kMaxDepth are reported, not
+// descended into, so no document overflows the stack.
+//
 // Thread-safety: immutable after construction; Validate may be called from any thread.
 #pragma once
 
@@ -38,7 +42,8 @@ class JsonSchema {
   struct Errors;
   const Node* Compile(const nlohmann::json& schema);
   void Check(const Node& n, const nlohmann::json& v, const Path* where, Errors& out) const;
-  bool Valid(const Node& n, const nlohmann::json& v) const;
+  bool Valid(const Node& n, const nlohmann::json& v, const Path* where) const;
+  static constexpr std::size_t kMaxDepth = 256;  // deeper values are reported, not checked
 
   nlohmann::json root_;
   std::deque<Node> nodes_;

@@ -108,14 +108,8 @@ std::unique_ptr<SafetensorsReader> SafetensorsReader::Open(const std::filesystem
                                                            bool skip_unsupported) {
   std::unique_ptr<SafetensorsReader> r(new SafetensorsReader());
   r->path_ = path;
-  r->fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (r->fd_ < 0)
-    throw Error(errno == ENOENT ? ErrorCode::kNotFound : ErrorCode::kIO,
-                path.string() + ": cannot open: " + std::strerror(errno));
-  struct stat st;
-  if (::fstat(r->fd_, &st) != 0 || !S_ISREG(st.st_mode))
-    throw Error(ErrorCode::kIO, path.string() + ": not a regular file");
-  r->file_size_ = static_cast<uint64_t>(st.st_size);
+  r->fd_ = detail::OpenNamedFile(path).release();  // a FIFO or device is refused, without blocking
+  r->file_size_ = storage::FileSize(r->fd_, path);
   if (r->file_size_ < 8)
     Corrupt(path, "file is " + std::to_string(r->file_size_) +
                       " bytes, too short for the 8-byte header length");
@@ -228,13 +222,17 @@ std::unique_ptr<SafetensorsReader> SafetensorsReader::Open(const std::filesystem
     for (const auto& s : r->skipped_) skipped.insert(s.first);
     std::erase_if(r->tensors_, [&](const SafetensorsTensor& t) { return skipped.count(t.name) > 0; });
   }
+  r->by_name_.resize(r->tensors_.size());
+  for (std::size_t i = 0; i < r->by_name_.size(); ++i) r->by_name_[i] = i;
+  std::sort(r->by_name_.begin(), r->by_name_.end(),
+            [&](std::size_t a, std::size_t b) { return r->tensors_[a].name < r->tensors_[b].name; });
   return r;
 }
 
 const SafetensorsTensor* SafetensorsReader::Find(std::string_view name) const {
-  for (const auto& t : tensors_)
-    if (t.name == name) return &t;
-  return nullptr;
+  const auto it = std::lower_bound(by_name_.begin(), by_name_.end(), name,
+                                   [&](std::size_t i, std::string_view n) { return tensors_[i].name < n; });
+  return it != by_name_.end() && tensors_[*it].name == name ? &tensors_[*it] : nullptr;
 }
 
 void SafetensorsReader::ReadRange(const SafetensorsTensor& t, uint64_t offset, uint64_t length,

@@ -1,8 +1,8 @@
 // ops/source.cc: see ckpt/ops/source.h.
 #include "ckpt/ops/source.h"
 
+#include <algorithm>
 #include <cstring>
-#include <fstream>
 #include <unordered_map>
 #include <nlohmann/json.hpp>
 
@@ -10,6 +10,7 @@
 #include "ckpt/error.h"
 #include "ckpt/ops/safetensors.h"
 #include "layout/box.h"
+#include "storage/fs.h"
 #include "storage/shard_reader.h"
 #include "ops/util.h"
 
@@ -184,11 +185,14 @@ class ShardSource final : public Source {
   uint64_t read_ = 0;
 };
 
-bool StartsWith(const std::filesystem::path& p, const char* magic, std::size_t n) {
-  std::ifstream in(p, std::ios::binary);
-  std::string head(n, '\0');
-  in.read(head.data(), static_cast<std::streamsize>(n));
-  return in && std::memcmp(head.data(), magic, n) == 0;
+// The first `n` bytes of a file the user named (fewer if it is shorter); refuses a FIFO,
+// device or directory without blocking on it.
+std::string Head(const std::filesystem::path& p, std::size_t n) {
+  const storage::Fd fd = detail::OpenNamedFile(p);
+  const uint64_t size = storage::FileSize(fd.get(), p);
+  std::string head(static_cast<std::size_t>(std::min<uint64_t>(n, size)), '\0');
+  storage::ReadExact(fd.get(), head.data(), head.size(), 0, p);
+  return head;
 }
 
 }  // namespace
@@ -229,13 +233,11 @@ std::unique_ptr<Source> Source::Open(const std::filesystem::path& path, bool ski
     return std::make_unique<CheckpointSource>(path);
   }
   if (path.extension() == ".safetensors") return std::make_unique<SafetensorsSource>(path, skip_unsupported);
-  if (StartsWith(path, "\x89HDF\r\n\x1a\n", 8)) return std::make_unique<ShardSource>(path);
+  const std::string head = Head(path, 9);
+  if (head.starts_with(std::string_view("\x89HDF\r\n\x1a\n", 8))) return std::make_unique<ShardSource>(path);
   if (path.filename() == kMetadataFileName) return Open(path.parent_path());
   // A safetensors file under another name: its header starts after 8 bytes with '{'.
-  std::ifstream in(path, std::ios::binary);
-  char head[9] = {};
-  in.read(head, 9);
-  if (in && head[8] == '{') return std::make_unique<SafetensorsSource>(path, skip_unsupported);
+  if (head.size() == 9 && head[8] == '{') return std::make_unique<SafetensorsSource>(path, skip_unsupported);
   throw Error(ErrorCode::kUnsupported,
               path.string() + ": neither a checkpoint directory, an HDF5 shard nor a safetensors file");
 }

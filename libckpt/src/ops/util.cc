@@ -5,16 +5,18 @@
 #include "storage/fs.h"
 
 #include <fcntl.h>
-#include <fnmatch.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <bitset>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <limits>
-#include <sstream>
 
 namespace ckpt::ops::detail {
 
@@ -62,9 +64,116 @@ std::vector<Box> SplitBox(const Box& box, std::size_t itemsize, uint64_t max_byt
   return out;
 }
 
+namespace {
+
+// One element of a glob: '*', or a set of bytes that matches one byte.
+struct GlobElement {
+  bool star = false;
+  std::bitset<256> set;
+};
+
+// "[...]" at pattern[i] (i just past '['): the set, and i moved past its ']'; false (i
+// unchanged) when no ']' closes it, so that the '[' is a literal, as fnmatch reads it.
+// `never`: the bracket holds what fnmatch cannot match at all (an unknown [:class:], an
+// unterminated or multi-character [.x.] or [=x=]).
+bool ParseBracket(std::string_view pattern, std::size_t& i, std::bitset<256>& out, bool& never) {
+  std::size_t p = i;
+  bool negate = false;
+  if (p < pattern.size() && (pattern[p] == '!' || pattern[p] == '^')) negate = true, ++p;
+  std::bitset<256> set;
+  bool first = true;
+  for (;;) {
+    if (p >= pattern.size()) return false;
+    unsigned char c = static_cast<unsigned char>(pattern[p]);
+    if (c == ']' && !first) break;
+    first = false;
+    if (c == '[' && p + 1 < pattern.size() && (pattern[p + 1] == '.' || pattern[p + 1] == '=')) {  // [.x.] [=x=]
+      const char kind = pattern[p + 1];
+      const std::size_t close = pattern.find(std::string{kind, ']'}, p + 2);
+      if (close == std::string_view::npos || close != p + 3) {
+        never = true;
+        return true;  // consumed as far as fnmatch reads: the rest cannot match either
+      }
+      set.set(static_cast<unsigned char>(pattern[p + 2]));
+      p = close + 2;
+      continue;
+    }
+    if (c == '[' && p + 1 < pattern.size() && pattern[p + 1] == ':') {  // [:alpha:]
+      const std::size_t close = pattern.find(":]", p + 2);
+      if (close != std::string_view::npos) {
+        const std::string_view name = pattern.substr(p + 2, close - p - 2);
+        int (*is)(int) = name == "alpha" ? ::isalpha : name == "digit" ? ::isdigit : name == "alnum" ? ::isalnum
+                       : name == "upper" ? ::isupper : name == "lower" ? ::islower : name == "space" ? ::isspace
+                       : name == "punct" ? ::ispunct : name == "xdigit" ? ::isxdigit : name == "blank" ? ::isblank
+                       : name == "cntrl" ? ::iscntrl : name == "print" ? ::isprint : name == "graph" ? ::isgraph
+                       : nullptr;
+        if (!is) {  // fnmatch: an unknown class makes the pattern fail to match
+          never = true;
+          return true;
+        }
+        for (int b = 0; b < 128; ++b)
+          if (is(b)) set.set(static_cast<std::size_t>(b));
+        p = close + 2;
+        continue;
+      }
+    }
+    if (c == '\\' && p + 1 < pattern.size()) c = static_cast<unsigned char>(pattern[++p]);
+    ++p;
+    unsigned char hi = c;
+    if (p + 1 < pattern.size() && pattern[p] == '-' && pattern[p + 1] != ']') {
+      hi = static_cast<unsigned char>(pattern[p + 1]);
+      p += 2;
+      if (hi == '\\' && p < pattern.size()) hi = static_cast<unsigned char>(pattern[p++]);
+    }
+    for (unsigned b = c; b <= hi; ++b) set.set(b);
+  }
+  out = negate ? ~set : set;
+  i = p + 1;
+  return true;
+}
+
+}  // namespace
+
+// fnmatch(3) with no flags, in the C locale, without its recursion: the pattern is read
+// into one-byte sets and '*'s, then matched greedily, going back only to the last '*'
+// (enough, since every other element reads exactly one byte): time O(pattern x text)
+// at worst, no recursion and no allocation proportional to the text.
 bool GlobMatch(std::string_view pattern, std::string_view text) {
-  const std::string p(pattern), t(text);
-  return ::fnmatch(p.c_str(), t.c_str(), 0) == 0;
+  std::vector<GlobElement> elems;
+  bool never = false;
+  for (std::size_t i = 0; i < pattern.size() && !never;) {
+    GlobElement e;
+    const char c = pattern[i++];
+    if (c == '*') {
+      if (!elems.empty() && elems.back().star) continue;
+      e.star = true;
+    } else if (c == '?') {
+      e.set.set();
+    } else if (c == '[' && ParseBracket(pattern, i, e.set, never)) {
+    } else if (c == '\\' && i < pattern.size()) {
+      e.set.set(static_cast<unsigned char>(pattern[i++]));
+    } else {
+      e.set.set(static_cast<unsigned char>(c));
+    }
+    elems.push_back(e);
+  }
+  if (never) return false;
+  std::size_t p = 0, t = 0, star = SIZE_MAX, mark = 0;
+  while (t < text.size()) {
+    if (p < elems.size() && elems[p].star) {
+      star = p++;
+      mark = t;
+    } else if (p < elems.size() && elems[p].set.test(static_cast<unsigned char>(text[t]))) {
+      ++p, ++t;
+    } else if (star != SIZE_MAX) {
+      p = star + 1;
+      t = ++mark;
+    } else {
+      return false;
+    }
+  }
+  while (p < elems.size() && elems[p].star) ++p;
+  return p == elems.size();
 }
 
 bool MatchesAny(const std::vector<std::string>& patterns, std::string_view text) {
@@ -154,17 +263,33 @@ void Progress::Done() {
   active_ = false;
 }
 
-std::string ReadFileText(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    std::error_code ec;
-    const bool exists = std::filesystem::exists(path, ec);
-    throw Error(exists ? ErrorCode::kIO : ErrorCode::kNotFound,
-                path.string() + (exists ? ": cannot read" : ": no such file"));
+storage::Fd OpenNamedFile(const std::filesystem::path& path) {
+  // O_NONBLOCK: opening a FIFO does not wait for a writer (it is refused below).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    const int err = errno;
+    throw Error(err == ENOENT ? ErrorCode::kNotFound : ErrorCode::kIO,
+                path.string() + (err == ENOENT ? ": no such file" : ": cannot open: " + std::string(std::strerror(err))));
   }
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  storage::Fd owned(fd);
+  struct stat st;
+  if (::fstat(fd, &st) != 0)
+    throw Error(ErrorCode::kIO, path.string() + ": cannot stat: " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode))
+    throw Error(ErrorCode::kCorrupt, path.string() + ": not a regular file (a FIFO, device or directory)");
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return owned;
+}
+
+std::string ReadFileText(const std::filesystem::path& path, uint64_t max_bytes) {
+  const storage::Fd fd = OpenNamedFile(path);
+  const uint64_t size = storage::FileSize(fd.get(), path);
+  if (size > max_bytes)
+    throw Error(ErrorCode::kCorrupt, path.string() + ": " + std::to_string(size) + " bytes exceeds the limit of " +
+                                         std::to_string(max_bytes));
+  std::string text(static_cast<std::size_t>(size), '\0');
+  storage::ReadExact(fd.get(), text.data(), text.size(), 0, path);
+  return text;
 }
 
 void WriteFileText(const std::filesystem::path& path, std::string_view text) {

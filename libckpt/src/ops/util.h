@@ -15,6 +15,7 @@
 
 #include "ckpt/error.h"
 #include "ckpt/tensor.h"
+#include "storage/fs.h"
 
 namespace ckpt::ops::detail {
 
@@ -42,7 +43,8 @@ class Buffer {
   std::size_t size_ = 0;
 };
 
-// fnmatch(3) without FNM_PATHNAME: '*' matches dots too ("optimizer.*").
+// fnmatch(3) without flags (C locale): '*' matches dots too ("optimizer.*"); '?', [...],
+// [!...], [:class:] and backslash escapes. No recursion; time O(pattern x text) at worst.
 bool GlobMatch(std::string_view pattern, std::string_view text);
 bool MatchesAny(const std::vector<std::string>& patterns, std::string_view text);
 
@@ -73,8 +75,14 @@ class Progress {
   std::chrono::steady_clock::time_point start_, last_;
 };
 
-// Reads a whole small file; throws kNotFound / kIO naming it.
-std::string ReadFileText(const std::filesystem::path& path);
+// Opens a file the user named (a command-line argument: a symlink to it is followed) for
+// reading, only if it is a regular file: a FIFO, device or directory is kCorrupt, and a
+// FIFO does not block the open. kNotFound / kIO naming it. Files a checkpoint names are
+// opened with storage::OpenRegularFile instead, which refuses symlinks too.
+storage::Fd OpenNamedFile(const std::filesystem::path& path);
+// Reads a whole small file the user named (OpenNamedFile), refusing more than `max_bytes`
+// before reading any (kCorrupt).
+std::string ReadFileText(const std::filesystem::path& path, uint64_t max_bytes = uint64_t{256} << 20);
 // Writes `text` to `path` (plain write, used for reports).
 void WriteFileText(const std::filesystem::path& path, std::string_view text);
 

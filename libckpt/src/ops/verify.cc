@@ -622,7 +622,13 @@ VerifyReport Verify(const fs::path& path, const VerifyOptions& o) {
           path.string() + ": no metadata.json: not a committed checkpoint (an interrupted save?)");
     return finish();
   }
-  const std::string text = detail::ReadFileText(meta_path);
+  std::string text;
+  try {  // as every reader does: a regular file in the checkpoint (no symlink, FIFO, device), within the size limit
+    text = storage::ReadFileLimited(meta_path, ParseLimits{}.max_bytes);
+  } catch (const Error& e) {
+    c.Add("metadata", kMetadataFileName, "", e.what());
+    return finish();
+  }
   VerifyReport schema_report;
   auto check_schema = [&] {
     Collector sc(schema_report);

@@ -58,6 +58,7 @@ class SafetensorsReader {
   const std::filesystem::path& path() const { return path_; }
   // In the order of their data offsets.
   const std::vector<SafetensorsTensor>& tensors() const { return tensors_; }
+  // O(log n): by name, nullptr if none.
   const SafetensorsTensor* Find(std::string_view name) const;
   // Tensors left out by skip_unsupported: (name, dtype as the file spells it).
   const std::vector<std::pair<std::string, std::string>>& skipped() const { return skipped_; }
@@ -79,6 +80,7 @@ class SafetensorsReader {
   uint64_t file_size_ = 0;
   uint64_t data_start_ = 0;
   std::vector<SafetensorsTensor> tensors_;
+  std::vector<std::size_t> by_name_;  // indices of tensors_, in name order
   std::vector<std::pair<std::string, std::string>> metadata_;
   std::vector<std::pair<std::string, std::string>> skipped_;
 };

@@ -1,0 +1,590 @@
+#!/usr/bin/python3
+"""Hostile inputs for every reader of ckpt (issue 8): metadata.json, shard .h5 files and
+.safetensors files.
+
+Generates a corpus of hostile cases into --work (a valid checkpoint converted from a
+safetensors file written here, then damaged one way per case), and runs each relevant
+tool on each case (ckpt-inspect, ckpt-verify, ckpt-verify --quick, ckpt-merge, ckpt-diff,
+ckpt-convert, and a Load through hostile_load) under a timeout and a memory cap. Checks:
+
+  - no crash: the exit status is 0, 1 or 2, never a signal;
+  - no hang: each run ends within --timeout seconds (cases that were quadratic before run
+    under a tight timeout of their own, and under the memory cap);
+  - a clear error: on a case marked bad, every tool but ckpt-inspect exits non-zero and
+    ckpt-verify exits 1; the output names the input (the file or the key);
+  - nothing opened outside the input: the cases that name a file outside (external links,
+    virtual datasets, external storage) run under strace, which must show no successful
+    open of it; a symlink out is opened by its own name, so those cases rely on being
+    refused (ckpt-verify exits 1; the readers refuse it).
+
+  hostile.py --bin DIR --load PATH --work DIR [--only hdf5] [--no-memory-cap] [--timeout S]
+
+--only hdf5 runs the HDF5-level shard cases (external links, virtual datasets, external
+storage, an unknown filter), which are CTest's hostile_hdf5; without it, everything else.
+"""
+import argparse
+import json
+import os
+import resource
+import shutil
+import struct
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+
+FAILURES = []
+RUNS = [0]
+
+
+def fail(what):
+    FAILURES.append(what)
+    print("FAIL:", what, flush=True)
+
+
+def write_safetensors(path, tensors, metadata=None, raw_header=None):
+    header, blobs, off = {}, [], 0
+    for name, arr in tensors.items():
+        b = np.ascontiguousarray(arr).tobytes()
+        header[name] = {"dtype": {np.float32: "F32", np.int32: "I32"}[arr.dtype.type], "shape": list(arr.shape),
+                        "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    if metadata:
+        header["__metadata__"] = metadata
+    h = raw_header if raw_header is not None else json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+class Case:
+    """One hostile input: `path` (a checkpoint directory, a shard or a safetensors file)."""
+
+    def __init__(self, name, path, kind, bad=True, token=None, timeout=None, outside=None, group="main",
+                 fatal=None, tools=None, inspect_lenient=False):
+        self.name, self.path, self.kind, self.bad = name, path, kind, bad
+        self.tools = tools  # only these tools (default: all that read this kind)
+        self.inspect_lenient = inspect_lenient  # ckpt-inspect lists what it cannot read
+        # fatal: unreadable, so every tool must refuse it (exit non-zero); else only
+        # ckpt-verify must (the readers are lenient about what does not change the data).
+        self.fatal = bad if fatal is None else fatal
+        self.token = token  # a string the error output must contain (default: the input's name)
+        self.timeout = timeout
+        self.outside = outside  # a path no tool may open
+        self.group = group
+
+
+class Corpus:
+    def __init__(self, args):
+        self.args = args
+        self.work = os.path.abspath(args.work)
+        self.cases = []
+        if os.path.exists(self.work):
+            shutil.rmtree(self.work, ignore_errors=True)
+        os.makedirs(self.work)
+        self.cases_dir = os.path.join(self.work, "cases")
+        os.makedirs(self.cases_dir)
+        self.outside = os.path.join(self.work, "outside")  # what no tool may read
+        os.makedirs(self.outside)
+
+    def tool(self, name, *args, check=True):
+        p = subprocess.run([os.path.join(self.args.bin, name)] + [str(a) for a in args], capture_output=True,
+                           text=True, timeout=300)
+        if check and p.returncode != 0:
+            raise SystemExit(f"setup: {name} {args}: rc {p.returncode}: {p.stderr}")
+        return p
+
+    # --- the valid inputs the cases damage -----------------------------------------------
+
+    def make_base(self):
+        rng = np.random.default_rng(5)
+        self.tensors = {"w": rng.standard_normal((8, 4)).astype(np.float32),
+                        "v": rng.standard_normal((6,)).astype(np.float32),
+                        "i": np.arange(12, dtype=np.int32).reshape(3, 4)}
+        self.st = os.path.join(self.work, "base.safetensors")
+        write_safetensors(self.st, self.tensors)
+        self.base = os.path.join(self.work, "base")
+        self.tool("ckpt-convert", self.st, self.base, "--world", 2)
+        self.full = os.path.join(self.work, "base-full")
+        self.tool("ckpt-convert", self.st, self.full, "--world", 1)
+        self.tool("ckpt-verify", self.base)
+        with open(os.path.join(self.base, "metadata.json")) as f:
+            self.md = json.load(f)
+        self.shard0 = self.md["files"][0]["name"]
+        with open(os.path.join(self.full, "metadata.json")) as f:
+            self.full_shard = json.load(f)["files"][0]["name"]
+        # A valid metadata.json outside every case: a symlink to it must not be followed.
+        shutil.copy(os.path.join(self.base, "metadata.json"), os.path.join(self.outside, "metadata.json"))
+        shutil.copy(os.path.join(self.base, self.shard0), os.path.join(self.outside, "outside.h5"))
+        shutil.copy(self.st, os.path.join(self.outside, "outside.safetensors"))
+
+    def new_ckpt(self, name, src=None):
+        d = os.path.join(self.cases_dir, name)
+        shutil.copytree(src or self.base, d, symlinks=True)
+        return d
+
+    def add(self, case):
+        self.cases.append(case)
+
+    # --- metadata.json -------------------------------------------------------------------
+
+    def md_case(self, name, fn=None, text=None, bad=True, token="metadata.json", timeout=None, fatal=False,
+                inspect_lenient=False):
+        """A checkpoint whose metadata.json is fn(copy of the parsed one), or `text` (bytes)."""
+        d = self.new_ckpt(name)
+        if text is None:
+            md = json.loads(json.dumps(self.md))
+            fn(md)
+            text = json.dumps(md).encode()
+        with open(os.path.join(d, "metadata.json"), "wb") as f:
+            f.write(text)
+        self.add(Case(name, d, "ckpt", bad=bad, token=token, timeout=timeout, fatal=fatal,
+                      inspect_lenient=inspect_lenient))
+
+    def metadata_cases(self):
+        md = self.md
+        wrong_values = {"null": None, "int": 7, "neg": -1, "huge": 2 ** 64, "float": 1.5, "str": "x",
+                        "list": [1], "obj": {"a": 1}, "bool": True, "longstr": "y" * 100000}
+        for field in ["format", "format_version", "state_dict_type", "world_size", "library_version", "created",
+                      "user", "files", "entries"]:
+            self.md_case(f"md-drop-{field}", lambda m, f=field: m.pop(f))
+            for vname, v in wrong_values.items():
+                if field in ("library_version", "created") and isinstance(v, str):
+                    continue  # any string is allowed there (the schema checks created's form)
+                if field == "user" and isinstance(v, dict):
+                    continue
+                if field == "world_size" and vname == "int":
+                    continue  # world_size 7 over two ranks' files is not checked
+                self.md_case(f"md-{field}-{vname}", lambda m, f=field, v=v: m.__setitem__(f, v))
+        # A tensor entry and its first chunk, field by field.
+        for field in ["type", "dtype", "shape", "chunks"]:
+            self.md_case(f"entry-drop-{field}", lambda m, f=field: m["entries"]["w"].pop(f), token="'w'")
+            for vname, v in wrong_values.items():
+                self.md_case(f"entry-{field}-{vname}", lambda m, f=field, v=v: m["entries"]["w"].__setitem__(f, v),
+                             token="'w'")
+        for field in ["offsets", "sizes", "file", "dataset", "checksum", "stored_bytes"]:
+            self.md_case(f"chunk-drop-{field}", lambda m, f=field: m["entries"]["w"]["chunks"][0].pop(f),
+                         token="'w'")
+            for vname, v in wrong_values.items():
+                # stored_bytes is not checked against the shard (only its type and range are)
+                ok = field == "stored_bytes" and vname == "int"
+                self.md_case(f"chunk-{field}-{vname}",
+                             lambda m, f=field, v=v: m["entries"]["w"]["chunks"][0].__setitem__(f, v), token="w",
+                             bad=not ok)
+        for field in ["name", "rank", "bytes"]:
+            for vname, v in wrong_values.items():
+                ok = field == "rank" and vname == "int"  # a rank past world_size is not checked
+                self.md_case(f"file-{field}-{vname}", lambda m, f=field, v=v: m["files"][0].__setitem__(f, v),
+                             token=None, bad=not ok)
+        # Long names: std::regex overflowed the stack on these.
+        self.md_case("long-dataset-30k", lambda m: m["entries"]["w"]["chunks"][0].__setitem__("dataset", "d" * 30000),
+                     token="'w'")
+        self.md_case("long-dataset-1m", lambda m: m["entries"]["w"]["chunks"][0].__setitem__("dataset", "d" * 2 ** 20),
+                     token="'w'")
+        self.md_case("long-key-1m", lambda m: m["entries"].__setitem__("k" * 2 ** 20, m["entries"].pop("w")),
+                     bad=False, token=None)
+        self.md_case("long-file-name", lambda m: m["files"][0].__setitem__("name", "f" * 5000), token=None)
+        self.md_case("long-checksum", lambda m: m["entries"]["w"]["chunks"][0].__setitem__("checksum", "x" * 2 ** 20),
+                     token="'w'")
+        self.md_case("long-created", lambda m: m.__setitem__("created", "2" * 2 ** 20), token=None)
+        # Overflowing shapes, offsets and sizes.
+        big = 2 ** 63 - 1
+        for vname, shape, offs, sizes in [
+                ("shape-2^62x2^62", [2 ** 62, 2 ** 62], [0, 0], [8, 4]),
+                ("shape-int64max", [big, 4], [0, 0], [8, 4]),
+                ("shape-neg", [-8, 4], [0, 0], [8, 4]),
+                ("offset-int64max", [8, 4], [big, 0], [8, 4]),
+                ("size-int64max", [8, 4], [0, 0], [big, 4]),
+                ("offset-plus-size-wraps", [8, 4], [big - 2, 0], [8, 4]),
+                ("offset-neg", [8, 4], [-1, 0], [8, 4]),
+                ("rank-33", [1] * 33, [0] * 33, [1] * 33),
+                ("rank-mismatch", [8, 4], [0], [8]),
+                ("zero-d-with-offsets", [], [0], [1])]:
+            def fn(m, shape=shape, offs=offs, sizes=sizes):
+                m["entries"]["w"]["shape"] = shape
+                m["entries"]["w"]["chunks"][0]["offsets"] = offs
+                m["entries"]["w"]["chunks"][0]["sizes"] = sizes
+            self.md_case(f"geom-{vname}", fn, token="'w'", fatal=True)
+        # n identical chunks: n^2/2 reports before (6,000 drove verify out of memory at 8 GB).
+        for n in (6000, 30000):
+            def fn(m, n=n):
+                m["entries"]["w"]["chunks"] = [m["entries"]["w"]["chunks"][0]] * n
+            self.md_case(f"identical-chunks-{n}", fn, token="'w'", timeout=30, fatal=True, inspect_lenient=True)
+        # Many thin chunks that do tile (column shards): the old sweep compared all pairs.
+        def thin(m, n=20000):
+            c0 = m["entries"]["w"]["chunks"][0]
+            m["entries"]["w"]["shape"] = [8, n]
+            m["entries"]["w"]["chunks"] = [dict(c0, offsets=[0, j], sizes=[8, 1], dataset=f"w@0,{j}")
+                                           for j in range(n)]
+        self.md_case("thin-chunks-20000", thin, token="w", timeout=60)
+        # Many keys, each one chunk of a missing dataset: linear reports.
+        def many_keys(m, n=20000):
+            c0 = m["entries"]["w"]["chunks"][0]
+            for j in range(n):
+                m["entries"][f"x{j}"] = {"type": "tensor", "dtype": "float32", "shape": [1],
+                                         "chunks": [dict(c0, offsets=[0], sizes=[1], dataset=f"x{j}")]}
+        self.md_case("many-missing-datasets-20000", many_keys, token="dataset", timeout=60)
+        # Deep nesting.
+        for depth in (65, 1000, 100000):
+            t = json.dumps(md)
+            nested = "[" * depth + "]" * depth
+            self.md_case(f"deep-user-{depth}", text=t.replace('"user": {}', '"user": {"a": ' + nested + "}").encode(),
+                         fatal=True)
+            self.md_case(f"deep-mesh-{depth}", text=t.replace('"mesh": null', '"mesh": ' + nested).encode(),
+                         fatal=True)
+        # Truncated, empty, bad bytes.
+        t = json.dumps(md).encode()
+        for cut in (0, 1, 10, len(t) // 3, len(t) // 2, len(t) - 2, len(t) - 1):
+            self.md_case(f"truncated-at-{cut}", text=t[:cut], fatal=True)
+        self.md_case("nul-byte", text=t[:40] + b"\0" + t[40:], fatal=True)
+        self.md_case("bom", text=b"\xef\xbb\xbf" + t, bad=False)  # RFC 8259 lets a parser ignore it
+        self.md_case("bad-utf8-key", text=t.replace(b'"w"', b'"w\xff"'), token=None, fatal=True)
+        self.md_case("bad-utf8-value", text=t.replace(b'"float32"', b'"float\xc0\xaf"', 1), fatal=True)
+        self.md_case("overlong-utf8", text=t.replace(b'"w"', b'"\xc1\xb7"'), token=None, fatal=True)
+        self.md_case("surrogate-escape", text=t.replace(b'"w"', b'"\\ud800"'), token=None, fatal=True)
+        self.md_case("trailing-garbage", text=t + b" {}", fatal=True)
+        self.md_case("not-an-object", text=b"[" + t + b"]", fatal=True)
+        # Duplicate keys.
+        self.md_case("dup-top", text=t[:-1] + b', "format": "ckpt"}', fatal=True)
+        self.md_case("dup-entry", text=t.replace(b'"entries": {', b'"entries": {"w": {}, ', 1), token="w",
+                     fatal=True)
+        self.md_case("dup-chunk-field", text=t.replace(b'"offsets": [', b'"sizes": [1], "offsets": [', 1),
+                     token="w", fatal=True)
+        # Files: unsafe names, listed twice, missing.
+        for vname, v in [("dotdot", "../outside/outside.h5"), ("abs", os.path.join(self.outside, "outside.h5")),
+                         ("dot", "."), ("empty", ""), ("slash", "a/b.h5"), ("nul", "a\u0000b")]:
+            def fn(m, v=v):
+                old = m["files"][0]["name"]
+                m["files"][0]["name"] = v
+                for e in m["entries"].values():
+                    for c in e.get("chunks", []):
+                        if c["file"] == old:
+                            c["file"] = v
+            self.md_case(f"file-name-{vname}", fn, token=None)
+        self.md_case("file-listed-twice", lambda m: m["files"].append(dict(m["files"][0])), token=None)
+        self.md_case("file-missing", lambda m: m["files"].append({"name": "shard-00009-of-00010.h5", "rank": 9,
+                                                                  "bytes": 10}), token="shard-00009")
+        self.md_case("chunk-file-unlisted", lambda m: m["entries"]["w"]["chunks"][0].__setitem__("file", "nope.h5"),
+                     token="nope.h5")
+        self.md_case("unknown-dtype", lambda m: m["entries"]["w"].__setitem__("dtype", "float128"), token="w")
+        self.md_case("unknown-compression",
+                     lambda m: m["entries"]["w"]["chunks"][0].__setitem__("compression", {"codec": "lz4"}), token="w")
+        self.md_case("future-version", lambda m: m.__setitem__("format_version", 99), token=None)
+        self.md_case("swapped-datasets", lambda m: m["entries"]["v"]["chunks"][0].__setitem__(
+            "dataset", m["entries"]["w"]["chunks"][0]["dataset"]), token="v")
+
+    # --- metadata.json that is not a regular file ----------------------------------------
+
+    def special_file_cases(self):
+        def special(name, make, bad=True, outside=None):
+            d = self.new_ckpt(name)
+            m = os.path.join(d, "metadata.json")
+            os.remove(m)
+            make(m)
+            self.add(Case(name, d, "ckpt", bad=bad, token="metadata.json", timeout=20, outside=outside, fatal=True))
+        special("metadata-fifo", os.mkfifo)
+        special("metadata-symlink-outside",
+                lambda m: os.symlink(os.path.join(self.outside, "metadata.json"), m),
+                outside=os.path.join(self.outside, "metadata.json"))
+        special("metadata-symlink-dev-zero", lambda m: os.symlink("/dev/zero", m))
+        special("metadata-symlink-dangling", lambda m: os.symlink(os.path.join(self.work, "nothing"), m))
+        special("metadata-directory", os.mkdir)
+        special("metadata-empty", lambda m: open(m, "wb").close())
+
+        def sparse(m, size=(2 << 30) + 4096):
+            with open(m, "wb") as f:
+                f.truncate(size)
+        special("metadata-sparse-2gib", sparse)
+
+        def zeros_4m(m):
+            with open(m, "wb") as f:
+                f.write(b"\0" * (4 << 20))
+        special("metadata-zeros-4mib", zeros_4m)
+        # Shards that are not regular files, or lie outside.
+        def shard_special(name, make, outside=None):
+            d = self.new_ckpt(name)
+            s = os.path.join(d, self.shard0)
+            os.remove(s)
+            make(s)
+            self.add(Case(name, d, "ckpt", token=self.shard0, timeout=20, outside=outside, fatal=True))
+        shard_special("shard-fifo", os.mkfifo)
+        shard_special("shard-symlink-outside", lambda s: os.symlink(os.path.join(self.outside, "outside.h5"), s),
+                      outside=os.path.join(self.outside, "outside.h5"))
+        shard_special("shard-symlink-dev-zero", lambda s: os.symlink("/dev/zero", s))
+        shard_special("shard-directory", os.mkdir)
+        shard_special("shard-missing", lambda s: None)
+
+        def shard_sparse(s):
+            with open(s, "wb") as f:
+                f.truncate((2 << 30) + 4096)
+        shard_special("shard-sparse-2gib", shard_sparse)
+        # Lone files named on the command line that are not regular files.
+        for name, make in [("lone-fifo.safetensors", os.mkfifo), ("lone-fifo.h5", os.mkfifo),
+                           ("lone-fifo", os.mkfifo),
+                           ("lone-dev-zero.safetensors", lambda p: os.symlink("/dev/zero", p)),
+                           ("lone-dev-zero.h5", lambda p: os.symlink("/dev/zero", p)),
+                           ("lone-dir.safetensors", os.mkdir)]:
+            p = os.path.join(self.cases_dir, name)
+            make(p)
+            self.add(Case(name, p, "file", token=name, timeout=20))
+
+    # --- shard bytes ---------------------------------------------------------------------
+
+    def shard_byte_cases(self):
+        size = os.path.getsize(os.path.join(self.base, self.shard0))
+
+        def shard_bytes(name, fn, fix_size=True, bad=True, lone_bad=True):
+            d = self.new_ckpt(name)
+            s = os.path.join(d, self.shard0)
+            with open(s, "rb") as f:
+                data = bytearray(f.read())
+            data = fn(data)
+            with open(s, "wb") as f:
+                f.write(data)
+            if fix_size:  # the recorded size matches, so HDF5 has to read the bytes
+                with open(os.path.join(d, "metadata.json")) as f:
+                    md = json.load(f)
+                md["files"][0]["bytes"] = len(data)
+                with open(os.path.join(d, "metadata.json"), "w") as f:
+                    json.dump(md, f)
+            self.add(Case(name, d, "ckpt", token=self.shard0, timeout=30, bad=bad, fatal=False))
+            lone = os.path.join(self.cases_dir, name + ".h5")
+            with open(lone, "wb") as f:
+                f.write(data)
+            self.add(Case(name + "-lone", lone, "file", token=name, timeout=30, bad=bad and lone_bad, fatal=False))
+        for cut in (0, 8, 100, 512, 2048, size // 2, size - 1):
+            if cut < size:
+                shard_bytes(f"shard-truncated-{cut}", lambda b, c=cut: b[:c])
+        shard_bytes("shard-zeros", lambda b: bytearray(len(b)))
+        shard_bytes("shard-signature-then-zeros", lambda b: b[:8] + bytearray(len(b) - 8))
+        rng = np.random.default_rng(7)
+        for i in range(12):
+            def flip(b, i=i):
+                b = bytearray(b)
+                for pos in rng.integers(0, len(b), size=1 + i * 3):
+                    b[pos] ^= 1 << int(rng.integers(0, 8))
+                return b
+            shard_bytes(f"shard-bitflips-{i}", flip, bad=False)  # a flip may land in unused bytes
+        shard_bytes("shard-appended-garbage", lambda b: b + b"\xff" * 4096, bad=False)
+        shard_bytes("shard-size-lie", lambda b: b + b"\0" * 16, fix_size=False, lone_bad=False)
+
+    # --- HDF5 features a shard may not use (hostile_hdf5) --------------------------------
+
+    def hdf5_cases(self):
+        outside_h5 = os.path.join(self.outside, "outside-data.h5")
+        with h5py.File(outside_h5, "w") as f:
+            f.create_dataset("w", data=self.tensors["w"])
+        raw = os.path.join(self.outside, "raw.bin")
+        self.tensors["w"].tofile(raw)
+        md_full = json.load(open(os.path.join(self.full, "metadata.json")))
+        w_ds = md_full["entries"]["w"]["chunks"][0]["dataset"]
+
+        def rewrite(name, fn, outside=None, bad=True):
+            d = self.new_ckpt(name, self.full)
+            s = os.path.join(d, self.full_shard)
+            with h5py.File(s, "r+") as f:
+                del f[w_ds]
+                fn(f)
+            md = json.load(open(os.path.join(d, "metadata.json")))
+            md["files"][0]["bytes"] = os.path.getsize(s)
+            json.dump(md, open(os.path.join(d, "metadata.json"), "w"))
+            # (ckpt-inspect reads metadata.json or the shard index only: it may list them)
+            self.add(Case(name, d, "ckpt", token=self.full_shard, timeout=30, outside=outside, group="hdf5", bad=bad,
+                          inspect_lenient=True))
+            lone = os.path.join(self.cases_dir, name + ".h5")
+            shutil.copy(s, lone)
+            self.add(Case(name + "-lone", lone, "file", token=name, timeout=30, outside=outside, group="hdf5",
+                          bad=bad, inspect_lenient=True))
+        rewrite("hdf5-external-link", lambda f: f.__setitem__(w_ds, h5py.ExternalLink(outside_h5, "w")),
+                outside=outside_h5)
+        rewrite("hdf5-soft-link", lambda f: (f.create_dataset("other", data=self.tensors["w"]),
+                                             f.__setitem__(w_ds, h5py.SoftLink("/other"))), bad=False)
+
+        def vds(f):
+            layout = h5py.VirtualLayout(shape=(8, 4), dtype="f4")
+            layout[:] = h5py.VirtualSource(outside_h5, "w", shape=(8, 4))
+            f.create_virtual_dataset(w_ds, layout)
+        rewrite("hdf5-virtual-dataset", vds, outside=outside_h5)
+        rewrite("hdf5-external-storage", lambda f: f.create_dataset(
+            w_ds, shape=(8, 4), dtype="f4", external=[(raw, 0, h5py.h5f.UNLIMITED)]), outside=raw)
+
+        def lz4(f):
+            dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+            dcpl.set_chunk((8, 4))
+            dcpl.set_filter(32004, h5py.h5z.FLAG_OPTIONAL, ())
+            space = h5py.h5s.create_simple((8, 4))
+            h5py.h5d.create(f.id, w_ds.encode(), h5py.h5t.NATIVE_FLOAT, space, dcpl=dcpl)
+        rewrite("hdf5-unknown-filter-lz4", lz4)
+
+    # --- safetensors ---------------------------------------------------------------------
+
+    def safetensors_cases(self):
+        def st(name, header=None, data=b"", raw=None, bad=True, timeout=None, tensors=None, tools=None):
+            p = os.path.join(self.cases_dir, name + ".safetensors")
+            if raw is not None:
+                with open(p, "wb") as f:
+                    f.write(raw)
+            elif tensors is not None:
+                write_safetensors(p, tensors)
+            else:
+                h = header if isinstance(header, bytes) else json.dumps(header).encode()
+                with open(p, "wb") as f:
+                    f.write(struct.pack("<Q", len(h)) + h + data)
+            self.add(Case(name, p, "st", bad=bad, token=name, timeout=timeout, tools=tools))
+        e = {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}
+        st("st-empty", raw=b"")
+        st("st-short", raw=b"\x01\x02")
+        st("st-len-huge", raw=struct.pack("<Q", 2 ** 64 - 1) + b"{}")
+        st("st-len-past-end", raw=struct.pack("<Q", 1000) + b"{}")
+        st("st-len-zero", raw=struct.pack("<Q", 0))
+        st("st-not-json", b"{nope", b"")
+        st("st-array", [1, 2])
+        st("st-entry-not-object", {"a": 1})
+        st("st-bad-utf8-name", b'{"a\xff": ' + json.dumps(e).encode() + b"}", b"\0" * 8)
+        st("st-long-name-26k", tensors={"n" * 26000: np.zeros(2, np.float32)}, bad=False)
+        st("st-long-name-1m", tensors={"n" * 2 ** 20: np.zeros(2, np.float32)}, bad=False)
+        st("st-dup-name", b'{"a": ' + json.dumps(e).encode() + b', "a": ' + json.dumps(e).encode() + b"}", b"\0" * 8)
+        st("st-unknown-dtype", {"a": dict(e, dtype="F128")}, b"\0" * 8)
+        st("st-rank-33", {"a": dict(e, shape=[1] * 33, data_offsets=[0, 4])}, b"\0" * 4)
+        st("st-shape-overflow", {"a": dict(e, shape=[2 ** 62, 2 ** 62], data_offsets=[0, 8])}, b"\0" * 8)
+        st("st-shape-neg", {"a": dict(e, shape=[-2])}, b"\0" * 8)
+        st("st-offsets-max", {"a": dict(e, data_offsets=[2 ** 64 - 8, 2 ** 64 - 1])}, b"\0" * 8)
+        st("st-offsets-reversed", {"a": dict(e, data_offsets=[8, 0])}, b"\0" * 8)
+        st("st-offsets-past-end", {"a": dict(e, data_offsets=[0, 800])}, b"\0" * 8)
+        st("st-overlap", {"a": e, "b": e}, b"\0" * 8)
+        st("st-gap", {"a": dict(e, data_offsets=[8, 16])}, b"\0" * 16)
+        st("st-unknown-field", {"a": dict(e, extra=1)}, b"\0" * 8)
+        st("st-metadata-not-string", {"__metadata__": {"k": 1}, "a": e}, b"\0" * 8)
+        st("st-metadata-deep", b'{"__metadata__": ' + b"[" * 100000 + b"]" * 100000 + b"}")
+        st("st-deep-header", b"[" * 100000 + b"]" * 100000)
+        st("st-empty-name", {"": e}, b"\0" * 8)
+        valid = json.dumps({"a": e}).encode()
+        for cut in (1, len(valid) // 2, len(valid) - 1):
+            st(f"st-truncated-header-{cut}", raw=struct.pack("<Q", len(valid)) + valid[:cut])
+        st("st-truncated-data", raw=struct.pack("<Q", len(valid)) + valid + b"\0" * 4)
+        # 100,000 tensors: verifying was quadratic (18 s; now 2.5 s). (Converting them is
+        # linear but slow, 0.5 ms a dataset in HDF5: not run here.)
+        n = 100000
+        header = {f"t{j}": {"dtype": "F32", "shape": [1], "data_offsets": [4 * j, 4 * j + 4]} for j in range(n)}
+        st("st-100k-tensors", header, b"\0" * (4 * n), bad=False, timeout=30,
+           tools=["ckpt-inspect", "ckpt-verify", "ckpt-diff"])
+
+        def sparse(name):
+            p = os.path.join(self.cases_dir, name + ".safetensors")
+            with open(p, "wb") as f:
+                f.write(struct.pack("<Q", 90 << 20) + b"{")
+                f.truncate((2 << 30) + 4096)
+            self.add(Case(name, p, "st", token=name, timeout=30))
+        sparse("st-sparse-2gib-header-90mib")
+
+    # --- running -------------------------------------------------------------------------
+
+    def runs_for(self, case):
+        out = os.path.join(self.work, "out", case.name)
+        os.makedirs(out, exist_ok=True)
+        p = case.path
+        if case.kind == "ckpt":
+            return [("ckpt-inspect", [p]), ("ckpt-verify", [p]), ("ckpt-verify", ["--quick", p]),
+                    ("ckpt-merge", [p, os.path.join(out, "merged")]), ("ckpt-diff", [p, self.base]),
+                    ("ckpt-convert", [p, os.path.join(out, "c.safetensors")]), ("load", [p])]
+        if case.kind == "st":
+            return [("ckpt-inspect", [p]), ("ckpt-verify", [p]), ("ckpt-diff", [p, self.st]),
+                    ("ckpt-convert", [p, os.path.join(out, "c")]), ("ckpt-merge", [p, os.path.join(out, "m")])]
+        return [("ckpt-inspect", [p]), ("ckpt-verify", [p]), ("ckpt-diff", [p, self.st]),
+                ("ckpt-merge", [p, os.path.join(out, "m")])]
+
+    def limits(self):
+        if self.args.no_memory_cap:
+            return None
+        cap = self.args.memory_mb << 20
+
+        def set_limits():
+            resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+        return set_limits
+
+    def run_case(self, case):
+        timeout = case.timeout or self.args.timeout
+        for tool, argv in self.runs_for(case):
+            if case.tools and tool not in case.tools:
+                continue
+            exe = self.args.load if tool == "load" else os.path.join(self.args.bin, tool)
+            cmd = [exe] + argv
+            trace = None
+            if case.outside and shutil.which("strace"):
+                trace = os.path.join(self.work, "out", case.name, tool + ".strace")
+                cmd = ["strace", "-f", "-qq", "-e", "trace=open,openat,openat2", "-o", trace] + cmd
+            what = f"{case.name}: {tool} {' '.join(a if len(a) < 80 else a[:77] + '...' for a in argv)}"
+            RUNS[0] += 1
+            t0 = time.monotonic()
+            try:
+                p = subprocess.run(cmd, capture_output=True, timeout=timeout, preexec_fn=self.limits())
+            except subprocess.TimeoutExpired:
+                fail(f"{what}: hangs (no exit within {timeout} s)")
+                continue
+            secs = time.monotonic() - t0
+            text = (p.stdout + p.stderr).decode("utf-8", "replace")
+            rc = p.returncode
+            if rc < 0 or rc >= 128:
+                fail(f"{what}: crashed (rc {rc}): {text[-600:]}")
+                continue
+            if rc not in (0, 1, 2):
+                fail(f"{what}: exit status {rc}, not 0/1/2")
+            if "AddressSanitizer" in text or "runtime error:" in text:
+                fail(f"{what}: sanitizer report: {text[-600:]}")
+            if case.bad and tool == "ckpt-verify" and rc != 1:
+                fail(f"{what}: a hostile input verified with rc {rc}: {text[-400:]}")
+            if case.fatal and rc == 0 and not (tool == "ckpt-inspect" and case.inspect_lenient):
+                fail(f"{what}: an unreadable input was accepted: {text[-300:]}")
+            token = case.token or os.path.basename(case.path)
+            diff_result = tool == "ckpt-diff" and rc == 1 and "error" not in text  # 1: the inputs differ
+            if rc != 0 and not diff_result and token not in text and os.path.basename(case.path) not in text:
+                fail(f"{what}: the error does not name {token!r}: {text[-300:]}")
+            if trace:
+                opened = []
+                with open(trace, errors="replace") as f:
+                    for line in f:
+                        if case.outside in line and "= -1" not in line and "<unfinished" not in line:
+                            opened.append(line.strip())
+                if opened:
+                    fail(f"{what}: opened the outside file {case.outside}: {opened[0][:200]}")
+            if secs > timeout * 0.8:
+                print(f"  slow: {what}: {secs:.1f} s", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--load", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--only", choices=["main", "hdf5"], default="main")
+    ap.add_argument("--timeout", type=float, default=20)
+    ap.add_argument("--memory-mb", type=int, default=3072)
+    ap.add_argument("--no-memory-cap", action="store_true")
+    ap.add_argument("--filter", default="", help="run only cases whose name contains this")
+    args = ap.parse_args()
+    if args.only == "hdf5":
+        args.work = args.work.rstrip("/") + "-hdf5"
+    c = Corpus(args)
+    c.make_base()
+    if args.only == "hdf5":
+        c.hdf5_cases()
+    else:
+        c.metadata_cases()
+        c.special_file_cases()
+        c.shard_byte_cases()
+        c.safetensors_cases()
+    cases = [x for x in c.cases if x.group == args.only and args.filter in x.name]
+    print(f"{len(cases)} hostile cases ({args.only})", flush=True)
+    t0 = time.monotonic()
+    for case in cases:
+        c.run_case(case)
+    print(f"{len(cases)} cases, {RUNS[0]} tool runs, {len(FAILURES)} failures, {time.monotonic() - t0:.0f} s")
+    if not FAILURES:
+        shutil.rmtree(c.work, ignore_errors=True)  # the sparse and 1 MB files
+    return 1 if FAILURES else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
