@@ -17,5 +17,10 @@ install(FILES ${PROJECT_BINARY_DIR}/ckptConfig.cmake ${PROJECT_BINARY_DIR}/ckptC
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/ckpt)
 # Relocatable: the prefix is found relative to the .pc file itself.
 file(RELATIVE_PATH CKPT_PC_TO_PREFIX /x/${CMAKE_INSTALL_LIBDIR}/pkgconfig /x)
+# A static libckpt: `pkg-config --static --libs ckpt` brings what it links.
+set(CKPT_PC_PRIVATE "")
+if(NOT BUILD_SHARED_LIBS)
+  set(CKPT_PC_PRIVATE "Requires.private: hdf5 libzstd libxxhash\nLibs.private: -pthread")
+endif()
 configure_file(${PROJECT_SOURCE_DIR}/cmake/ckpt.pc.in ${PROJECT_BINARY_DIR}/ckpt.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/ckpt.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
