@@ -9,6 +9,9 @@ install(DIRECTORY ${PROJECT_SOURCE_DIR}/libckpt/include/ckpt DESTINATION ${CMAKE
 install(FILES ${PROJECT_BINARY_DIR}/libckpt/include/ckpt/config.h
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/ckpt)
 install(EXPORT ckptTargets NAMESPACE ckpt:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/ckpt)
+if(TARGET ckpt_mpi)
+  install(EXPORT ckptMpiTargets NAMESPACE ckpt:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/ckpt)
+endif()
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/ckptConfig.cmake.in
   ${PROJECT_BINARY_DIR}/ckptConfig.cmake INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/ckpt)
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/ckptConfigVersion.cmake
