@@ -3,7 +3,7 @@
 # every test through CTest, builds libckpt static (BUILD_SHARED_LIBS=OFF) and runs the
 # consumer test against it, then builds again with AddressSanitizer + UndefinedBehavior-
 # Sanitizer and runs the suite once more. CKPT_SKIP_SANITIZE=1 skips the last pass,
-# CKPT_SKIP_STATIC=1 the static build. ccache is used when installed.
+# CKPT_SKIP_STATIC=1 the static build. ccache is used when installed (install-deps.sh does).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
