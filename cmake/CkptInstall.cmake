@@ -9,6 +9,9 @@ install(DIRECTORY ${PROJECT_SOURCE_DIR}/libckpt/include/ckpt DESTINATION ${CMAKE
 install(FILES ${PROJECT_BINARY_DIR}/libckpt/include/ckpt/config.h
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/ckpt)
 install(EXPORT ckptTargets NAMESPACE ckpt:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/ckpt)
+if(TARGET ckpt_mpi)
+  install(EXPORT ckptMpiTargets NAMESPACE ckpt:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/ckpt)
+endif()
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/ckptConfig.cmake.in
   ${PROJECT_BINARY_DIR}/ckptConfig.cmake INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/ckpt)
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/ckptConfigVersion.cmake
@@ -17,5 +20,10 @@ install(FILES ${PROJECT_BINARY_DIR}/ckptConfig.cmake ${PROJECT_BINARY_DIR}/ckptC
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/ckpt)
 # Relocatable: the prefix is found relative to the .pc file itself.
 file(RELATIVE_PATH CKPT_PC_TO_PREFIX /x/${CMAKE_INSTALL_LIBDIR}/pkgconfig /x)
+# A static libckpt: `pkg-config --static --libs ckpt` brings what it links.
+set(CKPT_PC_PRIVATE "")
+if(NOT BUILD_SHARED_LIBS)
+  set(CKPT_PC_PRIVATE "Requires.private: hdf5 libzstd libxxhash\nLibs.private: -pthread")
+endif()
 configure_file(${PROJECT_SOURCE_DIR}/cmake/ckpt.pc.in ${PROJECT_BINARY_DIR}/ckpt.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/ckpt.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

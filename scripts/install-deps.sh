@@ -2,7 +2,7 @@
 # Installs the Debian packages ckpt needs to build and test, if any are missing.
 set -euo pipefail
 packages=(
-  build-essential cmake pkg-config
+  build-essential cmake pkg-config ccache
   libhdf5-dev hdf5-tools nlohmann-json3-dev libzstd-dev libxxhash-dev doctest-dev libcli11-dev
   libopenblas-dev libopenmpi-dev openmpi-bin
   python3-h5py python3-numpy python3-jsonschema

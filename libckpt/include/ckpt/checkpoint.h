@@ -43,7 +43,7 @@ struct SaveOptions {
 // rank fails, no rank commits, every rank throws, and whatever was at `dir` is untouched.
 // Only what was at `dir` when the save began is replaced: if another writer commits there
 // meanwhile, this save fails with kAlreadyExists (of two saves to one new path, one wins).
-void Save(const std::filesystem::path& dir, const StateDict& state, Comm& comm,
+CKPT_API void Save(const std::filesystem::path& dir, const StateDict& state, Comm& comm,
           const SaveOptions& options = {});
 
 struct LoadOptions {
@@ -74,11 +74,11 @@ struct LoadReport {
 // COLLECTIVE. Fills `target` from the checkpoint at `dir`: for each tensor, every chunk
 // of the target gets exactly its region of the global tensor, whatever layout and world
 // size saved it. Scalars, bytes and JSON entries in `target` are overwritten.
-LoadReport Load(const std::filesystem::path& dir, StateDict& target, Comm& comm,
+CKPT_API LoadReport Load(const std::filesystem::path& dir, StateDict& target, Comm& comm,
                 const LoadOptions& options = {});
 
 // Reads the metadata of a checkpoint directory (parsed and validated).
-Metadata ReadMetadata(const std::filesystem::path& dir);
+CKPT_API Metadata ReadMetadata(const std::filesystem::path& dir);
 
 // A byte range of a file: where a stored chunk's bytes lie (CheckpointReader::LocateChunk),
 // or bytes a chunk being written copies (CheckpointWriter::ChunkStream::Copy).
@@ -90,7 +90,7 @@ struct FileRange {
 
 // Random access to a committed checkpoint, for tools and loaders. Not collective.
 // Thread-safety: one reader per thread.
-class CheckpointReader {
+class CKPT_API CheckpointReader {
  public:
   static std::unique_ptr<CheckpointReader> Open(const std::filesystem::path& dir);
   virtual ~CheckpointReader() = default;
@@ -126,7 +126,7 @@ class CheckpointReader {
 // million chunks with HDF5's bounded caches filling); Commit builds the Metadata it returns.
 // Nothing is visible at `dir` until Commit(); destroying an uncommitted writer removes
 // its temporary directory.
-class CheckpointWriter {
+class CKPT_API CheckpointWriter {
  public:
   struct Options {
     StateDictType state_dict_type = StateDictType::kFull;

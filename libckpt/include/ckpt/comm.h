@@ -24,7 +24,7 @@ using ByteBuffer = std::vector<uint8_t>;
 
 enum class ReduceOp { kSum, kMax, kMin };
 
-class Comm {
+class CKPT_API Comm {
  public:
   virtual ~Comm() = default;
 
@@ -61,7 +61,7 @@ class Comm {
 };
 
 // One process, one rank.
-class SingleComm final : public Comm {
+class CKPT_API SingleComm final : public Comm {
  public:
   int rank() const override { return 0; }
   int size() const override { return 1; }
@@ -74,6 +74,6 @@ class SingleComm final : public Comm {
 // Runs fn(comm) on `world_size` threads, one per rank, over an in-process group.
 // If any rank throws, the group is aborted (ranks waiting in a collective throw
 // kComm), every thread is joined, and the first exception thrown is rethrown here.
-void RunThreads(int world_size, const std::function<void(Comm&)>& fn);
+CKPT_API void RunThreads(int world_size, const std::function<void(Comm&)>& fn);
 
 }  // namespace ckpt

@@ -6,6 +6,8 @@
 #include <optional>
 #include <string_view>
 
+#include "ckpt/export.h"
+
 namespace ckpt {
 
 enum class DType : uint8_t {
@@ -29,13 +31,13 @@ inline constexpr DType kAllDTypes[] = {
     DType::kInt32, DType::kInt64, DType::kUInt8, DType::kBool};
 
 // "float32", "bfloat16", "float8_e4m3fn", ...
-std::string_view DTypeName(DType dtype);
-std::optional<DType> DTypeFromName(std::string_view name);
+CKPT_API std::string_view DTypeName(DType dtype);
+CKPT_API std::optional<DType> DTypeFromName(std::string_view name);
 // Bytes per element: 1, 2, 4 or 8.
-std::size_t DTypeSize(DType dtype);
-bool IsFloating(DType dtype);
+CKPT_API std::size_t DTypeSize(DType dtype);
+CKPT_API bool IsFloating(DType dtype);
 
 // Converts one element at `p` to double (exact for every dtype but int64 beyond 2^53).
-double ElementToDouble(DType dtype, const void* p);
+CKPT_API double ElementToDouble(DType dtype, const void* p);
 
 }  // namespace ckpt

@@ -9,6 +9,8 @@
 #include <string>
 #include <string_view>
 
+#include "ckpt/export.h"
+
 namespace ckpt {
 
 enum class ErrorCode {
@@ -23,9 +25,9 @@ enum class ErrorCode {
   kInternal,
 };
 
-std::string_view ErrorCodeName(ErrorCode code);
+CKPT_API std::string_view ErrorCodeName(ErrorCode code);
 
-class Error : public std::runtime_error {
+class CKPT_API Error : public std::runtime_error {
  public:
   Error(ErrorCode code, const std::string& message)
       : std::runtime_error(message), code_(code) {}

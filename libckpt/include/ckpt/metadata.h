@@ -23,8 +23,8 @@ namespace ckpt {
 inline constexpr int kFormatVersion = 1;
 
 enum class StateDictType { kFull, kSharded, kLocal };
-std::string_view StateDictTypeName(StateDictType type);  // "FULL", "SHARDED", "LOCAL"
-std::optional<StateDictType> StateDictTypeFromName(std::string_view name);
+CKPT_API std::string_view StateDictTypeName(StateDictType type);  // "FULL", "SHARDED", "LOCAL"
+CKPT_API std::optional<StateDictType> StateDictTypeFromName(std::string_view name);
 
 // Statistics of a floating chunk, recorded at save in the same pass as the checksum.
 // min/max/mean/l2 ignore NaN and Inf elements.
@@ -52,7 +52,7 @@ struct ChunkMeta {
   std::optional<ChunkStats> stats;
 };
 
-struct EntryMeta {
+struct CKPT_API EntryMeta {
   EntryKind kind = EntryKind::kTensor;
   DType dtype = DType::kFloat32;  // tensor, scalar
   Shape shape;                    // tensor
@@ -69,7 +69,7 @@ struct FileMeta {
   uint64_t bytes = 0;
 };
 
-struct Metadata {
+struct CKPT_API Metadata {
   int format_version = kFormatVersion;
   StateDictType state_dict_type = StateDictType::kSharded;
   int world_size = 1;
@@ -105,15 +105,15 @@ struct ParseLimits {
 // format, a newer format_version, unknown dtypes, unsafe file names, negative or
 // overflowing shapes, chunks outside their tensor, a chunk whose file is not listed.
 // Throws kCorrupt / kUnsupported with `source` and the key in the message.
-Metadata ParseMetadata(std::string_view text, std::string_view source = "metadata.json",
+CKPT_API Metadata ParseMetadata(std::string_view text, std::string_view source = "metadata.json",
                        const ParseLimits& limits = {});
-std::string SerializeMetadata(const Metadata& metadata);
+CKPT_API std::string SerializeMetadata(const Metadata& metadata);
 
 // True if `name` is a plain file name: no separator, not "." or "..", no NUL, not empty.
-bool IsSafeFileName(std::string_view name);
+CKPT_API bool IsSafeFileName(std::string_view name);
 
 // Problems in how a tensor's chunks tile its shape: gaps, overlaps, out-of-bounds chunks.
 // Empty when the chunks tile the shape exactly. Each message names the key and boxes.
-std::vector<std::string> CheckTiling(std::string_view key, const EntryMeta& entry);
+CKPT_API std::vector<std::string> CheckTiling(std::string_view key, const EntryMeta& entry);
 
 }  // namespace ckpt

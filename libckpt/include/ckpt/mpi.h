@@ -11,7 +11,7 @@ namespace ckpt {
 
 // Initialises MPI (if nobody has yet) for the life of this object and finalises it
 // when the object goes away, if it did the initialising.
-class MpiSession {
+class CKPT_API MpiSession {
  public:
   MpiSession(int* argc, char*** argv);
   ~MpiSession();
@@ -23,8 +23,8 @@ class MpiSession {
 };
 
 // A Comm over MPI_COMM_WORLD (duplicated, so ckpt's messages never mix with the caller's).
-std::unique_ptr<Comm> MpiWorld();
+CKPT_API std::unique_ptr<Comm> MpiWorld();
 // A Comm over the communicator whose Fortran handle is `fortran_handle` (duplicated).
-std::unique_ptr<Comm> MpiFromFortranHandle(long fortran_handle);
+CKPT_API std::unique_ptr<Comm> MpiFromFortranHandle(long fortran_handle);
 
 }  // namespace ckpt

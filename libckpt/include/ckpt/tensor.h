@@ -20,11 +20,11 @@ namespace ckpt {
 using Shape = std::vector<int64_t>;
 
 // Number of elements of a shape; throws kInvalidArgument on a negative extent or overflow.
-int64_t NumElements(const Shape& shape);
+CKPT_API int64_t NumElements(const Shape& shape);
 
 // A box in the index space of a tensor: offsets[d] <= i[d] < offsets[d] + sizes[d].
 // A 0-D tensor has one box with empty offsets and sizes (one element).
-struct Box {
+struct CKPT_API Box {
   Shape offsets;
   Shape sizes;
 
@@ -41,7 +41,7 @@ struct Chunk {
   void* data = nullptr;
 };
 
-struct Tensor {
+struct CKPT_API Tensor {
   DType dtype = DType::kFloat32;
   Shape shape;                // global shape
   std::vector<Chunk> chunks;  // what this rank holds (save) or wants (load)
@@ -56,7 +56,7 @@ struct Tensor {
 };
 
 // A number: step, learning rate. Stored in metadata.json, not in a shard.
-struct Scalar {
+struct CKPT_API Scalar {
   DType dtype = DType::kInt64;
   std::variant<int64_t, double> value = int64_t{0};
 
@@ -80,17 +80,17 @@ using Entry = std::variant<Tensor, Scalar, Bytes, Json>;
 
 // Keys are non-empty UTF-8 without NUL bytes (FORMAT.md §3). Returns "" for a valid key,
 // else what is wrong with it.
-std::string KeyProblem(std::string_view key);
+CKPT_API std::string KeyProblem(std::string_view key);
 // The key with bytes that cannot be printed shown as \xNN, for error messages.
-std::string PrintableKey(std::string_view key);
+CKPT_API std::string PrintableKey(std::string_view key);
 
 enum class EntryKind { kTensor, kScalar, kBytes, kJson };
-EntryKind KindOf(const Entry& entry);
-std::string_view EntryKindName(EntryKind kind);  // "tensor", "scalar", "bytes", "json"
+CKPT_API EntryKind KindOf(const Entry& entry);
+CKPT_API std::string_view EntryKindName(EntryKind kind);  // "tensor", "scalar", "bytes", "json"
 
 // An ordered map from global fully-qualified key to entry. Keys are the same whether the
 // state is full or sharded: sharding lives in each tensor's chunks, never in the key.
-class StateDict {
+class CKPT_API StateDict {
  public:
   using Item = std::pair<std::string, Entry>;
 

@@ -1,5 +1,7 @@
-// A program that uses an installed libckpt: save from two ranks, load into one.
+// A program that uses an installed libckpt: save from two ranks, load into one, then check
+// the checkpoint with ckpt::ops::Verify (what ckpt-verify runs).
 #include <ckpt/ckpt.h>
+#include <ckpt/ops/verify.h>
 
 #include <cstdio>
 #include <vector>
@@ -17,6 +19,15 @@ int main(int argc, char** argv) {
   target.Add("x", ckpt::Tensor::Full(ckpt::DType::kFloat64, {4}, back.data()));
   ckpt::SingleComm one;
   ckpt::Load(argv[1], target, one);
-  std::printf("consumer: %s (ckpt %s)\n", back == v ? "ok" : "WRONG", CKPT_VERSION_STRING);
-  return back == v ? 0 : 1;
+  const ckpt::ops::VerifyReport report = ckpt::ops::Verify(argv[1], {});
+  // A ckpt::Error thrown inside libckpt is caught here by type.
+  bool caught = false;
+  try {
+    ckpt::ReadMetadata(std::string(argv[1]) + "/no-such-checkpoint");
+  } catch (const ckpt::Error& e) {
+    caught = e.code() == ckpt::ErrorCode::kNotFound;
+  }
+  const bool ok = back == v && report.ok() && caught;
+  std::printf("consumer: %s (ckpt %s)\n", ok ? "ok" : "WRONG", CKPT_VERSION_STRING);
+  return ok ? 0 : 1;
 }

@@ -55,9 +55,9 @@ struct DiffReport {
 };
 
 // Throws only when a side cannot be opened or read (errors name file and key).
-DiffReport Diff(const std::filesystem::path& a, const std::filesystem::path& b, const DiffOptions& options);
+CKPT_API DiffReport Diff(const std::filesystem::path& a, const std::filesystem::path& b, const DiffOptions& options);
 
-std::string RenderDiffText(const DiffReport& report);
-std::string RenderDiffJson(const DiffReport& report);
+CKPT_API std::string RenderDiffText(const DiffReport& report);
+CKPT_API std::string RenderDiffJson(const DiffReport& report);
 
 }  // namespace ckpt::ops

@@ -66,13 +66,13 @@ struct InspectReport {
 
 // Throws kNotFound / kIO / kCorrupt / kUnsupported when the path cannot be read at all;
 // missing shard files are reported in `files` and `problems`, not thrown.
-InspectReport Inspect(const std::filesystem::path& path, const InspectOptions& options);
+CKPT_API InspectReport Inspect(const std::filesystem::path& path, const InspectOptions& options);
 
 // How a tensor's chunks lay it out: "full" (one chunk), "sharded dim D / N" (N chunks
 // that split only dimension D), or "irregular".
-std::string DescribeLayout(const EntryMeta& entry, int world_size);
+CKPT_API std::string DescribeLayout(const EntryMeta& entry, int world_size);
 
-std::string RenderInspectText(const InspectReport& report, bool tree, bool stats);
-std::string RenderInspectJson(const InspectReport& report);
+CKPT_API std::string RenderInspectText(const InspectReport& report, bool tree, bool stats);
+CKPT_API std::string RenderInspectJson(const InspectReport& report);
 
 }  // namespace ckpt::ops

@@ -66,14 +66,14 @@ struct MergeReport {
 
 // Throws kAlreadyExists (dst exists without force), kInvalidArgument (bad options, a
 // partial tensor in a lone shard), or the source's errors (naming file and key).
-MergeReport Merge(const std::filesystem::path& src, const std::filesystem::path& dst,
+CKPT_API MergeReport Merge(const std::filesystem::path& src, const std::filesystem::path& dst,
                   const MergeOptions& options);
 
-std::string RenderMergeText(const MergeReport& report);
-std::string RenderMergeJson(const MergeReport& report);
+CKPT_API std::string RenderMergeText(const MergeReport& report);
+CKPT_API std::string RenderMergeJson(const MergeReport& report);
 
 // Dimension `dim` of `n` rows split over `world` parts: [begin, end) of part `part`,
 // the first n % world parts one row longer (as FSDP splits parameters).
-std::pair<int64_t, int64_t> RowRange(int64_t n, int world, int part);
+CKPT_API std::pair<int64_t, int64_t> RowRange(int64_t n, int world, int part);
 
 }  // namespace ckpt::ops

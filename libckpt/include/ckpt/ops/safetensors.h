@@ -26,8 +26,8 @@
 namespace ckpt::ops {
 
 // "F32" <-> DType::kFloat32, "F8_E4M3" <-> kFloat8E4M3FN, "BOOL" <-> kBool ...
-std::optional<DType> DTypeFromSafetensors(std::string_view name);
-std::string_view SafetensorsDTypeName(DType dtype);
+CKPT_API std::optional<DType> DTypeFromSafetensors(std::string_view name);
+CKPT_API std::string_view SafetensorsDTypeName(DType dtype);
 
 // Hard limits against hostile files.
 inline constexpr uint64_t kSafetensorsMaxHeaderBytes = uint64_t{100} << 20;  // as upstream
@@ -41,7 +41,7 @@ struct SafetensorsTensor {
   uint64_t end = 0;
 };
 
-class SafetensorsReader {
+class CKPT_API SafetensorsReader {
  public:
   // Opens and validates `path`. Throws kNotFound / kIO if it cannot be read, kCorrupt for
   // a malformed header (length past the end of the file, invalid JSON, duplicate keys,
@@ -89,7 +89,7 @@ class SafetensorsReader {
 // name, dtype and shape, in the order the data will be appended), then the bytes are
 // appended in that order, in as many pieces as the caller likes. Nothing appears at
 // `path` until Commit(), which checks every byte was written, fsyncs and renames.
-class SafetensorsWriter {
+class CKPT_API SafetensorsWriter {
  public:
   struct TensorSpec {
     std::string name;

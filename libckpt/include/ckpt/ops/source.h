@@ -21,9 +21,9 @@
 namespace ckpt::ops {
 
 enum class SourceKind { kCheckpoint, kShard, kSafetensors };
-std::string_view SourceKindName(SourceKind kind);  // "checkpoint", "shard", "safetensors"
+CKPT_API std::string_view SourceKindName(SourceKind kind);  // "checkpoint", "shard", "safetensors"
 
-class Source {
+class CKPT_API Source {
  public:
   // Detects the kind: a directory is a checkpoint; a file is safetensors if its name ends
   // in .safetensors, an HDF5 shard if it starts with the HDF5 signature. Reads metadata
@@ -68,6 +68,6 @@ class Source {
 };
 
 // The elements of a tensor entry: product of its shape.
-uint64_t NumElementsOf(const EntryMeta& entry);
+CKPT_API uint64_t NumElementsOf(const EntryMeta& entry);
 
 }  // namespace ckpt::ops

@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/export.h"
+
 namespace ckpt::ops {
 
 struct VerifyOptions {
@@ -50,10 +52,10 @@ struct VerifyReport {
 
 // Problems in the checkpoint are reported, not thrown. Throws (kNotFound, kIO) only when
 // `path` itself or the `expect` reference cannot be read.
-VerifyReport Verify(const std::filesystem::path& path, const VerifyOptions& options);
+CKPT_API VerifyReport Verify(const std::filesystem::path& path, const VerifyOptions& options);
 
-std::string RenderVerifyText(const VerifyReport& report);
-std::string RenderVerifyJson(const VerifyReport& report);
-std::string RenderVerifyJUnit(const VerifyReport& report);
+CKPT_API std::string RenderVerifyText(const VerifyReport& report);
+CKPT_API std::string RenderVerifyJson(const VerifyReport& report);
+CKPT_API std::string RenderVerifyJUnit(const VerifyReport& report);
 
 }  // namespace ckpt::ops
