@@ -237,6 +237,7 @@ TEST_CASE("fault sweep: ckpt-merge, ckpt-convert and a --force replace") {
 
 TEST_CASE("fault sweep: a checkpoint-manager rotation") {
   using namespace ckpt::runtime;
+  using namespace ckpt::demo;
   ckpt_test::TempDir tmp("sweep-rotation");
   const fs::path root = tmp / "run", pristine = tmp / "pristine";
   const TrainerConfig c = rt_test::SmallConfig(Strategy::kFsdp);

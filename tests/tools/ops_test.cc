@@ -909,6 +909,8 @@ TEST_CASE("verify reports links in a shard that no chunk names and that are not 
   const std::string m = Messages(ops::Verify(tmp / "c", {}));
   CHECK_MESSAGE(m.find(shard.filename().string() + ": 'extra' is an external link") != std::string::npos, m);
   CHECK_MESSAGE(m.find(shard.filename().string() + ": 'alias' is a soft link") != std::string::npos, m);
+}
+
 TEST_CASE("merge --world 4: a key spelled like another key's chunk gets a dataset of its own") {
   // 'w' split in four has a chunk at [0, 0], which was dataset 'w@0,0': the same name as
   // the whole tensor 'w@0,0' ("key 'w@0,0' writes dataset 'w@0,0' twice").

@@ -6,5 +6,6 @@
 #include "ckpt/config.h"
 #include "ckpt/dtype.h"
 #include "ckpt/error.h"
+#include "ckpt/files.h"
 #include "ckpt/metadata.h"
 #include "ckpt/tensor.h"

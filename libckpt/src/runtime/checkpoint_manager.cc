@@ -5,8 +5,7 @@
 #include <cstdio>
 
 #include "ckpt/error.h"
-#include "storage/commit.h"
-#include "storage/fs.h"
+#include "ckpt/files.h"
 
 namespace ckpt::runtime {
 namespace fs = std::filesystem;
@@ -56,7 +55,7 @@ std::vector<std::pair<int64_t, fs::path>> CheckpointManager::Committed() const {
 std::optional<std::pair<int64_t, fs::path>> CheckpointManager::Latest() const {
   std::string name;
   try {
-    name = storage::ReadFileLimited(root_ / kLatest, 4096);
+    name = files::ReadSmallFile(root_ / kLatest, 4096);
   } catch (const Error&) {
     name.clear();  // missing or unreadable: fall back to the directories
   }
@@ -77,9 +76,9 @@ fs::path CheckpointManager::Save(int64_t step, const SaveStateOptions& options) 
   std::string error;
   if (comm.rank() == 0) {
     try {
-      storage::MakeDirs(root_);
+      files::MakeDirs(root_);
       // Leftovers of saves and prunings that were killed, whatever their step.
-      storage::CleanLeftovers(root_, [](std::string_view t) { return StepOfName(t) || t == kLatest; });
+      files::CleanLeftovers(root_, [](std::string_view t) { return StepOfName(t) || t == kLatest; });
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -90,11 +89,11 @@ fs::path CheckpointManager::Save(int64_t step, const SaveStateOptions& options) 
   accel_->SaveState(dir, so);
   if (comm.rank() == 0) {
     try {
-      storage::CommitFile(root_ / kLatest, dir.filename().string() + "\n");
+      files::CommitFile(root_ / kLatest, dir.filename().string() + "\n");
       // Each pruned step is un-committed (renamed away, parent fsynced) before its files go.
       auto all = Committed();
       for (std::size_t i = 0; i + static_cast<std::size_t>(keep_last_) < all.size(); ++i)
-        storage::RemoveCommitted(all[i].second);
+        files::RemoveCheckpoint(all[i].second);
     } catch (const std::exception& e) {
       error = e.what();
     }
