@@ -381,7 +381,13 @@ class Corpus:
         md_full = json.load(open(os.path.join(self.full, "metadata.json")))
         w_ds = md_full["entries"]["w"]["chunks"][0]["dataset"]
 
-        def rewrite(name, fn, outside=None, bad=True):
+        # dir_fatal: whether the readers of the checkpoint directory must refuse it too. Where
+        # the old dataset is replaced in place, its bytes stay where the shard index says they
+        # are: readers that locate chunks through the index read those bytes, checked against
+        # metadata.json's checksum, from inside the file and open nothing outside (strace
+        # checks that), so the values cannot change; ckpt-verify, which checks every dataset
+        # header, and every reader of the lone shard (no checksums) must refuse it.
+        def rewrite(name, fn, outside=None, bad=True, dir_fatal=True):
             d = self.new_ckpt(name, self.full)
             s = os.path.join(d, self.full_shard)
             with h5py.File(s, "r+") as f:
@@ -392,7 +398,7 @@ class Corpus:
             json.dump(md, open(os.path.join(d, "metadata.json"), "w"))
             # (ckpt-inspect reads metadata.json or the shard index only: it may list them)
             self.add(Case(name, d, "ckpt", token=self.full_shard, timeout=30, outside=outside, group="hdf5", bad=bad,
-                          inspect_lenient=True))
+                          fatal=bad and dir_fatal, inspect_lenient=True))
             lone = os.path.join(self.cases_dir, name + ".h5")
             shutil.copy(s, lone)
             self.add(Case(name + "-lone", lone, "file", token=name, timeout=30, outside=outside, group="hdf5",
@@ -406,9 +412,9 @@ class Corpus:
             layout = h5py.VirtualLayout(shape=(8, 4), dtype="f4")
             layout[:] = h5py.VirtualSource(outside_h5, "w", shape=(8, 4))
             f.create_virtual_dataset(w_ds, layout)
-        rewrite("hdf5-virtual-dataset", vds, outside=outside_h5)
+        rewrite("hdf5-virtual-dataset", vds, outside=outside_h5, dir_fatal=False)
         rewrite("hdf5-external-storage", lambda f: f.create_dataset(
-            w_ds, shape=(8, 4), dtype="f4", external=[(raw, 0, h5py.h5f.UNLIMITED)]), outside=raw)
+            w_ds, shape=(8, 4), dtype="f4", external=[(raw, 0, h5py.h5f.UNLIMITED)]), outside=raw, dir_fatal=False)
 
         def lz4(f):
             dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
@@ -416,7 +422,7 @@ class Corpus:
             dcpl.set_filter(32004, h5py.h5z.FLAG_OPTIONAL, ())
             space = h5py.h5s.create_simple((8, 4))
             h5py.h5d.create(f.id, w_ds.encode(), h5py.h5t.NATIVE_FLOAT, space, dcpl=dcpl)
-        rewrite("hdf5-unknown-filter-lz4", lz4)
+        rewrite("hdf5-unknown-filter-lz4", lz4, dir_fatal=False)
 
     # --- safetensors ---------------------------------------------------------------------
 

@@ -168,9 +168,17 @@ def source_closes(args, tmp, source_dir):
     fds, n, hits = {}, 0, []
     with open(trace) as f:
         for line in f:
-            m = re.search(r'openat\(.*?"([^"]*)".*= (\d+)', line)
+            m = re.search(r'openat\((\w+), "([^"]*)".*= (\d+)', line)
             if m:
-                fds[int(m.group(2))] = m.group(1)
+                base, path = m.group(1), m.group(2)
+                # Readers open shards relative to one directory handle (openat(dirfd, name)),
+                # and HDF5 through /proc/self/fd/<dirfd>/<name>: resolve both to real paths.
+                proc = re.match(r"/proc/self/fd/(\d+)/(.*)", path)
+                if proc:
+                    path = os.path.join(fds.get(int(proc.group(1)), "?"), proc.group(2))
+                elif not path.startswith("/") and base.isdigit():
+                    path = os.path.join(fds.get(int(base), "?"), path)
+                fds[int(m.group(3))] = path
                 continue
             m = re.search(r"close\((\d+)\)", line)
             if m:

@@ -108,7 +108,10 @@ class ShardSource final : public Source {
  public:
   explicit ShardSource(const std::filesystem::path& file) {
     path_ = file;
-    reader_ = std::make_unique<storage::ShardReader>(file.parent_path(), file.filename().string());
+    // Located through HDF5, never the index: a lone shard has no checksums, so the dataset
+    // checks (own dataset, no virtual or external storage, allowed filters) are all there is.
+    reader_ = std::make_unique<storage::ShardReader>(file.parent_path(), file.filename().string(),
+                                                     /*use_index=*/false);
     Describe(reader_->Index());
   }
   SourceKind kind() const override { return SourceKind::kShard; }

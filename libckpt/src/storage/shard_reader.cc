@@ -38,6 +38,7 @@ std::string DimsString(const std::vector<hsize_t>& d) {
 struct ShardReader::Impl {
   std::filesystem::path path;
   bool index_loaded = false;
+  bool locate_by_index = true;  // chunks located through the index (else through HDF5)
   std::vector<ShardIndexEntry> entries;  // the shard index, when it parsed
   std::string index_error;               // why not, else
   ErrorCode index_error_code = ErrorCode::kCorrupt;
@@ -66,6 +67,7 @@ ShardReader::ShardReader(const Dir& dir, const std::string& file_name, bool use_
     throw Error(ErrorCode::kCorrupt, impl_->path.string() + ": not a readable HDF5 file" + h5::ErrorStack());
   }
   impl_->file = h5::File(id);
+  impl_->locate_by_index = use_index;
   if (use_index) LoadIndex();
 }
 
@@ -89,6 +91,10 @@ void ShardReader::LoadIndex() {
     m.entries.clear();
     return;
   }
+  // The index is trusted only in a shard whose root holds nothing but its own datasets: a
+  // soft or external link (which the index cannot show) sends every read through HDF5,
+  // where the dataset it names is checked and refused.
+  if (!m.locate_by_index || !h5::ForeignLinks(m.file.get(), 1).empty()) return;
   for (const auto& e : m.entries)
     if (e.offset) m.index.emplace(e.dataset, &e);
 }

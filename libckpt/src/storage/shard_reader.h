@@ -30,7 +30,8 @@ class ShardReader {
   // §5: dtype, extent and data offset of every dataset, read once per file) instead of
   // opening each dataset through HDF5; a chunk the index does not describe exactly, or
   // whose data would lie outside the file, takes the HDF5 path. ckpt-verify turns it off
-  // to check every dataset's HDF5 header.
+  // to check every dataset's HDF5 header, and so does a lone shard (no checksums: the
+  // HDF5 checks are all there is); Index() still reads the index then, to describe it.
   ShardReader(const Dir& dir, const std::string& file_name, bool use_index = true);
   // The same, opening the directory `dir` first.
   ShardReader(const std::filesystem::path& dir, const std::string& file_name, bool use_index = true)
