@@ -364,7 +364,6 @@ void WriteSafetensors(Source& src, const std::vector<Selected>& sel, const fs::p
   w.Commit();
   r.other_entries = 0;
   r.files = 1;
-  SafetensorsReader::Open(dst);  // the header we wrote parses back
 }
 
 void WriteVirtual(Source& src, const std::vector<Selected>& sel, const fs::path& dst,

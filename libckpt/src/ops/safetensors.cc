@@ -352,6 +352,7 @@ void SafetensorsWriter::Commit() {
   fd_ = -1;
   storage::FsyncFd(fd.get(), tmp_path_);
   fd.Close(tmp_path_);
+  SafetensorsReader::Open(tmp_path_);  // the header written parses back, before anything is committed
   try {
     storage::CommitStaged(tmp_path_, path_, overwrite_ ? storage::Replace::kExisting : storage::Replace::kNever);
   } catch (const Error& e) {

@@ -4,17 +4,13 @@
 #include "storage/commit.h"
 #include "storage/fs.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <bitset>
 #include <cctype>
-#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdint>
-#include <cstring>
 #include <fstream>
 #include <limits>
 
@@ -264,32 +260,11 @@ void Progress::Done() {
 }
 
 storage::Fd OpenNamedFile(const std::filesystem::path& path) {
-  // O_NONBLOCK: opening a FIFO does not wait for a writer (it is refused below).
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) {
-    const int err = errno;
-    throw Error(err == ENOENT ? ErrorCode::kNotFound : ErrorCode::kIO,
-                path.string() + (err == ENOENT ? ": no such file" : ": cannot open: " + std::string(std::strerror(err))));
-  }
-  storage::Fd owned(fd);
-  struct stat st;
-  if (::fstat(fd, &st) != 0)
-    throw Error(ErrorCode::kIO, path.string() + ": cannot stat: " + std::strerror(errno));
-  if (!S_ISREG(st.st_mode))
-    throw Error(ErrorCode::kCorrupt, path.string() + ": not a regular file (a FIFO, device or directory)");
-  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-  return owned;
+  return storage::OpenRegularFile(path, storage::Symlinks::kFollow);
 }
 
 std::string ReadFileText(const std::filesystem::path& path, uint64_t max_bytes) {
-  const storage::Fd fd = OpenNamedFile(path);
-  const uint64_t size = storage::FileSize(fd.get(), path);
-  if (size > max_bytes)
-    throw Error(ErrorCode::kCorrupt, path.string() + ": " + std::to_string(size) + " bytes exceeds the limit of " +
-                                         std::to_string(max_bytes));
-  std::string text(static_cast<std::size_t>(size), '\0');
-  storage::ReadExact(fd.get(), text.data(), text.size(), 0, path);
-  return text;
+  return storage::ReadFileLimited(path, max_bytes, storage::Symlinks::kFollow);
 }
 
 void WriteFileText(const std::filesystem::path& path, std::string_view text) {

@@ -107,8 +107,9 @@ Dir Dir::Open(const fs::path& path) {
 
 namespace {
 
-Fd OpenRegular(int dirfd, const fs::path& name, const fs::path& shown) {
-  const int fd = Fs().Open(name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0, dirfd);
+Fd OpenRegular(int dirfd, const fs::path& name, const fs::path& shown, Symlinks symlinks = Symlinks::kRefuse) {
+  const int nofollow = symlinks == Symlinks::kRefuse ? O_NOFOLLOW : 0;
+  const int fd = Fs().Open(name, O_RDONLY | O_CLOEXEC | nofollow | O_NONBLOCK, 0, dirfd);
   if (fd < 0) {
     const int err = errno;
     if (err == ENOENT) throw Error(ErrorCode::kNotFound, shown.string() + ": no such file");
@@ -128,7 +129,7 @@ Fd OpenRegular(int dirfd, const fs::path& name, const fs::path& shown) {
 
 }  // namespace
 
-Fd OpenRegularFile(const fs::path& path) { return OpenRegular(AT_FDCWD, path, path); }
+Fd OpenRegularFile(const fs::path& path, Symlinks symlinks) { return OpenRegular(AT_FDCWD, path, path, symlinks); }
 
 Fd OpenRegularFileAt(const Dir& dir, const std::string& name) {
   return OpenRegular(dir.fd(), name, dir.path() / name);
@@ -223,15 +224,6 @@ MappedRange::~MappedRange() {
   if (base_) ::munmap(base_, map_len_);
 }
 
-void MappedRange::Release(std::size_t pos) {
-  static const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
-  const std::size_t lead = static_cast<std::size_t>(data_ - static_cast<const unsigned char*>(base_));
-  const std::size_t until = (lead + pos) / page * page;
-  if (until <= released_) return;
-  ::madvise(static_cast<char*>(base_) + released_, until - released_, MADV_DONTNEED);
-  released_ = until;
-}
-
 void CopyRange(int in_fd, uint64_t in_offset, int out_fd, uint64_t out_offset, std::size_t n,
                const fs::path& in_path, const fs::path& out_path) {
   auto in = static_cast<loff_t>(in_offset), out = static_cast<loff_t>(out_offset);
@@ -307,8 +299,8 @@ std::string ReadLimited(Fd fd, const fs::path& path, uint64_t max_bytes) {
 
 }  // namespace
 
-std::string ReadFileLimited(const fs::path& path, uint64_t max_bytes) {
-  return ReadLimited(OpenRegularFile(path), path, max_bytes);
+std::string ReadFileLimited(const fs::path& path, uint64_t max_bytes, Symlinks symlinks) {
+  return ReadLimited(OpenRegularFile(path, symlinks), path, max_bytes);
 }
 
 std::string ReadFileLimitedAt(const Dir& dir, const std::string& name, uint64_t max_bytes) {

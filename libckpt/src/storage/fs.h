@@ -93,7 +93,10 @@ class Dir {
 };
 
 // Opens `path` for reading only if it is a regular file (not a symlink, FIFO or device).
-Fd OpenRegularFile(const fs::path& path);
+// kFollow is for a file the user named (a command-line argument: a symlink to it, such as
+// a Hugging Face cache entry, is followed); files a checkpoint names use kRefuse.
+enum class Symlinks { kRefuse, kFollow };
+Fd OpenRegularFile(const fs::path& path, Symlinks symlinks = Symlinks::kRefuse);
 // The same for `name` inside `dir` (openat), errors naming dir.path() / name.
 Fd OpenRegularFileAt(const Dir& dir, const std::string& name);
 // A path by which other code (HDF5) can open the very file `fd` is open on:
@@ -123,15 +126,12 @@ class MappedRange {
   // them would raise SIGBUS because the file shrank since it was checked. A no-op on
   // kernels without it (before 5.14).
   void Populate(std::size_t pos, std::size_t n) const;
-  // Tells the kernel the pages before `pos` will not be read again.
-  void Release(std::size_t pos);
 
  private:
   void* base_ = nullptr;
   std::size_t map_len_ = 0;
   const unsigned char* data_ = nullptr;
   std::size_t size_ = 0;
-  std::size_t released_ = 0;
   uint64_t offset_ = 0;
   fs::path path_;
 };
@@ -158,7 +158,7 @@ fs::path ParentOf(const fs::path& path);
 void MakeDirs(const fs::path& path);
 
 // Reads a whole small file, refusing more than `max_bytes`.
-std::string ReadFileLimited(const fs::path& path, uint64_t max_bytes);
+std::string ReadFileLimited(const fs::path& path, uint64_t max_bytes, Symlinks symlinks = Symlinks::kRefuse);
 // The same for `name` inside `dir`, errors naming dir.path() / name.
 std::string ReadFileLimitedAt(const Dir& dir, const std::string& name, uint64_t max_bytes);
 // Writes `path` with `data` and fsyncs it.

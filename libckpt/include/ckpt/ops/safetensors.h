@@ -88,7 +88,7 @@ class CKPT_API SafetensorsReader {
 // Writes a safetensors file in one pass: the header is fixed up front (every tensor's
 // name, dtype and shape, in the order the data will be appended), then the bytes are
 // appended in that order, in as many pieces as the caller likes. Nothing appears at
-// `path` until Commit(), which checks every byte was written, fsyncs and renames.
+// `path` until Commit(), which checks every byte was written, fsyncs, parses the header back and renames.
 class CKPT_API SafetensorsWriter {
  public:
   struct TensorSpec {
