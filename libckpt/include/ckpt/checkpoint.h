@@ -54,10 +54,10 @@ struct LoadOptions {
   // target) and mismatches (kind, dtype, shape) are an error; if false, they are
   // reported in LoadReport and the rest loads.
   bool strict = true;
-  // Verify the checksum of every saved chunk this rank reads in full. Chunks read only in
-  // part are verified only with verify_partial_chunks (which reads them whole).
+  // Verify every byte read (FORMAT.md §7): a v2 chunk read in part by the digests of the
+  // blocks it touches, in full also by its checksum; a v1 chunk by its checksum, read whole
+  // when only part of it is wanted. Off only when asked: nothing read is then checked.
   bool verify_checksums = true;
-  bool verify_partial_chunks = false;
   // Threads per rank reading chunks in parallel (more requests in flight for the disk,
   // hashing on every core). 1 reads serially.
   int io_threads = 4;
@@ -77,8 +77,11 @@ struct LoadReport {
 CKPT_API LoadReport Load(const std::filesystem::path& dir, StateDict& target, Comm& comm,
                 const LoadOptions& options = {});
 
-// Reads the metadata of a checkpoint directory (parsed and validated).
-CKPT_API Metadata ReadMetadata(const std::filesystem::path& dir);
+// Reads the metadata of a checkpoint directory (parsed and validated, its digest checked).
+// With `resolve` (the default), a v2 checkpoint's chunk records are read from every shard
+// index (each checked against metadata.json) so that every EntryMeta::chunks is filled;
+// without, only metadata.json is read (keys, dtypes, shapes, layouts, aggregate stats).
+CKPT_API Metadata ReadMetadata(const std::filesystem::path& dir, bool resolve = true);
 
 // A byte range of a file: where a stored chunk's bytes lie (CheckpointReader::LocateChunk),
 // or bytes a chunk being written copies (CheckpointWriter::ChunkStream::Copy).
@@ -152,10 +155,11 @@ class CKPT_API CheckpointWriter {
    public:
     virtual ~ChunkStream() = default;
     virtual void Write(const void* data, std::size_t n) = 0;
-    // Appends the bytes of `range`. With `expected_checksum` (a "xxh3-64:..." string) the
-    // range must be a whole stored chunk being carried over: its bytes are checked against
-    // it as they go, and a mismatch throws kCorrupt naming the file.
-    virtual void Copy(const FileRange& range, std::string_view expected_checksum = {}) = 0;
+    // Appends the bytes of `range`. With `expected` (the stored chunk being carried over, as
+    // its reader describes it: checksum, and for v2 its block digests) the range must be that
+    // whole chunk: its bytes are checked as they go, and a mismatch throws kCorrupt naming
+    // the file and block.
+    virtual void Copy(const FileRange& range, const ChunkMeta* expected = nullptr) = 0;
     // Records the chunk; throws kInvalidArgument unless exactly all its bytes were given.
     // A stream destroyed without Close() leaves a gap that Commit() refuses.
     virtual void Close() = 0;

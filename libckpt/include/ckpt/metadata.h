@@ -20,7 +20,9 @@
 
 namespace ckpt {
 
-inline constexpr int kFormatVersion = 1;
+// Writers write version 2 (schemas/FORMAT.md); readers read 1 and 2.
+inline constexpr int kFormatVersion = 2;
+inline constexpr int kOldestFormatVersion = 1;
 
 enum class StateDictType { kFull, kSharded, kLocal };
 CKPT_API std::string_view StateDictTypeName(StateDictType type);  // "FULL", "SHARDED", "LOCAL"
@@ -50,13 +52,51 @@ struct ChunkMeta {
   Compression compression;
   uint64_t stored_bytes = 0;  // bytes on disk (compressed size when compressed)
   std::optional<ChunkStats> stats;
+  // Format v2 (FORMAT.md §7): the raw bytes are hashed in blocks of `block_bytes`; `blocks`
+  // holds each block's XXH3-64 as 16 lowercase hex digits, in order, and `checksum` is the
+  // XXH3-64 of those digests (8 bytes little-endian each). 0: a v1 chunk, whose checksum is
+  // over the bytes themselves and which has no block digests.
+  uint64_t block_bytes = 0;
+  std::string blocks;
+  std::optional<uint64_t> offset;  // v2: file offset of contiguous data (its shard index)
+};
+
+// How a tensor is cut into chunks and which file holds each (FORMAT.md §3.3): a grid
+// described by its rule, so metadata grows with keys and files, not with chunks; or, for
+// what is not a grid, the explicit list. A bytes entry is one explicit piece [0, size).
+struct DimSplit {
+  int64_t step = 0;            // parts of `step` elements, the last one shorter (sizes empty)
+  std::vector<int64_t> sizes;  // else: explicit part sizes, summing to the extent
+  friend bool operator==(const DimSplit&, const DimSplit&) = default;
+};
+
+struct TensorLayout {
+  enum class Kind { kGrid, kChunks } kind = Kind::kChunks;
+  // kGrid: one split per dimension; cells numbered row-major over the parts. Cell c is in
+  // file `cell_files[c]` if cell_files is not empty, else file_base + sum(idx_d * file_strides[d]).
+  std::vector<DimSplit> grid;
+  int64_t file_base = 0;
+  std::vector<int64_t> file_strides;
+  std::vector<int32_t> cell_files;
+  // kChunks: every chunk's box and file.
+  struct Piece {
+    Box box;
+    int32_t file = 0;  // position in Metadata::files
+    friend bool operator==(const Piece&, const Piece&) = default;
+  };
+  std::vector<Piece> pieces;
+  friend bool operator==(const TensorLayout&, const TensorLayout&) = default;
 };
 
 struct CKPT_API EntryMeta {
   EntryKind kind = EntryKind::kTensor;
   DType dtype = DType::kFloat32;  // tensor, scalar
   Shape shape;                    // tensor
-  std::vector<ChunkMeta> chunks;  // tensor: its chunks; bytes: exactly one
+  // tensor: its chunks; bytes: exactly one. Always filled for a v1 checkpoint; for v2 filled
+  // from the shard indexes when the metadata is resolved (Metadata::resolved), else empty.
+  std::vector<ChunkMeta> chunks;
+  TensorLayout layout;             // tensor, bytes: always set (v1: derived from chunks)
+  std::optional<ChunkStats> stats;  // floating tensor: the aggregate over its chunks
   uint64_t size = 0;              // bytes: blob length
   std::string value;              // scalar, json: the value as JSON text
 
@@ -67,6 +107,7 @@ struct FileMeta {
   std::string name;
   int rank = 0;
   uint64_t bytes = 0;
+  std::string index;  // v2: "xxh3-64:<hex>" of the shard's ckpt_shard_index text; v1: empty
 };
 
 struct CKPT_API Metadata {
@@ -79,6 +120,8 @@ struct CKPT_API Metadata {
   std::string user;        // JSON text: user metadata object
   std::vector<FileMeta> files;
   std::vector<std::pair<std::string, EntryMeta>> entries;  // in save order
+  // Every entry's `chunks` filled (v1 always; v2 once the shard indexes were read).
+  bool resolved = true;
 
   // The first entry named `key`, or nullptr. Looks the key up in the index over the
   // entries as they were at the last BuildIndex (ParseMetadata builds it), and searches

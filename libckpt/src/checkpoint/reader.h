@@ -10,9 +10,11 @@
 
 namespace ckpt::internal {
 
-// Reads metadata.json of the checkpoint open as `dir`; `text_hash` (if given) receives a
-// hash of its text, which tells ranks whether they read the same checkpoint.
-Metadata ReadMetadataAt(const storage::Dir& dir, uint64_t* text_hash = nullptr);
+// Reads metadata.json of the checkpoint open as `dir` (its digest checked, FORMAT.md §3.6);
+// `text_hash` (if given) receives a hash of its text, which tells ranks whether they read
+// the same checkpoint. With `resolve`, a v2 checkpoint's chunks are read from every shard
+// index (each checked against its digest), so every EntryMeta::chunks is filled.
+Metadata ReadMetadataAt(const storage::Dir& dir, uint64_t* text_hash = nullptr, bool resolve = true);
 
 class Reader final : public CheckpointReader {
  public:
@@ -33,8 +35,13 @@ class Reader final : public CheckpointReader {
   void VerifyChunk(std::string_view key, std::size_t chunk_index) override;
   uint64_t bytes_read() const override { return bytes_read_; }
 
-  // ReadRegion, with partial chunks verified too (reading them whole) when asked.
-  void ReadRegionEx(std::string_view key, const Box& region, void* out, bool verify, bool verify_partial);
+  // The stored chunks of `key` that meet `region`: v1 (or resolved) from the metadata, v2
+  // from the layout's cells and the shard indexes of their files (each read once, checked
+  // against its digest in metadata.json). kCorrupt naming file and key when an index lacks
+  // a chunk the layout has.
+  std::vector<const ChunkMeta*> ChunksMeeting(const std::string& key, const EntryMeta& e, const Box& region);
+  // The chunk `chunk_index` of `key` in layout order (ReadChunk, LocateChunk, VerifyChunk).
+  const ChunkMeta& ChunkAt(const std::string& key, const EntryMeta& e, std::size_t chunk_index);
 
  private:
   const EntryMeta& TensorEntry(std::string_view key);

@@ -13,22 +13,29 @@
 
 namespace ckpt::storage {
 
-// One dataset of a shard as its index lists it.
+// One dataset of a shard as its index lists it. In a v2 index (FORMAT.md §5.5) the record
+// is the chunk's whole description: `chunk` carries box, dataset, offset, checksum,
+// stored_bytes, compression, block_bytes, blocks and stats (not `file`). A v1 index
+// carries only box, dataset and offset.
 struct ShardIndexEntry {
   std::string key;
   bool bytes = false;            // a bytes entry (dtype "bytes"): dtype uint8, box {0}/{size}
   DType dtype = DType::kUInt8;
   Shape shape;                   // the tensor's global shape (a bytes entry: {size})
-  Box box;                       // the chunk's offsets and sizes
-  std::string dataset;
-  std::optional<uint64_t> offset;  // of its data in the file, when contiguous with data
+  ChunkMeta chunk;
+};
+
+// A parsed index: its version and its records, in the order the writer added them.
+struct ShardIndex {
+  int format_version = 0;
+  std::vector<ShardIndexEntry> entries;
 };
 
 // Builds the index text entry by entry (kept as text, not as a JSON tree).
 class ShardIndexBuilder {
  public:
   void Add(const ShardIndexEntry& entry);
-  // {"format": "ckpt-shard", "format_version": ..., "chunks": [...]}.
+  // {"format": "ckpt-shard", "format_version": 2, "chunks": [...]}.
   std::string Finish() const;
 
  private:
@@ -38,6 +45,10 @@ class ShardIndexBuilder {
 // Parses index text strictly: any malformed member, an unknown dtype, a bad rank, a chunk
 // outside its shape or an overflowing extent is kCorrupt (kUnsupported for an unknown
 // dtype or a newer format_version), the message starting with `where`.
-std::vector<ShardIndexEntry> ParseShardIndex(std::string_view text, const std::string& where);
+ShardIndex ParseShardIndex(std::string_view text, const std::string& where);
+
+// "xxh3-64:<16 hex>" of the index text exactly as stored: what metadata.json's
+// files[i].index records (FORMAT.md §3.1).
+std::string IndexDigest(std::string_view text);
 
 }  // namespace ckpt::storage

@@ -41,25 +41,34 @@ class ShardReader {
   ShardReader& operator=(const ShardReader&) = delete;
 
   // Reads `region` (global coordinates, inside chunk.box) of the chunk into `dst`, a
-  // row-major buffer over `dst_box` (which contains `region`). If `digest` is given,
-  // region must equal chunk.box and every byte of the chunk is fed to it in order.
-  // Returns the number of bytes read from the file.
+  // row-major buffer over `dst_box` (which contains `region`). With `verify`, every byte
+  // handed out is checked before the call returns: for a v2 chunk (block_bytes > 0) by the
+  // digests of the blocks the region touches (FORMAT.md §7: at most one extra block at each
+  // end of a contiguous run is read), plus the chunk checksum over the block list when the
+  // whole chunk is read; for a v1 chunk by its checksum, reading it whole when only part is
+  // wanted. A mismatch is kCorrupt naming the file, key, chunk box and block.
+  // A v2 chunk with `offset` (from a shard index whose digest the caller checked) is read
+  // at that offset without opening its dataset. Returns the bytes read from the file.
   uint64_t Read(const std::string& key, DType dtype, const ChunkMeta& chunk, const Box& region,
-                void* dst, const Box& dst_box, Digest* digest);
+                void* dst, const Box& dst_box, bool verify);
+
+  // Checks the whole chunk against its checksum (and block digests) without returning its
+  // data: uncompressed chunks hashed from the page cache in bounded memory, compressed
+  // ones decompressed. Throws kCorrupt naming file, key and block. Returns bytes read.
+  uint64_t Verify(const std::string& key, DType dtype, const ChunkMeta& chunk);
 
   // The file offset of the chunk's bytes (chunk.box row-major, uncompressed) when it is
   // stored contiguous and unfiltered, after the same checks as Read; nullopt when it is
   // filtered (its bytes are not the tensor's). For copying a chunk file to file.
   std::optional<uint64_t> Locate(const std::string& key, DType dtype, const ChunkMeta& chunk);
 
-  // Feeds `n` bytes at file offset `offset` to `digest` through the shard's FileHasher
-  // (from the page cache, not copied). For checking a located chunk without reading it.
-  void Hash(uint64_t offset, uint64_t n, Digest& digest);
-
   // The shard index (FORMAT.md §5.5), parsed strictly once per reader; kCorrupt (or
-  // kUnsupported) naming the file when it is missing or malformed. For describing a lone
-  // shard; reads of chunks never depend on it.
-  const std::vector<ShardIndexEntry>& Index();
+  // kUnsupported) naming the file when it is missing or malformed. A v1 index only speeds
+  // up locating chunks; a v2 index is the chunks' description, trusted once IndexText()
+  // hashes to what metadata.json records (the caller checks).
+  const ShardIndex& Index();
+  // The index attribute's text exactly as stored ("" when there is none).
+  const std::string& IndexText();
 
   // Each link of the root group that is not a dataset of the shard's own (a soft,
   // external or user-defined link: FORMAT.md §5.6), at most `limit`: its name and a

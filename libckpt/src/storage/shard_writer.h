@@ -43,10 +43,10 @@ class ShardWriter {
     Stream& operator=(const Stream&) = delete;
     void Write(const void* data, std::size_t n);
     // Appends `n` bytes at `offset` of the open file `fd` (named `path`), copied file to
-    // file. If `expected` is not empty those bytes alone must hash to it (they are a
-    // whole stored chunk being carried over, `what` names it), else kCorrupt.
+    // file. With `expected`, those bytes alone are that stored chunk being carried over
+    // (`what` names it) and must match its checksum and block digests, else kCorrupt.
     void Copy(int fd, uint64_t offset, std::size_t n, const std::filesystem::path& path,
-              std::string_view expected, std::string_view what);
+              const ChunkMeta* expected, std::string_view what);
     // All bytes given: returns the chunk's metadata (checksum and statistics of its bytes).
     ChunkMeta Finish();
 
@@ -62,8 +62,12 @@ class ShardWriter {
 
   // Writes a bytes entry as a 1-D uint8 dataset.
   ChunkMeta WriteBytes(const std::string& key, const void* data, std::size_t n);
-  // Writes the shard index, closes and fsyncs the file. Returns its size in bytes.
-  uint64_t Finish();
+  // Writes the shard index, closes and fsyncs the file.
+  struct Written {
+    uint64_t bytes = 0;  // the file's size
+    std::string index;   // IndexDigest of the index text written (metadata.json files[i].index)
+  };
+  Written Finish();
 
   const std::string& file_name() const { return file_name_; }
 
