@@ -131,7 +131,7 @@ int RunPlan(const std::vector<int>& worlds, int tensors) {
                              layout::DecodeRequests(requests, world - 1, world, any).size();
     const double t_last = Seconds(t);
     std::size_t regions = 0;
-    for (const auto& k : plan.keys) regions += k.regions.size();
+    for (const auto& k : plan.keys) regions += k.RegionCount();
     std::printf("plan: %6d ranks x %d tensors: %zu regions; descriptions %.1f MiB in all; decode+merge %.3f s, "
                 "check %.3f s, replica requests %.3f s (%.1f MiB), writers+plan %.3f s (%.1f MiB); last rank "
                 "decodes its %zu items in %.4f s; plan heap %.0f MiB, peak RSS %.0f MiB\n",

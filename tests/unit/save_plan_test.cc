@@ -99,9 +99,10 @@ TEST_CASE("one rank: every kind of entry, written by rank 0 in the state's order
   });
   REQUIRE(plan.keys.size() == 5);
   CHECK(plan.keys[0].key == "w");
-  CHECK(plan.keys[0].regions.size() == 1);
-  CHECK(plan.keys[0].regions[0].bytes == 32);
-  CHECK(plan.keys[1].regions.empty());
+  CHECK(plan.keys[0].regular());  // one part of the dim-0 rule
+  CHECK(plan.keys[0].RegionCount() == 1);
+  CHECK(plan.keys[0].Region(0).bytes == 32);
+  CHECK(plan.keys[1].RegionCount() == 0);
   CHECK(plan.keys[2].regions[0].box == Box{{0}, {5}});
   CHECK(plan.keys[2].regions[0].bytes == 5);
   CHECK(plan.keys[4].regions[0].bytes == 4);  // 0-D: one element
@@ -127,11 +128,11 @@ TEST_CASE("four ranks: sharded rows, a replicated bias, keys in rank 0's order t
   REQUIRE(plan.keys.size() == 4);
   CHECK(plan.keys[3].key == "only3");
   const SaveKey& w = plan.keys[0];
-  REQUIRE(w.regions.size() == 4);
+  REQUIRE(w.RegionCount() == 4);
   for (int g = 0; g < 4; ++g) {
-    CHECK(w.regions[g].box == RowBlock(g, 4, 8));  // sorted by offsets
-    CHECK(w.regions[g].writer == 3 - g);
-    CHECK(w.HoldersOf(w.regions[g]).size() == 1);
+    CHECK(w.Region(g).box == RowBlock(g, 4, 8));  // sorted by offsets
+    CHECK(w.Region(g).writer == 3 - g);
+    CHECK(w.RegionHolders(g).size() == 1);
   }
   const SaveKey& b = plan.keys[1];
   REQUIRE(b.regions.size() == 1);
@@ -160,7 +161,8 @@ TEST_CASE("4096 simulated ranks: sharded and replicated keys, writers balanced")
     return d;
   });
   REQUIRE(plan.keys.size() == 3 + kReplicated);
-  CHECK(plan.keys[0].regions.size() == kWorld);
+  CHECK(plan.keys[0].RegionCount() == kWorld);
+  CHECK(plan.keys[0].regular());
   CHECK(plan.keys[1].regions.size() == 2 * kWorld);
   CHECK(plan.keys[1].regions[5].box == Box{{5, 0}, {1, 8}});
   CHECK(plan.keys[1].HoldersOf(plan.keys[1].regions[5])[0].ref == ChunkRef{1, 1});
@@ -197,6 +199,208 @@ TEST_CASE("regions: equal offsets keep the first claim's order; zero-size boxes 
   CHECK(w.regions[1].holder_count == 2);
   CHECK(w.HoldersOf(w.regions[1])[0].ref == ChunkRef{0, 1});
   CHECK(w.HoldersOf(w.regions[1])[1].rank == 1);
+}
+
+namespace {
+
+// The same descriptions planned compactly and with every key explicit agree region for
+// region: boxes, bytes, writers, holders, replica requests and every rank's writes.
+// Returns the compact plan.
+SavePlan CheckSameAsExplicit(const std::vector<RankDescription>& d) {
+  SavePlan compact = PlanSave(d, true);
+  SavePlan expl = PlanSave(d, false);
+  AssignWriters(compact);
+  AssignWriters(expl);
+  REQUIRE(compact.keys.size() == expl.keys.size());
+  for (std::size_t k = 0; k < compact.keys.size(); ++k) {
+    const SaveKey& a = compact.keys[k];
+    const SaveKey& b = expl.keys[k];
+    CAPTURE(a.key);
+    CHECK_FALSE(b.regular());
+    CHECK(a.key == b.key);
+    REQUIRE(a.RegionCount() == b.RegionCount());
+    for (std::size_t g = 0; g < a.RegionCount(); ++g) {
+      const SaveRegion x = a.Region(g), y = b.Region(g);
+      CHECK(x.box == y.box);
+      CHECK(x.bytes == y.bytes);
+      CHECK(x.writer == y.writer);
+      const std::vector<Holder> hx = a.RegionHolders(g), hy = b.RegionHolders(g);
+      REQUIRE(hx.size() == hy.size());
+      for (std::size_t i = 0; i < hx.size(); ++i) {
+        CHECK(hx[i].rank == hy[i].rank);
+        CHECK(hx[i].ref == hy[i].ref);
+      }
+    }
+  }
+  CHECK(ReplicaRequests(compact) == ReplicaRequests(expl));
+  const auto wa = WritesByRank(compact), wb = WritesByRank(expl);
+  REQUIRE(wa.size() == wb.size());
+  for (std::size_t r = 0; r < wa.size(); ++r) {
+    REQUIRE(wa[r].size() == wb[r].size());
+    for (std::size_t i = 0; i < wa[r].size(); ++i) {
+      CHECK(wa[r][i].ref == wb[r][i].ref);
+      CHECK(wa[r][i].key == wb[r][i].key);
+      CHECK(wa[r][i].region == wb[r][i].region);
+    }
+  }
+  return compact;
+}
+
+// Part `part` of the dim-0 step rule: rows [part * step, ...) of `shape`, whole in the rest.
+Box Part(const Shape& shape, int64_t step, int64_t part) {
+  Box b{Shape(shape.size(), 0), shape};
+  b.offsets[0] = part * step;
+  b.sizes[0] = std::min(step, shape[0] - part * step);
+  return b;
+}
+
+template <typename Make>
+std::vector<RankDescription> Ranks(int world, Make&& make) {
+  std::vector<RankDescription> d;
+  for (int r = 0; r < world; ++r) d.push_back(make(r));
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("regular keys: 16384 ranks of dim-0 parts are one run, not 16384 regions") {
+  constexpr int kWorld = 16384;
+  const Shape shape{4 * kWorld - 3, 8};  // step 4, the last part one row
+  SavePlan plan = PlanSave(Ranks(kWorld, [&](int r) {
+    return RankDescription{TensorClaim("emb", shape, {Part(shape, 4, r)}, DType::kBFloat16), ScalarClaim("step", "1")};
+  }));
+  AssignWriters(plan);
+  const SaveKey& emb = plan.keys[0];
+  REQUIRE(emb.regular());
+  CHECK(emb.step == 4);
+  CHECK(emb.regions.empty());
+  CHECK(emb.holders.empty());
+  REQUIRE(emb.runs.size() == 1);
+  CHECK(emb.runs[0].count == kWorld);
+  CHECK(emb.RegionCount() == kWorld);
+  CHECK(emb.Region(7).box == Box{{28, 0}, {4, 8}});
+  CHECK(emb.Region(7).bytes == 4 * 8 * 2);
+  CHECK(emb.Region(7).writer == 7);
+  CHECK(emb.Region(kWorld - 1).box == Box{{4 * kWorld - 4, 0}, {1, 8}});
+  CHECK(emb.Region(kWorld - 1).bytes == 16);
+  CHECK(emb.RegionHolders(kWorld - 1)[0].rank == kWorld - 1);
+  const auto writes = WritesByRank(plan);
+  CHECK(writes[123].size() == 1);
+  CHECK(writes[123][0].region == 123);
+  CHECK(ReplicaRequests(plan)[0].empty());
+}
+
+TEST_CASE("regular keys: the same plan as the explicit one, for every way a claim fits or breaks the rule") {
+  constexpr int kWorld = 8;
+  const Shape even{32, 3}, uneven{29, 3}, few{5, 2};
+  SUBCASE("even, uneven last part, fewer parts than ranks, 1-D") {
+    const SavePlan plan = CheckSameAsExplicit(Ranks(kWorld, [&](int r) {
+      RankDescription d{TensorClaim("even", even, {Part(even, 4, r)}), TensorClaim("uneven", uneven, {Part(uneven, 4, r)}),
+                        TensorClaim("few", few, r < 5 ? std::vector<Box>{Part(few, 1, r)} : std::vector<Box>{}),
+                        TensorClaim("v", {16}, {Part({16}, 2, r)})};
+      return d;
+    }));
+    for (const SaveKey& k : plan.keys) CHECK(k.regular());
+    CHECK(plan.keys[1].Region(7).box == Box{{28, 0}, {1, 3}});
+  }
+  SUBCASE("a rank whose claim breaks the rule halfway: two chunks, another box, an empty box") {
+    for (int how = 0; how < 3; ++how) {
+      const SavePlan plan = CheckSameAsExplicit(Ranks(kWorld, [&](int r) {
+        std::vector<Box> boxes{Part(even, 4, r)};
+        if (r == 4 && how == 0) boxes = {Box{{16, 0}, {2, 3}}, Box{{18, 0}, {2, 3}}};
+        if (r == 4 && how == 1) boxes = {Box{{16, 0}, {4, 1}}, Box{{16, 1}, {4, 2}}};
+        if (r == 4 && how == 2) boxes.push_back(Box{{0, 0}, {0, 3}});
+        return RankDescription{TensorClaim("w", even, boxes)};
+      }));
+      CHECK_FALSE(plan.keys[0].regular());
+      CHECK(plan.keys[0].RegionCount() == 9u);
+    }
+  }
+  SUBCASE("replicas: a part held twice, a tensor held whole by every rank") {
+    const SavePlan plan = CheckSameAsExplicit(Ranks(kWorld, [&](int r) {
+      std::vector<Box> boxes{Part(even, 4, r)};
+      return RankDescription{TensorClaim("w", even, r == 5 ? std::vector<Box>{Part(even, 4, 2)} : boxes),
+                             TensorClaim("x", even, boxes), TensorClaim("norm", {6}, {Box{{0}, {6}}})};
+    }));
+    CHECK_FALSE(plan.keys[0].regular());
+    CHECK(plan.keys[1].regular());
+    CHECK_FALSE(plan.keys[2].regular());
+    CHECK(plan.keys[2].Region(0).holder_count == kWorld);
+  }
+  SUBCASE("parts in reverse rank order, keys in another order on some ranks: more runs, still regular") {
+    const SavePlan plan = CheckSameAsExplicit(Ranks(kWorld, [&](int r) {
+      RankDescription d{TensorClaim("rev", even, {Part(even, 4, kWorld - 1 - r)}), TensorClaim("w", uneven, {Part(uneven, 4, r)}),
+                        ScalarClaim("step", "2")};
+      if (r % 3 == 1) std::swap(d[1], d[2]);
+      return d;
+    }));
+    CHECK(plan.keys[0].regular());
+    CHECK(plan.keys[0].runs.size() == kWorld);
+    CHECK(plan.keys[1].regular());
+    CHECK(plan.keys[1].runs.size() > 1);
+    CHECK(plan.keys[1].RegionHolders(4)[0].ref == ChunkRef{2, 0});  // rank 4 listed w third
+  }
+  SUBCASE("what is not the rule stays explicit: a grid over dim 1, a zero extent, a 0-D tensor, whole tensors") {
+    const SavePlan plan = CheckSameAsExplicit(Ranks(kWorld, [&](int r) {
+      const Shape grid{2, 8};
+      return RankDescription{TensorClaim("grid", grid, {Box{{r / 4, (r % 4) * 2}, {1, 2}}}),
+                             TensorClaim("zero", {8, 0}, {Box{{r, 0}, {1, 0}}}), TensorClaim("s", {}, r == 0 ? std::vector<Box>{Box{}} : std::vector<Box>{}),
+                             TensorClaim("only0", {5}, r == 0 ? std::vector<Box>{Box{{0}, {5}}} : std::vector<Box>{})};
+    }));
+    CHECK_FALSE(plan.keys[0].regular());
+    CHECK_FALSE(plan.keys[1].regular());
+    CHECK_FALSE(plan.keys[2].regular());
+    CHECK(plan.keys[3].regular());  // one part, held by rank 0
+  }
+  SUBCASE("a first claim that is a short last part guesses the step wrong: explicit, same plan") {
+    const SavePlan plan = CheckSameAsExplicit(Ranks(4, [&](int r) {
+      const Shape s{13, 2};  // step 4: parts of 4, 4, 4, 1 rows; rank 0 holds the last
+      return RankDescription{TensorClaim("w", s, {Part(s, 4, 3 - r)})};
+    }));
+    CHECK_FALSE(plan.keys[0].regular());
+    CHECK(plan.keys[0].RegionCount() == 4);
+  }
+  SUBCASE("random mixes of regular ranks and breaking ones") {
+    std::mt19937 rng(5);
+    for (int trial = 0; trial < 200; ++trial) {
+      const int world = 1 + static_cast<int>(rng() % 9);
+      const int64_t step = 1 + static_cast<int64_t>(rng() % 3);
+      const Shape shape{step * world - static_cast<int64_t>(rng() % step), 2};
+      const int breaker = static_cast<int>(rng() % (2 * world));  // >= world: none
+      const int kind = static_cast<int>(rng() % 4);
+      CheckSameAsExplicit(Ranks(world, [&](int r) {
+        std::vector<Box> boxes;
+        if (r * step < shape[0]) boxes.push_back(Part(shape, step, r));
+        if (r == breaker) {
+          if (kind == 0) boxes.clear();                              // a gap
+          if (kind == 1) boxes.push_back(Part(shape, step, 0));      // a replica, or a duplicate
+          if (kind == 2 && !boxes.empty()) boxes[0].sizes[1] = 1;    // half a part: a gap
+          if (kind == 3) boxes = {Box{{0, 0}, {shape[0], 2}}};       // the whole tensor
+        }
+        return RankDescription{TensorClaim("w", shape, boxes), TensorClaim("v", {shape[0]}, {})};
+      }));
+    }
+  }
+}
+
+TEST_CASE("regular keys: gaps and overlaps are reported as for explicit keys") {
+  const Shape shape{16, 2};
+  for (bool compact : {true, false}) {
+    CAPTURE(compact);
+    auto error = [&](const std::function<std::vector<Box>(int)>& boxes) {
+      try {
+        PlanSave(Ranks(4, [&](int r) { return RankDescription{TensorClaim("w", shape, boxes(r))}; }), compact);
+      } catch (const Error& e) {
+        return std::string(e.what());
+      }
+      return std::string("accepted");
+    };
+    const std::string head = "save: the state cannot be saved as given:\n  key 'w': ";
+    CHECK(error([&](int r) { return r == 2 ? std::vector<Box>{} : std::vector<Box>{Part(shape, 4, r)}; }) ==
+          head + "chunks cover 24 of 32 elements of [0:16, 0:2] (a gap)");
+    CHECK(error([&](int r) { return std::vector<Box>{Part(shape, 4, r == 3 ? 0 : r)}; }) ==
+          head + "chunks cover 24 of 32 elements of [0:16, 0:2] (a gap)");
+  }
 }
 
 TEST_CASE("each disagreement between ranks is an error naming the key and rank") {

@@ -93,8 +93,11 @@ struct Claim {
 struct SavePlanner::State {
   int world = 0;
   int next_rank = 0;
+  bool compact = true;
   std::vector<SaveKey> keys;
   std::vector<std::vector<Claim>> claims;  // per key (tensors)
+  // Per key: a tensor still kept as runs (SaveKey::step is 0 until its first claim)?
+  std::vector<uint8_t> regular;
   internal::IndexSlots index;              // of keys by name
   std::size_t indexed = 0;
   std::vector<std::string> problems;
@@ -116,7 +119,82 @@ struct SavePlanner::State {
     k.value = std::move(c.value);
     k.size = c.size;
     claims.emplace_back();
+    regular.push_back(compact && k.kind == EntryKind::kTensor);
     return keys.size() - 1;
+  }
+
+  // True if `b` is one part of p's dim-0 step rule, setting `part`. The first claim sets
+  // the step (its rows); a wrong guess (it was a short last part) only makes the key
+  // explicit when a later claim does not fit.
+  static bool FitsRule(SaveKey& p, const Box& b, uint32_t& part) {
+    const std::size_t n = p.shape.size();
+    if (n == 0 || b.offsets.size() != n || b.sizes.size() != n) return false;
+    for (std::size_t d = 1; d < n; ++d) {
+      if (p.shape[d] <= 0 || b.offsets[d] != 0 || b.sizes[d] != p.shape[d]) return false;
+    }
+    const int64_t extent = p.shape[0], o = b.offsets[0], z = b.sizes[0];
+    if (extent <= 0 || z <= 0 || o < 0 || o >= extent || z > extent - o) return false;
+    int64_t step = p.step;
+    if (step == 0) step = z;
+    if (o % step != 0 || z != std::min(step, extent - o) || o / step >= UINT32_MAX) return false;
+    p.step = step;
+    part = static_cast<uint32_t>(o / step);
+    return true;
+  }
+
+  // Key k leaves the regular form: its runs become claims, in the order they came.
+  void MakeExplicit(std::size_t k) {
+    SaveKey& p = keys[k];
+    regular[k] = 0;
+    if (p.step > 0) {
+      for (const RegularRun& run : p.runs) {
+        for (uint32_t i = 0; i < run.count; ++i) {
+          const int64_t o = static_cast<int64_t>(run.first_part + i) * p.step;
+          Box box{Shape(p.shape.size(), 0), p.shape};
+          box.offsets[0] = o;
+          box.sizes[0] = std::min(p.step, p.shape[0] - o);
+          claims[k].push_back(Claim{std::move(box), Holder{run.first_rank + static_cast<int>(i), ChunkRef{run.entry, 0}}});
+        }
+      }
+    }
+    p.step = 0;
+    std::vector<RegularRun>().swap(p.runs);
+  }
+
+  // A claim of rank `rank` (entry `entry`) for the regular key k: appended to its runs.
+  // False if it breaks the rule.
+  bool AddRegular(std::size_t k, int rank, uint32_t entry, const EntryClaim& c) {
+    if (c.boxes.empty()) return true;  // this rank holds none of it
+    SaveKey& p = keys[k];
+    uint32_t part = 0;
+    if (c.boxes.size() != 1 || !FitsRule(p, c.boxes[0], part)) return false;
+    if (!p.runs.empty()) {
+      RegularRun& last = p.runs.back();
+      if (last.entry == entry && last.first_rank + static_cast<int64_t>(last.count) == rank &&
+          last.first_part + static_cast<uint64_t>(last.count) == part) {
+        ++last.count;
+        return true;
+      }
+    }
+    p.runs.push_back(RegularRun{rank, part, 1, entry});
+    return true;
+  }
+
+  // At Finish: key k stays regular if its runs cover every part once; sorts them by part.
+  bool KeepRegular(std::size_t k) {
+    SaveKey& p = keys[k];
+    if (!regular[k] || p.step == 0) return false;
+    std::vector<RegularRun> sorted = p.runs;
+    std::sort(sorted.begin(), sorted.end(),
+              [](const RegularRun& a, const RegularRun& b) { return a.first_part < b.first_part; });
+    uint64_t next = 0;
+    for (const RegularRun& run : sorted) {
+      if (run.first_part != next) return false;
+      next += run.count;
+    }
+    if (next != static_cast<uint64_t>((p.shape[0] + p.step - 1) / p.step)) return false;
+    p.runs = std::move(sorted);
+    return true;
   }
 
   void Merge(int rank, uint32_t entry, EntryClaim& c) {
@@ -135,6 +213,10 @@ struct SavePlanner::State {
           problems.push_back(who() + " has " + std::string(DTypeName(c.dtype)) + " " + Box::Full(c.shape).ToString() +
                              ", another rank " + std::string(DTypeName(p.dtype)) + " " + Box::Full(p.shape).ToString());
           return;
+        }
+        if (regular[k]) {
+          if (AddRegular(k, rank, entry, c)) return;
+          MakeExplicit(k);
         }
         for (std::size_t i = 0; i < c.boxes.size(); ++i) {
           claims[k].push_back(Claim{std::move(c.boxes[i]), Holder{rank, ChunkRef{entry, static_cast<uint32_t>(i)}}});
@@ -206,7 +288,10 @@ struct SavePlanner::State {
   }
 };
 
-SavePlanner::SavePlanner(int world) : s_(std::make_unique<State>()) { s_->world = world; }
+SavePlanner::SavePlanner(int world, bool compact) : s_(std::make_unique<State>()) {
+  s_->world = world;
+  s_->compact = compact;
+}
 SavePlanner::~SavePlanner() = default;
 
 void SavePlanner::Add(RankDescription description) {
@@ -224,6 +309,8 @@ SavePlan SavePlanner::Finish() {
   for (std::size_t k = 0; k < s.keys.size(); ++k) {
     SaveKey& p = s.keys[k];
     if (p.kind != EntryKind::kTensor) continue;
+    if (s.KeepRegular(k)) continue;
+    s.MakeExplicit(k);
     s.MakeRegions(p, s.claims[k]);
     s.CheckTiling(p);
   }
@@ -237,6 +324,13 @@ SavePlan SavePlanner::Finish() {
     if (p.kind == EntryKind::kBytes) p.regions[0].bytes = p.size;
     if (p.kind != EntryKind::kTensor) continue;
     const auto item = static_cast<int64_t>(DTypeSize(p.dtype));
+    if (p.regular()) {
+      // Every part but the last has `step` rows: the largest region, checked as below.
+      const int64_t row = NumElements(Shape(p.shape.begin() + 1, p.shape.end()));
+      p.row_bytes = static_cast<uint64_t>(internal::CheckedMul(row, item, "key '" + p.key + "'"));
+      internal::CheckedMul(static_cast<int64_t>(p.row_bytes), p.step, "key '" + p.key + "'");
+      continue;
+    }
     for (SaveRegion& r : p.regions) {
       r.bytes = static_cast<uint64_t>(internal::CheckedMul(r.box.NumElements(), item, "key '" + p.key + "'"));
     }
@@ -247,10 +341,53 @@ SavePlan SavePlanner::Finish() {
   return plan;
 }
 
-SavePlan PlanSave(std::vector<RankDescription> descriptions) {
-  SavePlanner planner(static_cast<int>(descriptions.size()));
+SavePlan PlanSave(std::vector<RankDescription> descriptions, bool compact) {
+  SavePlanner planner(static_cast<int>(descriptions.size()), compact);
   for (RankDescription& d : descriptions) planner.Add(std::move(d));
   return planner.Finish();
+}
+
+std::size_t SaveKey::RegionCount() const {
+  if (!regular()) return regions.size();
+  return static_cast<std::size_t>((shape[0] + step - 1) / step);
+}
+
+uint64_t SaveKey::PartBytes(uint64_t part) const {
+  const int64_t o = static_cast<int64_t>(part) * step;
+  return static_cast<uint64_t>(std::min(step, shape[0] - o)) * row_bytes;
+}
+
+namespace {
+
+// The run of a regular key holding part g.
+const RegularRun& RunOf(const SaveKey& p, std::size_t g) {
+  auto it = std::upper_bound(p.runs.begin(), p.runs.end(), g,
+                             [](std::size_t part, const RegularRun& run) { return part < run.first_part; });
+  return *std::prev(it);
+}
+
+}  // namespace
+
+SaveRegion SaveKey::Region(std::size_t g) const {
+  if (!regular()) return regions[g];
+  SaveRegion r;
+  r.box = Box{Shape(shape.size(), 0), shape};
+  r.box.offsets[0] = static_cast<int64_t>(g) * step;
+  r.box.sizes[0] = std::min(step, shape[0] - r.box.offsets[0]);
+  r.bytes = PartBytes(g);
+  r.writer = RegionHolders(g)[0].rank;
+  r.holder_count = 1;
+  return r;
+}
+
+std::vector<Holder> SaveKey::RegionHolders(std::size_t g) const {
+  if (!regular()) {
+    const std::span<const Holder> h = HoldersOf(regions[g]);
+    return std::vector<Holder>(h.begin(), h.end());
+  }
+  const RegularRun& run = RunOf(*this, g);
+  const auto i = static_cast<int>(g - run.first_part);
+  return {Holder{run.first_rank + i, ChunkRef{run.entry, 0}}};
 }
 
 namespace {
@@ -312,6 +449,9 @@ void AssignWriters(SavePlan& plan) {
   std::vector<uint64_t> load(static_cast<std::size_t>(plan.world), 0);
   std::vector<std::pair<const SaveKey*, SaveRegion*>> replicated;
   for (SaveKey& p : plan.keys) {
+    for (const RegularRun& run : p.runs) {
+      for (uint32_t i = 0; i < run.count; ++i) load[run.first_rank + i] += p.PartBytes(run.first_part + i);
+    }
     for (SaveRegion& r : p.regions) {
       if (r.holder_count == 1) {
         r.writer = p.holders[r.first_holder].rank;
@@ -337,6 +477,11 @@ std::vector<std::vector<Write>> WritesByRank(const SavePlan& plan) {
   std::vector<std::vector<Write>> out(static_cast<std::size_t>(plan.world));
   for (std::size_t k = 0; k < plan.keys.size(); ++k) {
     const SaveKey& p = plan.keys[k];
+    for (const RegularRun& run : p.runs) {
+      for (uint32_t i = 0; i < run.count; ++i) {
+        out[run.first_rank + i].push_back(Write{ChunkRef{run.entry, 0}, static_cast<uint32_t>(k), run.first_part + i});
+      }
+    }
     for (std::size_t g = 0; g < p.regions.size(); ++g) {
       for (const Holder& h : p.HoldersOf(p.regions[g])) {
         if (h.rank == p.regions[g].writer) {

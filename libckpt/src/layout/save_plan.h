@@ -58,8 +58,18 @@ struct Holder {
 struct SaveRegion {
   Box box;  // bytes: [0, size)
   uint64_t bytes = 0;
-  int writer = -1;  // set by AssignWriters
-  uint32_t first_holder = 0, holder_count = 0;  // in SaveKey::holders
+  int writer = -1;  // set by AssignWriters (a regular key's: its holder, always)
+  uint32_t first_holder = 0, holder_count = 0;  // in SaveKey::holders (explicit keys only)
+};
+
+// Regular keys (the FSDP rule, kept compact: memory per run, not per chunk): part p of a
+// tensor is rows [p * step, min((p + 1) * step, shape[0])) of dim 0, whole in the others, and
+// is held by exactly one rank. A run says ranks first_rank .. first_rank + count - 1 hold
+// parts first_part .. first_part + count - 1, each as chunk 0 of its entry `entry`.
+struct RegularRun {
+  int first_rank = 0;
+  uint32_t first_part = 0, count = 0;
+  uint32_t entry = 0;
 };
 
 struct SaveKey {
@@ -69,12 +79,27 @@ struct SaveKey {
   Shape shape;
   std::string value;
   uint64_t size = 0;
-  std::vector<SaveRegion> regions;  // tensor: by offsets (first claim first on ties); bytes: one
-  std::vector<Holder> holders;      // grouped by region, each group in rank order
+  // Explicit form: tensor regions by offsets (first claim first on ties), bytes: one; each
+  // region's holders grouped, each group in rank order.
+  std::vector<SaveRegion> regions;
+  std::vector<Holder> holders;
+  // Regular form (a tensor, when step > 0; regions and holders are then empty): the runs
+  // in part order, covering parts [0, ceil(shape[0] / step)) once each.
+  int64_t step = 0;
+  uint64_t row_bytes = 0;  // bytes of one index of dim 0
+  std::vector<RegularRun> runs;
 
   std::span<const Holder> HoldersOf(const SaveRegion& r) const {
     return std::span<const Holder>(holders).subspan(r.first_holder, r.holder_count);
   }
+  bool regular() const { return step > 0; }
+  // Either form, region g < RegionCount(): its box, bytes and writer (first_holder and
+  // holder_count as in `regions`, or 0 and 1), and its holders. O(log runs).
+  std::size_t RegionCount() const;
+  SaveRegion Region(std::size_t g) const;
+  std::vector<Holder> RegionHolders(std::size_t g) const;
+  // A regular key: bytes of part p.
+  uint64_t PartBytes(uint64_t part) const;
 };
 
 struct SavePlan {
@@ -86,9 +111,14 @@ struct SavePlan {
 // kind, dtype, shape, blob size and value, and that each tensor's distinct boxes tile it.
 // Throws kInvalidArgument "save: the state cannot be saved as given:" listing (up to 50 of)
 // the problems. Incremental, so rank 0 holds one decoded description at a time.
+// Memory: O(keys + ranks + chunks of irregular keys). A tensor whose every claim is one
+// part of a dim-0 step rule, each part held by one rank, is kept as runs (SaveKey::step);
+// the first claim that breaks the rule (another box, a second chunk, a replica, an empty
+// box) turns the key explicit, claims so far included. `compact = false` keeps every key
+// explicit (the same plan, region for region; for tests).
 class SavePlanner {
  public:
-  explicit SavePlanner(int world);
+  explicit SavePlanner(int world, bool compact = true);
   ~SavePlanner();
   SavePlanner(const SavePlanner&) = delete;
   SavePlanner& operator=(const SavePlanner&) = delete;
@@ -103,7 +133,7 @@ class SavePlanner {
   std::unique_ptr<State> s_;
 };
 
-SavePlan PlanSave(std::vector<RankDescription> descriptions);
+SavePlan PlanSave(std::vector<RankDescription> descriptions, bool compact = true);
 
 // Per rank, the chunks whose digests CheckReplicas needs: every holder of every region
 // held by two or more ranks, in plan order. All empty if there are no replicas.
