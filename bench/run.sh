@@ -29,6 +29,9 @@ echo
 echo "== bench/core: the save's coordination (plan for simulated ranks; many small tensors)"
 "$build/bench/core/ckpt-bench-plan" plan
 "$build/bench/core/ckpt-bench-plan" save --dir "$scratch/plan"
+echo
+echo "== bench/core: metadata that scales (16,384 simulated ranks x 1,000 tensors; ~12 GB of RAM at the top)"
+"$build/bench/core/ckpt-bench-scale" --ranks 64,256,1024,16384 --inspect "$build/tools/ckpt-inspect" --dir "$scratch/scale"
 for sub in tools runtime; do
   if [ -f "$repo/bench/$sub/run.sh" ]; then
     echo

@@ -205,10 +205,23 @@ namespace {
 
 // The same descriptions planned compactly and with every key explicit agree region for
 // region: boxes, bytes, writers, holders, replica requests and every rank's writes.
-// Returns the compact plan.
+// Returns the compact plan; if planning fails, both fail with the same message and the
+// plan is empty.
 SavePlan CheckSameAsExplicit(const std::vector<RankDescription>& d) {
-  SavePlan compact = PlanSave(d, true);
-  SavePlan expl = PlanSave(d, false);
+  std::string error_compact, error_explicit;
+  SavePlan compact, expl;
+  try {
+    compact = PlanSave(d, true);
+  } catch (const Error& e) {
+    error_compact = e.what();
+  }
+  try {
+    expl = PlanSave(d, false);
+  } catch (const Error& e) {
+    error_explicit = e.what();
+  }
+  CHECK(error_compact == error_explicit);
+  if (!error_compact.empty() || !error_explicit.empty()) return SavePlan{};
   AssignWriters(compact);
   AssignWriters(expl);
   REQUIRE(compact.keys.size() == expl.keys.size());
@@ -300,6 +313,7 @@ TEST_CASE("regular keys: the same plan as the explicit one, for every way a clai
                         TensorClaim("v", {16}, {Part({16}, 2, r)})};
       return d;
     }));
+    REQUIRE(plan.keys.size() == 4);
     for (const SaveKey& k : plan.keys) CHECK(k.regular());
     CHECK(plan.keys[1].Region(7).box == Box{{28, 0}, {1, 3}});
   }
@@ -312,17 +326,22 @@ TEST_CASE("regular keys: the same plan as the explicit one, for every way a clai
         if (r == 4 && how == 2) boxes.push_back(Box{{0, 0}, {0, 3}});
         return RankDescription{TensorClaim("w", even, boxes)};
       }));
+      REQUIRE(plan.keys.size() == 1);
       CHECK_FALSE(plan.keys[0].regular());
       CHECK(plan.keys[0].RegionCount() == 9u);
     }
   }
   SUBCASE("replicas: a part held twice, a tensor held whole by every rank") {
+    const Shape seven{28, 3};  // parts 0..6 on ranks 0..6, and rank 7 holds part 2 again
     const SavePlan plan = CheckSameAsExplicit(Ranks(kWorld, [&](int r) {
-      std::vector<Box> boxes{Part(even, 4, r)};
-      return RankDescription{TensorClaim("w", even, r == 5 ? std::vector<Box>{Part(even, 4, 2)} : boxes),
-                             TensorClaim("x", even, boxes), TensorClaim("norm", {6}, {Box{{0}, {6}}})};
+      const std::vector<Box> boxes{Part(even, 4, r)};
+      return RankDescription{TensorClaim("w", seven, {Part(seven, 4, r == 7 ? 2 : r)}), TensorClaim("x", even, boxes),
+                             TensorClaim("norm", {6}, {Box{{0}, {6}}})};
     }));
+    REQUIRE(plan.keys.size() == 3);
     CHECK_FALSE(plan.keys[0].regular());
+    CHECK(plan.keys[0].Region(2).holder_count == 2);
+    CHECK(ReplicaRequests(plan)[7] == std::vector<ChunkRef>{{0, 0}, {2, 0}});  // w and norm
     CHECK(plan.keys[1].regular());
     CHECK_FALSE(plan.keys[2].regular());
     CHECK(plan.keys[2].Region(0).holder_count == kWorld);
@@ -334,6 +353,7 @@ TEST_CASE("regular keys: the same plan as the explicit one, for every way a clai
       if (r % 3 == 1) std::swap(d[1], d[2]);
       return d;
     }));
+    REQUIRE(plan.keys.size() == 3);
     CHECK(plan.keys[0].regular());
     CHECK(plan.keys[0].runs.size() == kWorld);
     CHECK(plan.keys[1].regular());
@@ -347,6 +367,7 @@ TEST_CASE("regular keys: the same plan as the explicit one, for every way a clai
                              TensorClaim("zero", {8, 0}, {Box{{r, 0}, {1, 0}}}), TensorClaim("s", {}, r == 0 ? std::vector<Box>{Box{}} : std::vector<Box>{}),
                              TensorClaim("only0", {5}, r == 0 ? std::vector<Box>{Box{{0}, {5}}} : std::vector<Box>{})};
     }));
+    REQUIRE(plan.keys.size() == 4);
     CHECK_FALSE(plan.keys[0].regular());
     CHECK_FALSE(plan.keys[1].regular());
     CHECK_FALSE(plan.keys[2].regular());
@@ -357,18 +378,20 @@ TEST_CASE("regular keys: the same plan as the explicit one, for every way a clai
       const Shape s{13, 2};  // step 4: parts of 4, 4, 4, 1 rows; rank 0 holds the last
       return RankDescription{TensorClaim("w", s, {Part(s, 4, 3 - r)})};
     }));
+    REQUIRE(plan.keys.size() == 1);
     CHECK_FALSE(plan.keys[0].regular());
     CHECK(plan.keys[0].RegionCount() == 4);
   }
   SUBCASE("random mixes of regular ranks and breaking ones") {
     std::mt19937 rng(5);
+    int regular = 0, broken = 0, failed = 0;
     for (int trial = 0; trial < 200; ++trial) {
       const int world = 1 + static_cast<int>(rng() % 9);
       const int64_t step = 1 + static_cast<int64_t>(rng() % 3);
       const Shape shape{step * world - static_cast<int64_t>(rng() % step), 2};
       const int breaker = static_cast<int>(rng() % (2 * world));  // >= world: none
       const int kind = static_cast<int>(rng() % 4);
-      CheckSameAsExplicit(Ranks(world, [&](int r) {
+      const SavePlan plan = CheckSameAsExplicit(Ranks(world, [&](int r) {
         std::vector<Box> boxes;
         if (r * step < shape[0]) boxes.push_back(Part(shape, step, r));
         if (r == breaker) {
@@ -377,9 +400,20 @@ TEST_CASE("regular keys: the same plan as the explicit one, for every way a clai
           if (kind == 2 && !boxes.empty()) boxes[0].sizes[1] = 1;    // half a part: a gap
           if (kind == 3) boxes = {Box{{0, 0}, {shape[0], 2}}};       // the whole tensor
         }
-        return RankDescription{TensorClaim("w", shape, boxes), TensorClaim("v", {shape[0]}, {})};
+        const Shape v{shape[0]};
+        std::vector<Box> vb;
+        if (r * step < v[0]) vb.push_back(Part(v, step, r));
+        return RankDescription{TensorClaim("w", shape, boxes), TensorClaim("v", v, vb)};
       }));
+      if (plan.keys.empty()) {
+        ++failed;
+      } else {
+        ++(plan.keys[0].regular() ? regular : broken);
+      }
     }
+    CHECK(regular > 20);
+    CHECK(broken > 20);
+    CHECK(failed > 20);
   }
 }
 
