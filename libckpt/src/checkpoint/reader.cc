@@ -18,9 +18,9 @@ Metadata ReadMetadata(const std::filesystem::path& dir, bool resolve) {
   return internal::ReadMetadataAt(storage::Dir::Open(dir), nullptr, resolve);
 }
 
-std::unique_ptr<CheckpointReader> CheckpointReader::Open(const std::filesystem::path& dir) {
+std::unique_ptr<CheckpointReader> CheckpointReader::Open(const std::filesystem::path& dir, bool resolve) {
   const storage::Dir d = storage::Dir::Open(dir);
-  return std::make_unique<internal::Reader>(d, std::make_shared<const Metadata>(internal::ReadMetadataAt(d)));
+  return std::make_unique<internal::Reader>(d, std::make_shared<const Metadata>(internal::ReadMetadataAt(d, nullptr, resolve)));
 }
 
 namespace internal {
