@@ -101,6 +101,8 @@ struct CKPT_API EntryMeta {
   std::vector<ChunkMeta> chunks;
   TensorLayout layout;             // tensor, bytes: always set (v1: derived from chunks)
   std::optional<ChunkStats> stats;  // floating tensor: the aggregate over its chunks
+  uint64_t stored_bytes = 0;        // tensor, bytes: the sum over its chunks
+  Compression compression;          // tensor: that of its chunks (the first compressed one)
   uint64_t size = 0;              // bytes: blob length
   std::string value;              // scalar, json: the value as JSON text
 

@@ -13,6 +13,7 @@
 // of the document is still read for JSON problems.
 #include "ckpt/metadata.h"
 
+#include <algorithm>
 #include <cmath>
 #include <exception>
 #include <limits>
@@ -516,6 +517,13 @@ void DeriveLayout(EntryMeta& m, const std::unordered_map<std::string, int32_t>& 
     m.layout.pieces.push_back({placed.at(0).box, placed.at(0).file});
   }
   if (m.kind == EntryKind::kTensor && IsFloating(m.dtype)) m.stats = CombineStats(stats);
+  m.stored_bytes = 0;
+  for (const ChunkMeta& c : m.chunks) {
+    m.stored_bytes += c.stored_bytes;
+    if (c.compression.codec != Compression::Codec::kNone && m.compression.codec == Compression::Codec::kNone) {
+      m.compression = c.compression;
+    }
+  }
 }
 
 EntryMeta CheckEntry(const Ctx& ctx, RawEntry& e, const DocContext& doc, const ParseLimits& limits) {
@@ -553,6 +561,14 @@ EntryMeta CheckEntry(const Ctx& ctx, RawEntry& e, const DocContext& doc, const P
     if (v2) {
       m.layout = ParseLayout(ctx, e.layout, m.shape, doc.num_files, limits.max_rank);
       m.stats = CheckStats(ctx, e.own);
+      if (e.own.stored_bytes.present) m.stored_bytes = static_cast<uint64_t>(NonNeg(ctx, e.own.stored_bytes, n::kStoredBytes));
+      if (e.own.compression.present && e.own.compression.type != Next::kNull) {
+        if (e.own.compression.type != Next::kObject) ctx.Fail("'compression' must be an object");
+        const std::string& codec = Str(ctx, e.own.codec, n::kCodec);
+        if (codec != n::kZstd) ctx.Unsupported("unknown compression codec '" + codec + "'");
+        m.compression.codec = Compression::Codec::kZstd;
+        if (e.own.level.IsInteger()) m.compression.level = static_cast<int>(std::clamp<double>(e.own.level.num.AsDouble(), -131072, 22));
+      }
       return m;
     }
     if (!e.chunks.present) ctx.Fail("missing field 'chunks'");
@@ -603,6 +619,7 @@ EntryMeta CheckEntry(const Ctx& ctx, RawEntry& e, const DocContext& doc, const P
       }
       m.layout.kind = TensorLayout::Kind::kChunks;
       m.layout.pieces.push_back({Box{{0}, {static_cast<int64_t>(m.size)}}, static_cast<int32_t>(e.own.file.num.u)});
+      if (e.own.stored_bytes.present) m.stored_bytes = static_cast<uint64_t>(NonNeg(ctx, e.own.stored_bytes, n::kStoredBytes));
       return m;
     }
     ChunkMeta chunk = CheckChunk(ctx, e.own, /*tensor_chunk=*/false, limits.max_rank);
@@ -1093,20 +1110,23 @@ std::string SerializeV2(const Metadata& m) {
       case EntryKind::kTensor: {
         j[n::kDType] = DTypeName(e.dtype);
         j[n::kShape] = e.shape;
-        if (e.chunks.empty()) {
-          j[n::kLayout] = LayoutJson(e.layout);
-          if (e.stats) j[n::kStats] = StatsJson(*e.stats);
-          break;
-        }
-        // Resolved chunks (a save, a writer): their layout and stats are derived here.
+        // Resolved chunks (a save, a writer): layout, sizes and stats derived from them.
         EntryMeta derived;
-        derived.kind = e.kind;
-        derived.dtype = e.dtype;
-        derived.shape = e.shape;
-        derived.chunks = e.chunks;
-        DeriveLayout(derived, file_index);
-        j[n::kLayout] = LayoutJson(derived.layout);
-        if (derived.stats) j[n::kStats] = StatsJson(*derived.stats);
+        const EntryMeta* from = &e;
+        if (!e.chunks.empty()) {
+          derived.kind = e.kind;
+          derived.dtype = e.dtype;
+          derived.shape = e.shape;
+          derived.chunks = e.chunks;
+          DeriveLayout(derived, file_index);
+          from = &derived;
+        }
+        j[n::kLayout] = LayoutJson(from->layout);
+        j[n::kStoredBytes] = from->stored_bytes;
+        if (from->compression.codec == Compression::Codec::kZstd) {
+          j[n::kCompression] = {{n::kCodec, n::kZstd}, {n::kLevel, from->compression.level}, {n::kShuffle, true}};
+        }
+        if (from->stats) j[n::kStats] = StatsJson(*from->stats);
         break;
       }
       case EntryKind::kScalar:
@@ -1122,6 +1142,7 @@ std::string SerializeV2(const Metadata& m) {
         }
         if (file < 0) throw Error(ErrorCode::kInvalidArgument, "metadata: bytes entry '" + key + "' names no listed file");
         j[n::kFile] = file;
+        j[n::kStoredBytes] = e.chunks.empty() ? e.stored_bytes : e.chunks[0].stored_bytes;
         break;
       }
       case EntryKind::kJson: j[n::kValue] = ojson::parse(e.value); break;
