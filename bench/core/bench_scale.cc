@@ -415,12 +415,12 @@ int RunWorld(const Model& model, const std::string& inspect, const fs::path& scr
       results[r].chunks.reserve(writes[r].size());
       file_bytes[r] = records(r, [&](uint32_t, uint32_t, const ckpt::ChunkMeta& c) { results[r].chunks.push_back(c); });
       results[r].bytes = file_bytes[r];
+#if CKPT_BENCH_V2
+      results[r].index = index_digest[r];
+#endif
     }
     const double results_heap = Heap() - h0;
     layout::Assemble(plan, writes, std::move(results), m);
-#if CKPT_BENCH_V2
-    for (ckpt::FileMeta& f : m.files) f.index = index_digest[f.rank];
-#endif
     assemble_heap = Heap() - h0;
     text = ckpt::SerializeMetadata(m);
     assemble_s = Seconds(t);
