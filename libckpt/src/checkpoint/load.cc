@@ -150,8 +150,7 @@ void ReadTensors(const storage::Dir& dir, const std::shared_ptr<const Metadata>&
     try {
       internal::Reader reader(dir, metadata, /*check_tiling=*/false);  // checked by Load's first reader
       for (std::size_t i; !failed && (i = next.fetch_add(1)) < tasks.size();) {
-        reader.ReadRegionEx(*tasks[i].key, tasks[i].chunk->box, tasks[i].chunk->data, options.verify_checksums,
-                            options.verify_partial_chunks);
+        reader.ReadRegion(*tasks[i].key, tasks[i].chunk->box, tasks[i].chunk->data, options.verify_checksums);
       }
       total += reader.bytes_read();
     } catch (...) {

@@ -11,7 +11,9 @@
 
 namespace ckpt {
 
-Metadata ReadMetadata(const std::filesystem::path& dir) { return internal::ReadMetadataAt(storage::Dir::Open(dir)); }
+Metadata ReadMetadata(const std::filesystem::path& dir, bool resolve) {
+  return internal::ReadMetadataAt(storage::Dir::Open(dir), nullptr, resolve);
+}
 
 std::unique_ptr<CheckpointReader> CheckpointReader::Open(const std::filesystem::path& dir) {
   const storage::Dir d = storage::Dir::Open(dir);
@@ -20,7 +22,7 @@ std::unique_ptr<CheckpointReader> CheckpointReader::Open(const std::filesystem::
 
 namespace internal {
 
-Metadata ReadMetadataAt(const storage::Dir& dir, uint64_t* text_hash) {
+Metadata ReadMetadataAt(const storage::Dir& dir, uint64_t* text_hash, bool resolve) {
   const ParseLimits limits;
   std::string text;
   try {
@@ -31,7 +33,10 @@ Metadata ReadMetadataAt(const storage::Dir& dir, uint64_t* text_hash) {
                 dir.path().string() + ": not a checkpoint (no metadata.json; an interrupted save never commits one)");
   }
   if (text_hash) *text_hash = std::hash<std::string>{}(text);
-  return ParseMetadata(text, (dir.path() / names::kMetadataFile).string(), limits);
+  Metadata md = ParseMetadata(text, (dir.path() / names::kMetadataFile).string(), limits);
+  // lead replaces: v1 metadata.json over v2 shards until metadata v2 is written.
+  if (resolve) storage::AdoptBlockDigests(dir, md);
+  return md;
 }
 
 Reader::Reader(storage::Dir dir, std::shared_ptr<const Metadata> metadata, bool check_tiling)
@@ -67,50 +72,17 @@ storage::ShardReader& Reader::Shard(const std::string& file) {
   return *it->second;
 }
 
-void Reader::VerifyDigest(const std::string& key, const ChunkMeta& chunk, const storage::Digest& digest) const {
-  const std::string got = digest.Checksum();
-  if (got != chunk.checksum) {
-    throw Error(ErrorCode::kCorrupt, (dir_ / chunk.file).string() + ": key '" + key + "' chunk " +
-                                         chunk.box.ToString() + " (dataset '" + chunk.dataset +
-                                         "'): checksum mismatch: metadata says " + chunk.checksum +
-                                         ", the data hashes to " + got);
-  }
-}
-
-void Reader::ReadRegion(std::string_view key, const Box& region, void* out, bool verify) {
-  ReadRegionEx(key, region, out, verify, false);
-}
-
-void Reader::ReadRegionEx(std::string_view key_view, const Box& region, void* out, bool verify, bool verify_partial) {
+void Reader::ReadRegion(std::string_view key_view, const Box& region, void* out, bool verify) {
   const std::string key(key_view);
   const EntryMeta& e = TensorEntry(key);
   if (!layout::Contains(Box::Full(e.shape), region) || region.offsets.size() != e.shape.size()) {
     throw Error(ErrorCode::kInvalidArgument, "key '" + key + "': region " + region.ToString() +
                                                  " is not inside the tensor " + Box::Full(e.shape).ToString());
   }
-  const std::size_t item = DTypeSize(e.dtype);
   for (const ChunkMeta& c : e.chunks) {
     const auto inter = layout::Intersect(c.box, region);
     if (!inter) continue;
-    const bool whole = *inter == c.box;
-    storage::ShardReader& shard = Shard(c.file);
-    if (whole || !verify || !verify_partial) {
-      // A digest (and its hash state) only for chunks that will be verified.
-      std::optional<storage::Digest> digest;
-      if (whole && verify) digest.emplace(e.dtype, false);
-      bytes_read_ += shard.Read(key, e.dtype, c, *inter, out, region, digest ? &*digest : nullptr);
-      if (digest) VerifyDigest(key, c, *digest);
-      continue;
-    }
-    // Verify a partly needed chunk: read it whole, check it, copy the part.
-    std::vector<unsigned char> tmp(static_cast<std::size_t>(c.box.NumElements()) * item);
-    storage::Digest digest(e.dtype, false);
-    bytes_read_ += shard.Read(key, e.dtype, c, c.box, tmp.data(), c.box, &digest);
-    VerifyDigest(key, c, digest);
-    layout::ForEachRun(c.box, region, *inter, [&](const layout::Run& run) {
-      std::memcpy(static_cast<unsigned char*>(out) + run.dst * item, tmp.data() + run.src * item,
-                  static_cast<std::size_t>(run.count) * item);
-    });
+    bytes_read_ += Shard(c.file).Read(key, e.dtype, c, *inter, out, region, verify);
   }
 }
 
@@ -122,9 +94,7 @@ void Reader::ReadChunk(std::string_view key_view, std::size_t chunk_index, void*
     throw Error(ErrorCode::kInvalidArgument, "key '" + key + "': no chunk " + std::to_string(chunk_index));
   }
   const ChunkMeta& c = e->chunks[chunk_index];
-  storage::Digest digest(e->dtype, false);
-  bytes_read_ += Shard(c.file).Read(key, e->dtype, c, c.box, out, c.box, verify ? &digest : nullptr);
-  if (verify) VerifyDigest(key, c, digest);
+  bytes_read_ += Shard(c.file).Read(key, e->dtype, c, c.box, out, c.box, verify);
 }
 
 std::optional<FileRange> Reader::LocateChunk(std::string_view key_view, std::size_t chunk_index) {
@@ -148,20 +118,10 @@ std::optional<FileRange> Reader::LocateChunk(std::string_view key_view, std::siz
 
 void Reader::VerifyChunk(std::string_view key_view, std::size_t chunk_index) {
   const std::string key(key_view);
-  const auto range = LocateChunk(key, chunk_index);  // checks key, index and dataset
+  LocateChunk(key, chunk_index);  // checks key, kind and index
   const EntryMeta& e = *metadata_->Find(key);
   const ChunkMeta& c = e.chunks[chunk_index];
-  storage::Digest digest(e.dtype, false);
-  if (range) {
-    Shard(c.file).Hash(range->offset, range->length, digest);
-    bytes_read_ += range->length;
-  } else {  // compressed or empty: decompressed whole
-    const uint64_t n = static_cast<uint64_t>(c.box.NumElements()) * DTypeSize(e.dtype);
-    std::vector<unsigned char> tmp(std::max<uint64_t>(n, 1));
-    ReadChunk(key, chunk_index, tmp.data(), false);
-    digest.Update(tmp.data(), n);
-  }
-  VerifyDigest(key, c, digest);
+  bytes_read_ += Shard(c.file).Verify(key, e.dtype, c);
 }
 
 std::vector<uint8_t> Reader::ReadBytes(std::string_view key_view, bool verify) {

@@ -46,7 +46,6 @@ class Reader final : public CheckpointReader {
  private:
   const EntryMeta& TensorEntry(std::string_view key);
   storage::ShardReader& Shard(const std::string& file);
-  void VerifyDigest(const std::string& key, const ChunkMeta& chunk, const storage::Digest& digest) const;
 
   storage::Dir handle_;
   std::filesystem::path dir_;

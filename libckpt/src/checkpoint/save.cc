@@ -139,7 +139,7 @@ layout::RankResult WriteShard(const fs::path& staging, const std::vector<layout:
       result.chunks.push_back(writer.WriteBytes(key, b.data.data(), b.data.size()));
     }
   }
-  result.bytes = writer.Finish();
+  result.bytes = writer.Finish().bytes;  // lead: carry .index (the shard index digest) to metadata v2
   return result;
 }
 

@@ -233,7 +233,7 @@ void StageCheckpoint(Source& src, const std::vector<Selected>& sel, const fs::pa
               for (const Piece& p : *pieces) {
                 if (!p.whole) check(p.chunk);
                 try {
-                  chunk->Copy(p.range, p.whole ? std::string_view(e.chunks[p.chunk].checksum) : std::string_view());
+                  chunk->Copy(p.range, p.whole ? &e.chunks[p.chunk] : nullptr);
                 } catch (const Error& err) {
                   if (err.code() != ErrorCode::kCorrupt) throw;
                   throw Error(ErrorCode::kCorrupt, "tensor '" + key + "' chunk " + e.chunks[p.chunk].box.ToString() +

@@ -1,9 +1,12 @@
 // storage/shard_reader.h: reads regions of chunks from one shard file (FORMAT.md §5).
 //
 // Every dataset is checked against what metadata says before a byte is read: its type,
-// its shape, and (for contiguous datasets) that it lies inside the file. Contiguous,
-// unfiltered datasets are then read with pread straight into the destination; others
-// through HDF5 hyperslab selections (which run the zstd filter).
+// its shape, and (for contiguous datasets) that it lies inside the file; a v2 chunk whose
+// (digest-checked) index record gives its data offset is read there, checked to lie inside
+// the file. Contiguous, unfiltered datasets are then read with pread straight into the
+// destination; others through HDF5 hyperslab selections (which run the zstd filter).
+// Verified v2 reads fetch the blocks a region touches (FORMAT.md §7), hash each and
+// compare it with the chunk's block digests before any byte is handed out.
 //
 // Threading: one ShardReader per thread.
 #pragma once
@@ -80,14 +83,32 @@ class ShardReader {
   const std::filesystem::path& path() const;
 
  private:
+  friend void AdoptBlockDigests(const Dir& dir, Metadata& md);
   struct Located;
   Located Find(const std::string& key, DType dtype, const ChunkMeta& chunk);
   void LoadIndex();
+  // The chunk as verification sees it: a chunk described without block digests (a v1
+  // metadata.json over a v2 shard) takes them from this shard's index record when that
+  // list hashes to the chunk's checksum; `scratch` holds the copy.
+  const ChunkMeta& WithBlocks(const ChunkMeta& chunk, ChunkMeta& scratch);
+  // Unverified reads (or v1 ones fed to `digest`), contiguous or through HDF5.
+  uint64_t ReadRaw(const Located& at, const std::string& key, DType dtype, const ChunkMeta& chunk,
+                   const Box& region, void* dst, const Box& dst_box, Digest* digest);
   uint64_t ReadContiguous(const ChunkMeta& chunk, uint64_t base, uint64_t chunk_bytes,
                           std::size_t item, const Box& region, void* dst, const Box& dst_box, Digest* digest);
+  // A v2 chunk's region, every block it touches read, hashed and compared first.
+  uint64_t ReadBlocks(const Located& at, const std::string& key, DType dtype, const ChunkMeta& chunk,
+                      const Box& region, void* dst, const Box& dst_box);
 
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// Interim, until metadata.json v2 (whose chunks come from the shard indexes) is written:
+// a v1 metadata.json over v2 shards records chunk checksums over block digests but not
+// the digests; each chunk without them takes its shard index record's list where that
+// list hashes to the chunk's checksum (so the list is as trusted as the checksum).
+// Shards that cannot be read are left to the reads that will report them.
+void AdoptBlockDigests(const Dir& dir, Metadata& md);
 
 }  // namespace ckpt::storage
