@@ -526,6 +526,7 @@ TEST_CASE("Assemble: entries in plan order, chunks in region order, files of ran
     return RankDescription{TensorClaim("w", {8, 2}, {Box{{4 - 4 * r, 0}, {4, 2}}}), ScalarClaim("step", "5"),
                            JsonClaim("cfg", "null")};
   });
+  CHECK(plan.keys[0].regular());  // Assemble over a key kept as runs
   const auto writes = WritesByRank(plan);
   std::vector<RankResult> results(2);
   for (int r = 0; r < 2; ++r) {
