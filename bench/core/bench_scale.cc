@@ -484,6 +484,7 @@ int RunWorld(const Model& model, const std::string& inspect, const fs::path& scr
         for (std::size_t g = 0; g < RegionCount(k); ++g) {
           const layout::SaveRegion region = k.Region(g);
           placed.push_back(ckpt::grid::PlacedBox{region.box, file_pos[region.writer]});
+          e.stored_bytes += region.bytes;
           stats.push_back(*SyntheticChunk(k, static_cast<uint32_t>(ki), static_cast<uint32_t>(g), region.box, "", 0).stats);
         }
         e.layout = ckpt::grid::DescribeLayout(k.shape, placed);
@@ -498,6 +499,10 @@ int RunWorld(const Model& model, const std::string& inspect, const fs::path& scr
     std::printf("metadata from the plan's layouts: %.1f MiB of heap, %.2f s with serialising%s\n", MiB(heap), Seconds(t),
                 text.empty() ? "" : (text == from_layouts ? " (the same bytes as through Assemble)"
                                                           : " (DIFFERS from the text through Assemble)"));
+    if (!text.empty() && text != from_layouts && std::getenv("CKPT_BENCH_DUMP")) {
+      std::ofstream(scratch / "via-assemble.json") << text;
+      std::ofstream(scratch / "via-layouts.json") << from_layouts;
+    }
     if (text.empty()) text = std::move(from_layouts);
   }
 #endif
