@@ -1,7 +1,8 @@
 // bench_scale: metadata that grows with keys and files, not chunks (issue 9, part 2).
 //
 //   ckpt-bench-scale [--ranks 64,256,1024,16384] [--tensors 1000] [--irregular 5]
-//                    [--inspect PATH] [--dir DIR] [--writer-chunks 20000,80000] [--assemble-max N]
+//                    [--inspect PATH] [--dir DIR] [--writer-chunks 20000,80000] [--writer-only]
+//                    [--assemble-max N]
 //
 // For each simulated world of R ranks, every rank holding T tensors (FSDP-style: every
 // tensor sharded over all ranks by the dim-0 step rule, some with a short last part; and
@@ -23,7 +24,7 @@
 //     files it reads, generated in memory as the writer writes them and checked against
 //     files[i].index
 //   - with --dir: CheckpointWriter's heap per chunk (two runs of different chunk counts
-//     over the same 1,000 keys, real HDF5 shards under DIR)
+//     over the same 1,000 keys, real HDF5 shards under DIR); --writer-only: only this
 // and prints each target of the issue as met / missed. Built against format v1 (main before
 // v2) it measures the v1 baseline: v1 metadata, the explicit planner, no shard indexes read.
 //
@@ -97,7 +98,7 @@ double Heap() { return static_cast<double>(mallinfo2().uordblks); }
 [[noreturn]] void Usage() {
   std::fprintf(stderr,
                "usage: ckpt-bench-scale [--ranks R1,R2,...] [--tensors N] [--irregular PERCENT] [--inspect PATH]\n"
-               "                        [--dir DIR] [--writer-chunks N1,N2] [--assemble-max CHUNKS]\n");
+               "                        [--dir DIR] [--writer-chunks N1,N2] [--writer-only] [--assemble-max CHUNKS]\n");
   std::exit(2);
 }
 
@@ -708,8 +709,13 @@ int main(int argc, char** argv) {
   int64_t assemble_max = 4'500'000;
   std::string inspect;
   fs::path dir;
+  bool writer_only = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    if (a == "--writer-only") {
+      writer_only = true;
+      continue;
+    }
     if (i + 1 >= argc) Usage();
     const char* v = argv[++i];
     if (a == "--ranks") {
@@ -734,7 +740,7 @@ int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress as it comes, into a file too
   const fs::path scratch = dir.empty() ? fs::temp_directory_path() / "ckpt-bench-scale" : dir;
   try {
-    for (int64_t w : worlds) {
+    for (int64_t w : writer_only ? std::vector<int64_t>{} : worlds) {
       Model model;
       model.world = static_cast<int>(w);
       model.tensors = tensors;
