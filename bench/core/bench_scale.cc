@@ -628,6 +628,9 @@ int RunWorld(const Model& model, const std::string& inspect, const fs::path& scr
     loads.push_back(lf);
   }
 
+  rusage self{};
+  getrusage(RUSAGE_SELF, &self);
+  std::printf("(this benchmark's peak RSS so far: %.0f MiB)\n", static_cast<double>(self.ru_maxrss) / 1024.0);
   if (judge) {
     std::printf("\ntargets at %d ranks x %d tensors:\n", world, model.tensors);
     const double md_mb = static_cast<double>(text.size()) / 1e6;

@@ -86,7 +86,7 @@ struct SaveKey {
   // Regular form (a tensor, when step > 0; regions and holders are then empty): the runs
   // in part order, covering parts [0, ceil(shape[0] / step)) once each.
   int64_t step = 0;
-  uint64_t row_bytes = 0;  // bytes of one index of dim 0
+  uint64_t row_bytes = 0;  // bytes of one index of dim 0 (set by Finish)
   std::vector<RegularRun> runs;
 
   std::span<const Holder> HoldersOf(const SaveRegion& r) const {
@@ -113,9 +113,10 @@ struct SavePlan {
 // the problems. Incremental, so rank 0 holds one decoded description at a time.
 // Memory: O(keys + ranks + chunks of irregular keys). A tensor whose every claim is one
 // part of a dim-0 step rule, each part held by one rank, is kept as runs (SaveKey::step);
-// the first claim that breaks the rule (another box, a second chunk, a replica, an empty
-// box) turns the key explicit, claims so far included. `compact = false` keeps every key
-// explicit (the same plan, region for region; for tests).
+// the first claim that breaks the rule (another box, a second chunk, an empty box) turns
+// the key explicit, claims so far included, and so does Finish for runs that do not cover
+// every part exactly once (a replica, a gap). Either way the plan is the same, region for
+// region, as with `compact = false`, which keeps every key explicit (for tests).
 class SavePlanner {
  public:
   explicit SavePlanner(int world, bool compact = true);
