@@ -30,7 +30,7 @@ echo "== bench/core: the save's coordination (plan for simulated ranks; many sma
 "$build/bench/core/ckpt-bench-plan" plan
 "$build/bench/core/ckpt-bench-plan" save --dir "$scratch/plan"
 echo
-echo "== bench/core: metadata that scales (16,384 simulated ranks x 1,000 tensors; ~12 GB of RAM at the top)"
+echo "== bench/core: metadata that scales (up to 16,384 simulated ranks x 1,000 tensors: minutes, ~1.5 GB of RAM)"
 "$build/bench/core/ckpt-bench-scale" --ranks 64,256,1024,16384 --inspect "$build/tools/ckpt-inspect" --dir "$scratch/scale"
 for sub in tools runtime; do
   if [ -f "$repo/bench/$sub/run.sh" ]; then
