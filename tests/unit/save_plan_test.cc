@@ -382,6 +382,20 @@ TEST_CASE("regular keys: the same plan as the explicit one, for every way a clai
     CHECK_FALSE(plan.keys[0].regular());
     CHECK(plan.keys[0].RegionCount() == 4);
   }
+  SUBCASE("extents near INT64_MAX: part counts without overflow, byte counts checked alike") {
+    const int64_t big = INT64_MAX, half = int64_t{1} << 62;
+    SavePlan plan = CheckSameAsExplicit(Ranks(2, [&](int r) {
+      return RankDescription{TensorClaim("huge", {big}, {Part({big}, half, r)}, DType::kUInt8)};
+    }));
+    REQUIRE(plan.keys.size() == 1);
+    CHECK(plan.keys[0].regular());
+    CHECK(plan.keys[0].RegionCount() == 2);
+    CHECK(plan.keys[0].Region(1).bytes == static_cast<uint64_t>(big - half));
+    plan = CheckSameAsExplicit(Ranks(2, [&](int r) {
+      return RankDescription{TensorClaim("huge", {big}, {Part({big}, half, r)}, DType::kFloat32)};
+    }));
+    CHECK(plan.keys.empty());  // both refuse: 2^62 float32 elements overflow a byte count
+  }
   SUBCASE("random mixes of regular ranks and breaking ones") {
     std::mt19937 rng(5);
     int regular = 0, broken = 0, failed = 0;

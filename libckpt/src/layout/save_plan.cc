@@ -192,7 +192,7 @@ struct SavePlanner::State {
       if (run.first_part != next) return false;
       next += run.count;
     }
-    if (next != static_cast<uint64_t>((p.shape[0] + p.step - 1) / p.step)) return false;
+    if (next != p.RegionCount()) return false;
     p.runs = std::move(sorted);
     return true;
   }
@@ -325,10 +325,9 @@ SavePlan SavePlanner::Finish() {
     if (p.kind != EntryKind::kTensor) continue;
     const auto item = static_cast<int64_t>(DTypeSize(p.dtype));
     if (p.regular()) {
-      // Every part but the last has `step` rows: the largest region, checked as below.
-      const int64_t row = NumElements(Shape(p.shape.begin() + 1, p.shape.end()));
-      p.row_bytes = static_cast<uint64_t>(internal::CheckedMul(row, item, "key '" + p.key + "'"));
-      internal::CheckedMul(static_cast<int64_t>(p.row_bytes), p.step, "key '" + p.key + "'");
+      // Part 0 has `step` rows, the most of any part: checked as an explicit region is.
+      const int64_t bytes0 = internal::CheckedMul(p.Region(0).box.NumElements(), item, "key '" + p.key + "'");
+      p.row_bytes = static_cast<uint64_t>(bytes0 / p.step);
       continue;
     }
     for (SaveRegion& r : p.regions) {
@@ -349,7 +348,7 @@ SavePlan PlanSave(std::vector<RankDescription> descriptions, bool compact) {
 
 std::size_t SaveKey::RegionCount() const {
   if (!regular()) return regions.size();
-  return static_cast<std::size_t>((shape[0] + step - 1) / step);
+  return static_cast<std::size_t>(shape[0] / step + (shape[0] % step != 0));  // no overflow near INT64_MAX
 }
 
 uint64_t SaveKey::PartBytes(uint64_t part) const {
