@@ -2,7 +2,9 @@
 // the expected full tensors as raw files plus a manifest, for check_corpus.py (h5py,
 // jsonschema) to read back with no ckpt code.
 //
-// Usage: ckpt-interop-write-corpus <out-dir>
+// Usage: ckpt-interop-write-corpus [--golden] <out-dir>
+//   --golden: the corpus sized to be committed (tests/golden/v1): zstd_w2's model.big is
+//             300 x 70 (one HDF5 chunk) instead of 1201 x 520 (several, 2.5 MB).
 //   <out-dir>/<case>/            the checkpoint
 //   <out-dir>/<case>.expected/   manifest.json and <n>.raw (global tensor, row-major LE bytes)
 //
@@ -218,7 +220,7 @@ void AddNonTensors(Case& c) {
   c.jsons.emplace_back("note", R"("just a string")");
 }
 
-std::vector<Case> MakeCases() {
+std::vector<Case> MakeCases(bool golden) {
   std::vector<Case> cases;
   const Shape shapes[] = {{}, {7}, {5, 3}, {3, 4, 5}, {2, 3, 4, 3}};
 
@@ -277,7 +279,7 @@ std::vector<Case> MakeCases() {
     c.compression = ckpt::Compression{ckpt::Compression::Codec::kZstd, 5};
     AddTensor(c, "model.w", DType::kFloat32, {64, 33}, SplitDim(0));
     // Over 1 MiB per rank: several HDF5 chunks per dataset, the last one partial.
-    AddTensor(c, "model.big", DType::kFloat32, {1201, 520}, SplitDim(0));
+    AddTensor(c, "model.big", DType::kFloat32, golden ? Shape{300, 70} : Shape{1201, 520}, SplitDim(0));
     AddTensor(c, "model.b", DType::kBFloat16, {40}, SplitDim(0));
     AddTensor(c, "model.i", DType::kInt64, {3, 5, 7}, SplitDim(1));
     AddTensor(c, "model.r", DType::kFloat16, {12}, Replicated(), Fill::kNormal, true);
@@ -405,11 +407,12 @@ void WriteExpected(const Case& c, const fs::path& dir) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s <out-dir>\n", argv[0]);
+  const bool golden = argc == 3 && std::string(argv[1]) == "--golden";
+  if (argc != 2 && !golden) {
+    std::fprintf(stderr, "usage: %s [--golden] <out-dir>\n", argv[0]);
     return 2;
   }
-  const fs::path out = argv[1];
+  const fs::path out = argv[argc - 1];
   int failures = 0;
   try {
     fs::create_directories(out);
@@ -418,7 +421,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   nlohmann::json index = nlohmann::json::array();
-  for (const Case& c : MakeCases()) {
+  for (const Case& c : MakeCases(golden)) {
     try {
       WriteExpected(c, out / (c.name + ".expected"));
       SaveCase(c, out / c.name);
