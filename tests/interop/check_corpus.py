@@ -48,6 +48,25 @@ def step_describes(sizes):
     return s > 0 and [min(s, n - o) for o in range(0, n, s)] == sizes
 
 
+def affine_fit(layout, shape, chunks):
+    """The affine cell->file map {"base", "strides"} that gives every chunk's file (FORMAT.md
+    §3.3), or None if none does."""
+    try:
+        parts = [F.split_parts(sp, n) for sp, n in zip(layout["grid"], shape)]
+    except F.LayoutError:
+        return None
+    starts = [{o: j for j, (o, _) in enumerate(p)} for p in parts]
+    rows = [[1] + [starts[d][o] for d, o in enumerate(c.offsets)] for c in chunks]
+    files = [c.file_index for c in chunks]
+    if not rows:
+        return None
+    sol = np.linalg.lstsq(np.array(rows, dtype=np.float64), np.array(files, dtype=np.float64), rcond=None)[0]
+    coef = [int(round(x)) for x in sol]
+    if any(sum(a * b for a, b in zip(coef, r)) != f for r, f in zip(rows, files)):
+        return None
+    return {"base": coef[0], "strides": coef[1:]}
+
+
 def compare_stats(err, where, got, want, rel=1e-6):
     for k in ("nan_count", "inf_count", "finite_count"):
         if got.get(k) != want[k]:
@@ -212,6 +231,8 @@ class Case:
             if sizes and all(F.is_int(x) for x in sizes) and step_describes(sizes):
                 self.err(f"tensor {key!r}: dim {d} split by sizes {sizes}, which the step rule "
                          f"{{\"step\": {sizes[0]}}} describes")
+        if isinstance(lay.get("files"), list) and affine_fit(lay, shape, chunks) is not None:
+            self.err(f"tensor {key!r}: cell->file list where the affine map {affine_fit(lay, shape, chunks)} fits")
         stats = [c.stats for c in chunks]
         if e.get("dtype") in F.FLOATING and chunks and all(stats):
             if "stats" not in e:

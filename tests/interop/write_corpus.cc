@@ -151,6 +151,39 @@ Layout Grid2D() {
   };
 }
 
+// The torch.chunk / FSDP rule along `dim`: parts of ceil(n / world) elements, the last one
+// shorter; ranks past the end hold nothing.
+Layout StepDim(int dim) {
+  return [dim](int rank, int world, const Shape& shape) {
+    const int64_t n = shape[static_cast<std::size_t>(dim)];
+    const int64_t step = (n + world - 1) / world;
+    const int64_t begin = std::min<int64_t>(n, step * rank);
+    const int64_t count = std::min<int64_t>(step, n - begin);
+    if (count <= 0) return std::vector<Box>{};
+    Box box = Box::Full(shape);
+    box.offsets[static_cast<std::size_t>(dim)] = begin;
+    box.sizes[static_cast<std::size_t>(dim)] = count;
+    return std::vector<Box>{box};
+  };
+}
+
+// 2 x (world/2) grid over dims 0 and 1 by the step rule both ways (FSDP x TP).
+Layout StepGrid2D() {
+  return [](int rank, int world, const Shape& shape) {
+    const int cols = world / 2;
+    Box box = Box::Full(shape);
+    const int64_t parts[2] = {2, cols};
+    const int64_t idx[2] = {rank / cols, rank % cols};
+    for (std::size_t d = 0; d < 2; ++d) {
+      const int64_t step = (shape[d] + parts[d] - 1) / parts[d];
+      box.offsets[d] = std::min<int64_t>(shape[d], step * idx[d]);
+      box.sizes[d] = std::min<int64_t>(step, shape[d] - box.offsets[d]);
+    }
+    if (box.NumElements() == 0) return std::vector<Box>{};
+    return std::vector<Box>{box};
+  };
+}
+
 // Rank r holds two separate pieces along dim 0 (rows interleaved in blocks of 2 by rank).
 Layout Interleaved() {
   return [](int rank, int world, const Shape& shape) {
@@ -271,6 +304,19 @@ std::vector<Case> MakeCases(bool golden) {
     AddTensor(c, "model.layers.1.empty", DType::kFloat32, {0, 5}, OnRank(1));
     AddTensor(c, "optimizer.state.model.layers.1.attn.o.weight.exp_avg", DType::kFloat32, {9, 7}, Grid2D(),
               Fill::kSpecials);
+    AddNonTensors(c);
+    cases.push_back(std::move(c));
+  }
+  {  // Four ranks as a 2x2 mesh, regular splits (torch.chunk rule): what a grid layout with
+     // steps and an affine file map describes (FORMAT.md §3.3); chunks of several blocks.
+    Case c = NewCase("fsdp_w4", 4);
+    AddTensor(c, "model.embed.weight", DType::kFloat32, {4099, 64}, StepDim(0));  // 1025 rows, 256 KiB
+    AddTensor(c, "model.w", DType::kBFloat16, {10, 3}, StepDim(0));                 // 3, 3, 3, 1
+    AddTensor(c, "model.tiny", DType::kInt32, {2, 5}, StepDim(0));                  // ranks 2, 3 empty
+    AddTensor(c, "model.tp.weight", DType::kFloat32, {8, 6}, StepGrid2D());
+    AddTensor(c, "model.tp.odd", DType::kFloat16, {7, 5}, StepGrid2D());            // 4+3 x 3+2
+    AddTensor(c, "model.cols", DType::kInt64, {3, 9}, StepDim(1));                   // 3 columns each
+    AddTensor(c, "optimizer.state.model.w.exp_avg", DType::kFloat32, {10, 3}, StepDim(0), Fill::kSpecials);
     AddNonTensors(c);
     cases.push_back(std::move(c));
   }

@@ -305,10 +305,10 @@ def write_v2_cases(out):
     t("grid.step.uneven", "bfloat16", (10, 6), [{"step": 4}, {"step": 6}], affine(2, -1, 0))  # parts 4, 4, 2
     t("grid.sizes.cols", "int32", (4, 10), [{"step": 4}, {"sizes": [1, 4, 5]}], [2, 0, 1])
     t("grid.2d", "float16", (9, 7), [{"step": 5}, {"step": 3}], affine(0, 0, 1))  # 2 x 3 cells
-    t("grid.empty.part", "float32", (5, 3), [{"sizes": [0, 2, 3]}, {"step": 3}], [0, 1, 2])  # cell 0 empty
+    t("grid.empty.part", "float32", (5, 3), [{"sizes": [0, 2, 1, 2]}, {"step": 3}], [0, 1, 1, 0])  # cell 0 empty
     t("grid.fp8", "float8_e4m3fn", (16,), [{"step": 8}], affine(1, 1))
     t("grid.mask", "bool", (5,), [{"step": 5}], affine(2, 0))
-    t("grid.e5m2", "float8_e5m2", (3, 4), [{"step": 3}, {"step": 2}], [0, 2])
+    t("grid.e5m2", "float8_e5m2", (3, 4), [{"step": 3}, {"step": 1}], [0, 2, 2, 1])
     t("big.blocks", "uint8", (9000,), [{"step": 9000}], affine(1, 0))  # blocks of 4096, 4096, 808
     t("big.blocks.64k", "int16", (12000,), [{"step": 6000}], affine(0, 2), block_bytes=65536)
     t("scalar0d", "float64", (), [], affine(1))
