@@ -21,9 +21,9 @@ using nlohmann::json;
 
 class CheckpointSource final : public Source {
  public:
-  explicit CheckpointSource(const std::filesystem::path& dir) {
+  CheckpointSource(const std::filesystem::path& dir, bool resolve) : resolve_(resolve) {
     path_ = dir;
-    metadata_ = ReadMetadata(dir);  // indexed by the parser
+    metadata_ = ReadMetadata(dir, resolve);  // indexed by the parser
   }
   SourceKind kind() const override { return SourceKind::kCheckpoint; }
   void ReadRegion(std::string_view key, const Box& region, void* out) override {
@@ -40,9 +40,10 @@ class CheckpointSource final : public Source {
 
  private:
   CheckpointReader& Reader() {
-    if (!reader_) reader_ = CheckpointReader::Open(path_);
+    if (!reader_) reader_ = CheckpointReader::Open(path_, resolve_);
     return *reader_;
   }
+  bool resolve_;
   std::unique_ptr<CheckpointReader> reader_;
 };
 
@@ -224,7 +225,7 @@ bool Source::HoldsWhole(std::string_view key) const {
   return n == NumElementsOf(*e);
 }
 
-std::unique_ptr<Source> Source::Open(const std::filesystem::path& path, bool skip_unsupported) {
+std::unique_ptr<Source> Source::Open(const std::filesystem::path& path, bool skip_unsupported, bool resolve) {
   std::error_code ec;
   const auto st = std::filesystem::status(path, ec);
   if (ec || !std::filesystem::exists(st))
@@ -233,12 +234,12 @@ std::unique_ptr<Source> Source::Open(const std::filesystem::path& path, bool ski
     if (!std::filesystem::exists(path / kMetadataFileName, ec))
       throw Error(ErrorCode::kNotFound,
                   path.string() + ": not a checkpoint (no metadata.json; an uncommitted save?)");
-    return std::make_unique<CheckpointSource>(path);
+    return std::make_unique<CheckpointSource>(path, resolve);
   }
   if (path.extension() == ".safetensors") return std::make_unique<SafetensorsSource>(path, skip_unsupported);
   const std::string head = Head(path, 9);
   if (head.starts_with(std::string_view("\x89HDF\r\n\x1a\n", 8))) return std::make_unique<ShardSource>(path);
-  if (path.filename() == kMetadataFileName) return Open(path.parent_path());
+  if (path.filename() == kMetadataFileName) return Open(path.parent_path(), skip_unsupported, resolve);
   // A safetensors file under another name: its header starts after 8 bytes with '{'.
   if (head.size() == 9 && head[8] == '{') return std::make_unique<SafetensorsSource>(path, skip_unsupported);
   throw Error(ErrorCode::kUnsupported,
