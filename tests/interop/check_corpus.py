@@ -231,7 +231,7 @@ class Case:
             if sizes and all(F.is_int(x) for x in sizes) and step_describes(sizes):
                 self.err(f"tensor {key!r}: dim {d} split by sizes {sizes}, which the step rule "
                          f"{{\"step\": {sizes[0]}}} describes")
-        if isinstance(lay.get("files"), list) and affine_fit(lay, shape, chunks) is not None:
+        if isinstance(lay.get("files"), list) and 0 not in shape and affine_fit(lay, shape, chunks) is not None:
             self.err(f"tensor {key!r}: cell->file list where the affine map {affine_fit(lay, shape, chunks)} fits")
         stats = [c.stats for c in chunks]
         if e.get("dtype") in F.FLOATING and chunks and all(stats):
@@ -478,18 +478,18 @@ def valid_v2_document():
     for i, f in enumerate(d["files"]):
         f["index"] = "xxh3-64:%016x" % (0x1111 * (i + 1))
     d["entries"].update({
-        "model.w": {"type": "tensor", "dtype": "bfloat16", "shape": [4, 2], "stats": STATS,
+        "model.w": {"type": "tensor", "dtype": "bfloat16", "shape": [4, 2], "stats": STATS, "stored_bytes": 15,
                     "layout": {"grid": [{"step": 2}, {"step": 2}], "files": {"base": 0, "strides": [1, 0]}}},
-        "model.u": {"type": "tensor", "dtype": "int32", "shape": [5, 3],
+        "model.u": {"type": "tensor", "dtype": "int32", "shape": [5, 3], "stored_bytes": 8,
                     "layout": {"grid": [{"sizes": [1, 4]}, {"step": 3}], "files": [1, 0]}},
-        "model.x": {"type": "tensor", "dtype": "float32", "shape": [3],
+        "model.x": {"type": "tensor", "dtype": "float32", "shape": [3], "stored_bytes": 8,
                     "layout": {"chunks": [{"offsets": [0], "sizes": [1], "file": 0},
                                           {"offsets": [1], "sizes": [2], "file": 1}]}},
-        "model.s": {"type": "tensor", "dtype": "float64", "shape": [],
+        "model.s": {"type": "tensor", "dtype": "float64", "shape": [], "stored_bytes": 8,
                     "layout": {"grid": [], "files": {"base": 1, "strides": []}}},
-        "model.e": {"type": "tensor", "dtype": "float32", "shape": [0, 3],
+        "model.e": {"type": "tensor", "dtype": "float32", "shape": [0, 3], "stored_bytes": 8,
                     "layout": {"grid": [{"step": 0}, {"step": 3}], "files": {"base": 0, "strides": [0, 0]}}},
-        "rng": {"type": "bytes", "size": 16, "file": 0},
+        "rng": {"type": "bytes", "size": 16, "file": 0, "stored_bytes": 16},
     })
     d["digest"] = "xxh3-64:0123456789abcdef"
     return d
@@ -580,6 +580,9 @@ def check_schema_rejects(schema_path):
     b2("format_version 1 with layouts", lambda d: d.update(format_version=1))
     b2("a v1 chunk list", lambda d: d[E].update({"model.w": valid_v1_document()[E]["model.w"]}))
     b2("a tensor without layout", lambda d: d[E]["model.w"].pop("layout"))
+    b2("a tensor without stored_bytes", lambda d: d[E]["model.w"].pop("stored_bytes"))
+    b2("bytes without stored_bytes", lambda d: d[E]["rng"].pop("stored_bytes"))
+    b2("a negative stored_bytes", lambda d: d[E]["model.x"].update(stored_bytes=-1))
     b2("a layout with grid and chunks", lambda d: d[E]["model.w"]["layout"].update(chunks=[]))
     b2("a grid without files", lambda d: d[E]["model.w"]["layout"].pop("files"))
     b2("a negative step", lambda d: d[E]["model.w"]["layout"]["grid"][0].update(step=-1))
@@ -743,6 +746,9 @@ def selftest(scratch, schema_path):
     corrupt("a layout step that does not cut like the chunks", g,
             lambda d: edit_meta(d, lambda b: b.replace(b'{"step": 23}', b'{"step": 24}')),
             r"holds 0 records")
+    corrupt("an entry's stored_bytes that is not its records' sum", g,
+            lambda d: edit_meta(d, lambda b: b.replace(b'"stored_bytes": 9000', b'"stored_bytes": 9001')),
+            r"stored_bytes 9001, its records sum to 9000")
     corrupt("a cell->file map pointing past files", g,
             lambda d: edit_meta(d, lambda b: b.replace(b'"base": 0, "strides": [1, 0]', b'"base": 1, "strides": [1, 0]')),
             r"outside files")

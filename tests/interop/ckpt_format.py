@@ -158,8 +158,12 @@ def split_parts(split, n):
             raise LayoutError(f"step {s} for extent {n} (must be >= 1)")
         return [(o, min(s, n - o)) for o in range(0, n, s)]
     sizes = split.get("sizes")
-    if not isinstance(sizes, list) or not sizes or not all(is_int(s) and s >= 0 for s in sizes):
-        raise LayoutError(f"split {split!r} has neither a step nor sizes >= 0")
+    if not isinstance(sizes, list) or not sizes or not all(is_int(s) for s in sizes):
+        raise LayoutError(f"split {split!r} has neither a step nor integer sizes")
+    if n == 0 and sizes != [0]:
+        raise LayoutError(f"part sizes {sizes} for an extent of 0 (must be [0])")
+    if n > 0 and not all(s >= 1 for s in sizes):
+        raise LayoutError(f"part sizes {sizes} are not all >= 1")
     if sum(sizes) != n:
         raise LayoutError(f"part sizes {sizes} sum to {sum(sizes)}, not the extent {n}")
     starts = [0]
@@ -199,25 +203,19 @@ def layout_chunks(layout, shape, nfiles):
     zero_volume = 0 in shape
     out = []
     for cell, idx in enumerate(itertools.product(*[range(len(p)) for p in parts])):
-        box = [p[j] for p, j in zip(parts, idx)]
-        if zero_volume:
-            if cell != 0:
-                continue
-            offs, sizes = [0] * rank, list(shape)
-        elif all(s > 0 for _, s in box):
-            offs, sizes = [o for o, _ in box], [s for _, s in box]
-        else:
-            continue
         f = fmap[cell] if isinstance(fmap, list) else fmap["base"] + sum(i * t for i, t in zip(idx, fmap["strides"]))
         if not is_int(f) or not 0 <= f < nfiles:
             raise LayoutError(f"cell {cell} {list(idx)} maps to file index {f!r}, outside files (of {nfiles})")
-        out.append((offs, sizes, f))
+        if not zero_volume:
+            out.append(([p[j][0] for p, j in zip(parts, idx)], [p[j][1] for p, j in zip(parts, idx)], f))
+        elif cell == 0:
+            out.append(([0] * rank, list(shape), f))
     return out
 
 
 def describe_grid(shape, chunks):
     """The grid splits that `chunks` [(offsets, sizes)] form, or None if they form no grid:
-    the distinct offsets of each dimension cut it into parts and every cell of non-zero volume
+    the distinct offsets of each dimension cut it into parts and every cell
     is exactly one chunk. Used to check that a writer describes a grid as one (§3.3)."""
     if 0 in shape:
         return None
@@ -575,6 +573,7 @@ class Checkpoint:
                         self.err(f"{c.where()}: index record says dtype {r.get('dtype')} shape {r.get('shape')} "
                                  f"sizes {r.get('sizes')}, the layout dtype {e.get('dtype')} shape {shape} sizes {sizes}")
                     chunks.append(c)
+                self._check_stored(key, e, chunks)
                 self.tensors[key] = chunks
             elif kind == "bytes":
                 f = e.get("file")
@@ -587,6 +586,7 @@ class Checkpoint:
                 if r.get("size") != e.get("size"):
                     self.err(f"{self.files[f]}: bytes {key!r}: index size {r.get('size')}, metadata {e.get('size')}")
                 self.blobs[key] = Chunk(key, f, self.files[f], r)
+                self._check_stored(key, e, [self.blobs[key]])
         for i, idx in self.indexes.items():
             if idx is None:
                 continue
@@ -594,6 +594,12 @@ class Checkpoint:
             for r in extra[:5]:
                 self.err(f"{self.files[i]}: index record {r.get('key')!r} {r.get('offsets', '')} is not a chunk "
                          f"metadata.json assigns to this file (FORMAT.md §5.5)")
+
+    def _check_stored(self, key, e, chunks):
+        """FORMAT.md §3.5: an entry's stored_bytes sums its chunks'."""
+        want = sum(c.stored_bytes for c in chunks if is_int(c.stored_bytes))
+        if e.get("stored_bytes") != want:
+            self.err(f"metadata.json: {key!r}: stored_bytes {e.get('stored_bytes')!r}, its records sum to {want}")
 
     def _resolve_v1(self):
         pos = {n: i for i, n in enumerate(self.files)}

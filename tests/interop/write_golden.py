@@ -8,8 +8,8 @@ Usage: write_golden.py [--v2] <out-dir>
   (default) version 1 (FORMAT.md appendix): golden_w2, golden_w3_zstd. libckpt reading them
             proves it reads v1 written by another implementation.
   --v2      version 2 (FORMAT.md §3, §5.5, §7): v2_grid_w3 (every layout form: step and sizes
-            grids, affine and listed cell->file maps, a negative stride, zero-volume cells, an
-            explicit layout, 0-D and empty tensors, chunks of several blocks) and v2_zstd_w2.
+            grids, affine and listed cell->file maps, a negative stride, an
+            explicit layout, 0-D and empty tensors, an empty tensor of several cells, chunks of several blocks) and v2_zstd_w2.
 
 Needs Debian's python3-h5py, python3-numpy and python3-xxhash, and libzstd (the compressed
 cases) through ctypes: a build dependency of ckpt.
@@ -219,7 +219,7 @@ class WriterV2(Writer):
     def tensor_v2(self, key, dtype, shape, layout, data, block_bytes=4096):
         """Writes the chunks `layout` names (FORMAT.md §3.3) from the global `data`."""
         self._expect_tensor(key, dtype, shape, data)
-        stats = []
+        stats, stored = [], 0
         for offs, sizes, fi in F.layout_chunks(layout, list(shape), self.world):
             rec, ds, raw = self._chunk(fi, key, dtype, shape, offs, sizes, data)
             digests = F.block_digests(raw, block_bytes)
@@ -233,7 +233,8 @@ class WriterV2(Writer):
             r.update(checksum=F.blocked_checksum(digests), block_bytes=block_bytes, blocks=F.blocks_hex(digests))
             self.index[fi].insert(0, r)  # records in any order (§5.5): newest first
             stats.append(rec.get("stats"))
-        e = {"type": "tensor", "dtype": dtype, "shape": list(shape), "layout": layout}
+            stored += rec["stored_bytes"]
+        e = {"type": "tensor", "dtype": dtype, "shape": list(shape), "layout": layout, "stored_bytes": stored}
         if dtype in F.FLOATING and all(stats):
             e["stats"] = F.aggregate_stats(stats)
         self.entries[key] = e
@@ -249,7 +250,7 @@ class WriterV2(Writer):
             r["offset"] = int(ds.id.get_offset())
         r.update(checksum=F.blocked_checksum(digests), block_bytes=block_bytes, blocks=F.blocks_hex(digests))
         self.index[rank].append(r)
-        self.entries[key] = {"type": "bytes", "size": len(data), "file": rank}
+        self.entries[key] = {"type": "bytes", "size": len(data), "file": rank, "stored_bytes": r["stored_bytes"]}
 
     def close(self):
         meta = self._meta(self._finish_files())
@@ -305,7 +306,7 @@ def write_v2_cases(out):
     t("grid.step.uneven", "bfloat16", (10, 6), [{"step": 4}, {"step": 6}], affine(2, -1, 0))  # parts 4, 4, 2
     t("grid.sizes.cols", "int32", (4, 10), [{"step": 4}, {"sizes": [1, 4, 5]}], [2, 0, 1])
     t("grid.2d", "float16", (9, 7), [{"step": 5}, {"step": 3}], affine(0, 0, 1))  # 2 x 3 cells
-    t("grid.empty.part", "float32", (5, 3), [{"sizes": [0, 2, 1, 2]}, {"step": 3}], [0, 1, 1, 0])  # cell 0 empty
+    t("grid.list", "float32", (5, 3), [{"sizes": [2, 1, 2]}, {"step": 3}], [1, 1, 0])  # not affine
     t("grid.fp8", "float8_e4m3fn", (16,), [{"step": 8}], affine(1, 1))
     t("grid.mask", "bool", (5,), [{"step": 5}], affine(2, 0))
     t("grid.e5m2", "float8_e5m2", (3, 4), [{"step": 3}, {"step": 1}], [0, 2, 2, 1])
@@ -313,6 +314,7 @@ def write_v2_cases(out):
     t("big.blocks.64k", "int16", (12000,), [{"step": 6000}], affine(0, 2), block_bytes=65536)
     t("scalar0d", "float64", (), [], affine(1))
     t("empty.tensor", "float32", (4, 0, 3), [{"step": 4}, {"step": 0}, {"step": 3}], affine(2, 0, 0, 0))
+    t("empty.cells", "float16", (4, 0), [{"step": 2}, {"step": 0}], [1, 0])  # 2 cells, one chunk: cell 0's
     t("odd/key%name@0,0", "int8", (3, 2), [{"step": 2}, {"step": 2}], affine(0, 1, 0))
     w.tensor_v2("explicit.L", "int64", (7, 3),  # no grid: the lower part is not cut at column 2
                 {"chunks": [{"offsets": [0, 0], "sizes": [3, 2], "file": 1},
