@@ -3,8 +3,9 @@
 // numpy, per schemas/FORMAT.md) produced, and the v1 golden checkpoints of tests/golden/v1
 // (written by the v1 library). For every case under <dir> (a <case>/ checkpoint beside
 // <case>.expected/, the manifest format of write_corpus.cc), or only the named cases:
-//   - CheckpointReader: every tensor read whole (ReadRegion, checksums verified) and every
-//     chunk (ReadChunk); every bytes entry; equal to the expected raw files;
+//   - CheckpointReader: every tensor read whole (ReadRegion, checksums verified), a column
+//     slice of it (a partial read of every chunk), and every chunk (ReadChunk); every bytes
+//     entry; equal to the expected raw files;
 //   - ckpt::Load on (saved world size + 1) thread ranks into another layout (uneven dim-0
 //     rows), and on 1 rank into full tensors, with scalars, bytes and JSON entries; values
 //     equal, report clean. A LOCAL checkpoint (FORMAT.md §8.6) loads as LOCAL on its own
@@ -84,10 +85,26 @@ void CheckReader(const std::string& name, const fs::path& dir, const Manifest& m
       Problem(where + ": not in the metadata as written");
       continue;
     }
+    if (e->chunks.empty()) {
+      Problem(where + ": the reader lists no chunk (every tensor has at least one)");
+      continue;
+    }
     std::vector<uint8_t> whole(t.data.size() + 1);
     reader->ReadRegion(t.key, ckpt::Box::Full(t.shape), whole.data());
     whole.pop_back();
     if (whole != t.data) Problem(where + ": ReadRegion of the whole tensor differs from the expected values");
+    if (t.shape.size() >= 2 && t.shape.back() > 2) {
+      // A strided column slice: a partial, verified read of every chunk it meets.
+      ckpt::Box cols = ckpt::Box::Full(t.shape);
+      cols.offsets.back() = 1;
+      cols.sizes.back() = t.shape.back() - 2;
+      const std::size_t item = ckpt::DTypeSize(t.dtype);
+      std::vector<uint8_t> slice(static_cast<std::size_t>(cols.NumElements()) * item + 1);
+      reader->ReadRegion(t.key, cols, slice.data());
+      slice.pop_back();
+      if (slice != ExtractBox(t.data, t.shape, cols, item))
+        Problem(where + ": ReadRegion " + cols.ToString() + " differs from the expected values");
+    }
     for (std::size_t c = 0; c < e->chunks.size(); ++c) {
       const ckpt::Box& box = e->chunks[c].box;
       const std::size_t item = ckpt::DTypeSize(t.dtype);
