@@ -89,31 +89,27 @@ void CheckReader(const std::string& name, const fs::path& dir, const Manifest& m
       Problem(where + ": the reader lists no chunk (every tensor has at least one)");
       continue;
     }
-    std::vector<uint8_t> whole(t.data.size() + 1);
-    reader->ReadRegion(t.key, ckpt::Box::Full(t.shape), whole.data());
-    whole.pop_back();
-    if (whole != t.data) Problem(where + ": ReadRegion of the whole tensor differs from the expected values");
+    const std::size_t item = ckpt::DTypeSize(t.dtype);
+    // Reads `box` (one byte past it must stay untouched) by `read`, compares it with the expected values.
+    auto check = [&](const ckpt::Box& box, const std::string& what, auto read) {
+      std::vector<uint8_t> got(static_cast<std::size_t>(box.NumElements()) * item + 1, 0xA5);
+      read(got.data());
+      if (got.back() != 0xA5) Problem(where + ": " + what + " writes past its region");
+      got.pop_back();
+      if (got != ExtractBox(t.data, t.shape, box, item)) Problem(where + ": " + what + " differs from the expected values");
+    };
+    const ckpt::Box full = ckpt::Box::Full(t.shape);
+    check(full, "ReadRegion of the whole tensor", [&](void* out) { reader->ReadRegion(t.key, full, out); });
     if (t.shape.size() >= 2 && t.shape.back() > 2) {
       // A strided column slice: a partial, verified read of every chunk it meets.
-      ckpt::Box cols = ckpt::Box::Full(t.shape);
+      ckpt::Box cols = full;
       cols.offsets.back() = 1;
       cols.sizes.back() = t.shape.back() - 2;
-      const std::size_t item = ckpt::DTypeSize(t.dtype);
-      std::vector<uint8_t> slice(static_cast<std::size_t>(cols.NumElements()) * item + 1);
-      reader->ReadRegion(t.key, cols, slice.data());
-      slice.pop_back();
-      if (slice != ExtractBox(t.data, t.shape, cols, item))
-        Problem(where + ": ReadRegion " + cols.ToString() + " differs from the expected values");
+      check(cols, "ReadRegion " + cols.ToString(), [&](void* out) { reader->ReadRegion(t.key, cols, out); });
     }
-    for (std::size_t c = 0; c < e->chunks.size(); ++c) {
-      const ckpt::Box& box = e->chunks[c].box;
-      const std::size_t item = ckpt::DTypeSize(t.dtype);
-      std::vector<uint8_t> piece(static_cast<std::size_t>(box.NumElements()) * item + 1);
-      reader->ReadChunk(t.key, c, piece.data());
-      piece.pop_back();
-      if (piece != ExtractBox(t.data, t.shape, box, item))
-        Problem(where + ": ReadChunk " + box.ToString() + " differs from the expected values");
-    }
+    for (std::size_t c = 0; c < e->chunks.size(); ++c)
+      check(e->chunks[c].box, "ReadChunk " + e->chunks[c].box.ToString(),
+            [&](void* out) { reader->ReadChunk(t.key, c, out); });
   }
   for (const auto& [key, blob] : man.blobs) {
     if (reader->ReadBytes(key) != blob) Problem(name + ": bytes '" + key + "' differ from the expected values");
