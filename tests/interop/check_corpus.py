@@ -13,6 +13,9 @@ Usage:
   check_corpus.py schema <schema>
         the schemas (<schema> and shard_index.schema.json beside it) accept valid documents
         and reject hand-broken ones, for both versions
+  check_corpus.py verify <checkpoint> <schema>
+        any checkpoint, without expected values: the chain of trust, every chunk read and
+        verified (blocks, checksums), chunks tiling every tensor, every blob
   check_corpus.py selftest <scratch> <schema>
         write_golden.py's hand-made v2 checkpoints pass, and each of a set of corruptions
         (a flipped data byte, scalar, key, index offset, a missing record...) is reported
@@ -21,6 +24,7 @@ Needs Debian's python3-h5py, python3-numpy, python3-jsonschema and python3-xxhas
 """
 import copy
 import json
+import math
 import os
 import re
 import shutil
@@ -738,7 +742,13 @@ def selftest(scratch, schema_path):
     corrupt("a changed block digest with the checksum kept", g,
             lambda d: edit_index(d, f0, lambda t: edit_record(t, w, lambda r: r.update(
                 blocks="0" * 16 + r["blocks"][16:])), fix_digest=True),
-            r"block 0 .* has digest")
+            r"checksum .* the recorded block digests hash to")
+    corrupt("a changed block digest with the checksum recomputed over it", g,
+            lambda d: edit_index(d, f0, lambda t: edit_record(t, w, lambda r: r.update(
+                blocks="0" * 16 + r["blocks"][16:],
+                checksum=F.blocked_checksum([int(("0" * 16 + r["blocks"][16:])[i:i + 16], 16)
+                                             for i in range(0, len(r["blocks"]), 16)]))), fix_digest=True),
+            r"block 0 \(bytes 0\.\.4096\) has digest")
     corrupt("a block_bytes of 2048", g,
             lambda d: edit_index(d, f0, lambda t: edit_record(t, w, lambda r: r.update(block_bytes=2048)),
                                  fix_digest=True),
@@ -828,6 +838,53 @@ def edit_record(text, key, fn):
     return _index_edit(text, lambda chunks: fn(next(r for r in chunks if r["key"] == key)))
 
 
+def verify(path, schema_path):
+    """Checks one checkpoint on its own (FORMAT.md §7.2's verifier): prints the problems."""
+    problems = []
+    ck = F.Checkpoint(path, *validators(schema_path), err=problems.append)
+    chunks = bytes_read = 0
+    try:
+        entries = ck.entries() if ck.meta is not None else {}
+        for key, parts in ck.tensors.items():
+            e = entries[key]
+            shape = e["shape"]
+            covered = np.zeros(shape, dtype=np.int32)
+            for c in parts:
+                if len(c.offsets) != len(shape) or any(o < 0 or s < 0 or o + s > n
+                                                       for o, s, n in zip(c.offsets, c.sizes, shape)):
+                    problems.append(f"{c.where()}: outside the tensor's shape {shape}")
+                    continue
+                covered[tuple(slice(o, o + s) for o, s in zip(c.offsets, c.sizes))] += 1
+                data = ck.read_chunk(c, e["dtype"])
+                if data is None:
+                    continue
+                want = (math.prod(c.sizes) if c.sizes else 1) * F.itemsize(e["dtype"])
+                if len(data) != want:
+                    problems.append(f"{c.where()}: the dataset holds {len(data)} bytes, expected {want}")
+                    continue
+                ck.verify_chunk(c, data)
+                chunks += 1
+                bytes_read += len(data)
+            if covered.size and (covered != 1).any():
+                problems.append(f"tensor {key!r}: chunks do not tile the shape (FORMAT.md §8.5)")
+        for key, c in ck.blobs.items():
+            data = ck.read_chunk(c, "bytes")
+            if data is not None:
+                if len(data) != entries[key]["size"]:
+                    problems.append(f"{c.where()}: {len(data)} bytes, size says {entries[key]['size']}")
+                ck.verify_chunk(c, data)
+                chunks += 1
+                bytes_read += len(data)
+    finally:
+        ck.close()
+    for p in problems:
+        print("FAIL " + p)
+    version = ck.meta.get("format_version") if ck.meta else None
+    print(f"{'OK' if not problems else 'FAILED'}: {path}: format v{version}, {len(ck.tensors)} tensors, "
+          f"{len(ck.blobs)} blobs, {chunks} chunks verified, {bytes_read} bytes, {len(problems)} problems")
+    return 1 if problems else 0
+
+
 def main(argv):
     args = argv[1:]
     version = None
@@ -839,6 +896,8 @@ def main(argv):
         return 1 if check_corpus(args[1], args[2], version) else 0
     if len(args) == 2 and args[0] == "schema":
         return check_schema_rejects(args[1])
+    if len(args) == 3 and args[0] == "verify":
+        return verify(args[1], args[2])
     if len(args) == 3 and args[0] == "selftest":
         return selftest(args[1], args[2])
     print(__doc__, file=sys.stderr)

@@ -75,6 +75,7 @@ def valid_block_bytes(b):
 DIGEST_HEAD = b'"digest": "xxh3-64:'
 DIGEST_SUFFIX = 38  # '"digest": "xxh3-64:' + 16 hex + '"}' + '\n'
 HEX16 = re.compile(rb"^[0-9a-f]{16}$")
+HEX_BLOCKS = re.compile(r"^(?:[0-9a-f]{16})*$")
 
 
 def digest_suffix(raw):
@@ -654,14 +655,16 @@ class Checkpoint:
             self.err(f"{c.where()}: block_bytes {c.block_bytes!r} is not a power of two in [4096, 64 MiB] (§7.1)")
             return
         digests = block_digests(data, c.block_bytes)
-        if not isinstance(c.blocks, str) or len(c.blocks) != 16 * len(digests):
+        if not isinstance(c.blocks, str) or len(c.blocks) != 16 * len(digests) or not HEX_BLOCKS.match(c.blocks):
             self.err(f"{c.where()}: blocks holds {len(c.blocks) if isinstance(c.blocks, str) else c.blocks!r} hex "
                      f"digits, expected {16 * len(digests)} for {len(data)} bytes in blocks of {c.block_bytes}")
             return
-        for b, d in enumerate(digests):
-            if c.blocks[16 * b:16 * b + 16] != "%016x" % d:
+        recorded = [int(c.blocks[i:i + 16], 16) for i in range(0, len(c.blocks), 16)]
+        if c.checksum != blocked_checksum(recorded):  # the checksum proves the block digests (§7.5)
+            self.err(f"{c.where()}: checksum {c.checksum!r}, the recorded block digests hash to "
+                     f"{blocked_checksum(recorded)!r}")
+        for b, (got, want) in enumerate(zip(digests, recorded)):
+            if got != want:
                 lo = b * c.block_bytes
                 self.err(f"{c.where()}: block {b} (bytes {lo}..{min(lo + c.block_bytes, len(data))}) has digest "
-                         f"{'%016x' % d}, the record says {c.blocks[16 * b:16 * b + 16]}")
-        if c.checksum != blocked_checksum(digests):
-            self.err(f"{c.where()}: checksum {c.checksum!r}, the block digests hash to {blocked_checksum(digests)!r}")
+                         f"{got:016x}, the record says {want:016x}")
