@@ -76,12 +76,12 @@ ChunkCatalog::File& ChunkCatalog::Load(int32_t index) {
                                              ", the index hashes to " + got +
                                              " (the shard was changed or damaged after it was written)");
       }
-      storage::ShardIndex index = storage::ParseShardIndex(text, where);
-      if (index.format_version < 2) {
-        throw Error(ErrorCode::kCorrupt, where + ": a version " + std::to_string(index.format_version) +
+      storage::ShardIndex parsed = storage::ParseShardIndex(text, where);
+      if (parsed.format_version < 2) {
+        throw Error(ErrorCode::kCorrupt, where + ": a version " + std::to_string(parsed.format_version) +
                                              " index in a version 2 checkpoint");
       }
-      for (storage::ShardIndexEntry& r : index.entries) {
+      for (storage::ShardIndexEntry& r : parsed.entries) {
         r.chunk.file = meta.name;
         std::string key = r.key;
         f.records[key].push_back(std::move(r));

@@ -61,7 +61,7 @@ class SafetensorsSource final : public Source {
     for (const auto& [k, v] : reader_->metadata()) user[k] = v;
     metadata_.user = user.dump();
     const std::string name = file.filename().string();
-    metadata_.files.push_back(FileMeta{name, 0, reader_->file_size()});
+    metadata_.files.push_back(FileMeta{name, 0, reader_->file_size(), {}});
     for (const auto& t : reader_->tensors()) {
       EntryMeta e;
       e.kind = EntryKind::kTensor;
@@ -113,7 +113,7 @@ class ShardSource final : public Source {
     // checks (own dataset, no virtual or external storage, allowed filters) are all there is.
     reader_ = std::make_unique<storage::ShardReader>(file.parent_path(), file.filename().string(),
                                                      /*use_index=*/false);
-    Describe(reader_->Index());
+    Describe(reader_->Index().entries);
   }
   SourceKind kind() const override { return SourceKind::kShard; }
   void ReadRegion(std::string_view key, const Box& region, void* out) override {
@@ -125,7 +125,7 @@ class ShardSource final : public Source {
     for (const auto& c : e->chunks) {
       auto common = layout::Intersect(c.box, region);
       if (!common) continue;
-      read_ += reader_->Read(k, e->dtype, c, *common, out, region, nullptr);
+      read_ += reader_->Read(k, e->dtype, c, *common, out, region, /*verify=*/false);
       covered += common->NumElements();
     }
     if (covered != region.NumElements())
@@ -157,7 +157,7 @@ class ShardSource final : public Source {
   void Describe(const std::vector<storage::ShardIndexEntry>& index) {
     const std::string where = path_.string() + ": ckpt_shard_index";
     const std::string name = path_.filename().string();
-    metadata_.files.push_back(FileMeta{name, 0, reader_->file_size()});
+    metadata_.files.push_back(FileMeta{name, 0, reader_->file_size(), {}});
     metadata_.library_version = "";
     metadata_.state_dict_type = StateDictType::kSharded;
     metadata_.mesh = "null";
@@ -166,9 +166,9 @@ class ShardSource final : public Source {
     for (const auto& c : index) {
       if (c.bytes) continue;
       ChunkMeta chunk;
-      chunk.box = c.box;
+      chunk.box = c.chunk.box;
       chunk.file = name;
-      chunk.dataset = c.dataset;
+      chunk.dataset = c.chunk.dataset;
       auto [at, fresh] = position.emplace(c.key, metadata_.entries.size());
       EntryMeta* e = fresh ? nullptr : &metadata_.entries[at->second].second;
       if (!e) {

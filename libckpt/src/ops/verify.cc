@@ -67,19 +67,6 @@ struct DataJob {
   std::string problem_check, problem;
 };
 
-// " (block i, bytes a..b)" for the first block whose digest differs from the record's.
-std::string FirstBadBlock(const ChunkMeta& c, const storage::Digest& d) {
-  if (!c.block_bytes) return "";
-  const std::string got = d.Blocks();
-  for (std::size_t i = 0; i * 16 < std::max(got.size(), c.blocks.size()); ++i) {
-    if (got.compare(i * 16, 16, c.blocks, i * 16, 16) == 0) continue;
-    const uint64_t begin = i * c.block_bytes;
-    return " (first differing block " + std::to_string(i) + ", bytes " + std::to_string(begin) + ".." +
-           std::to_string(begin + c.block_bytes) + ")";
-  }
-  return "";
-}
-
 // Format v2: the chunk records come from the shard indexes, each checked against its
 // digest in metadata.json; problems are reported under "index" and the chunks found are
 // filled into `md` (which is then resolved).
@@ -561,15 +548,17 @@ class DataRun {
           done.fetch_add(n);
         }
       }
-      if (job.hash && digest.Checksum() != job.chunk.checksum) {
+      std::string mismatch;
+      if (job.hash) {
+        try {
+          storage::CheckDigest(digest, job.chunk, bytes, TensorWhere(job.file, job.key, &job.chunk));
+        } catch (const Error& e) {
+          mismatch = e.what();
+        }
+      }
+      if (!mismatch.empty()) {
         job.problem_check = "checksums";
-        job.problem = TensorWhere(job.file, job.key, &job.chunk) + ": checksum mismatch: " +
-                      (job.chunk.block_bytes ? "its shard index says " : "metadata says ") + job.chunk.checksum +
-                      ", the data hashes to " + digest.Checksum() + FirstBadBlock(job.chunk, digest);
-      } else if (job.hash && job.chunk.block_bytes && digest.Blocks() != job.chunk.blocks) {
-        job.problem_check = "checksums";  // checksum right, block list wrong: partial reads would fail
-        job.problem = TensorWhere(job.file, job.key, &job.chunk) + ": the block digests in its shard index do not "
-                      "match its data" + FirstBadBlock(job.chunk, digest);
+        job.problem = mismatch;
       } else if (job.finite) {
         const auto stats = digest.Stats();
         if (stats && (stats->nan_count || stats->inf_count)) {
