@@ -759,6 +759,11 @@ def selftest(scratch, schema_path):
     corrupt("an entry's stored_bytes that is not its records' sum", g,
             lambda d: edit_meta(d, lambda b: b.replace(b'"stored_bytes": 9000', b'"stored_bytes": 9001')),
             r"stored_bytes 9001, its records sum to 9000")
+    corrupt("a grid of two cells for a tensor of zero volume", g,
+            lambda d: edit_meta(d, lambda b: b.replace(b'[{"step": 4}, {"step": 0}, {"step": 3}]',
+                                                       b'[{"step": 2}, {"step": 0}, {"step": 3}]')),
+            r"a grid of 2 cells for a tensor of zero volume")
+    corrupt("a metadata.json ending '\\n}\\n' (digest still right)", g, loose_tail, r"a writer MUST end it")
     corrupt("a cell->file map pointing past files", g,
             lambda d: edit_meta(d, lambda b: b.replace(b'"base": 0, "strides": [1, 0]', b'"base": 1, "strides": [1, 0]')),
             r"outside files")
@@ -799,6 +804,15 @@ def check_recipe(corpus, format_md):
                 problems.append(f"recipe: {name} {t['key']!r} differs from what was saved")
         print(f"ok   the FORMAT.md recipe reads {name}")
     return problems
+
+
+def loose_tail(case_dir):
+    """Rewrites metadata.json's end as '"digest": "..."\n}\n' (the digest stays right)."""
+    p = os.path.join(case_dir, "metadata.json")
+    with open(p, "rb") as f:
+        raw = f.read()
+    with open(p, "wb") as f:
+        f.write(raw[:-3] + b'"\n}\n')
 
 
 def drop_digest(case_dir):

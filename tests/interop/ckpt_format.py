@@ -79,12 +79,27 @@ HEX_BLOCKS = re.compile(r"^(?:[0-9a-f]{16})*$")
 
 
 def digest_suffix(raw):
-    """The digest a metadata.json ends with (FORMAT.md §3.6), or None if it does not end so."""
+    """The digest a metadata.json ends with in the exact form writers write (FORMAT.md §3.6),
+    or None if it does not end so."""
     tail = raw[-DIGEST_SUFFIX:]
     if len(raw) < DIGEST_SUFFIX or not tail.startswith(DIGEST_HEAD) or tail[-3:] != b'"}\n' \
             or not HEX16.match(tail[19:35]):
         return None
     return "xxh3-64:" + tail[19:35].decode()
+
+
+LENIENT_TAIL = re.compile(rb'"digest"[ \t\r\n]*:[ \t\r\n]*"(xxh3-64:[0-9a-f]{16})"[ \t\r\n]*\}[ \t\r\n]*\Z')
+
+
+def find_digest(raw):
+    """(position of the opening quote of "digest", digest, exact form?) of a metadata.json
+    whose last member is its digest, JSON whitespace allowed around its tokens (what a reader
+    MAY accept, §3.6); None if it does not end with one."""
+    at = raw.rfind(b'"digest"')
+    m = LENIENT_TAIL.match(raw, at) if at >= 0 else None
+    if m is None:
+        return None
+    return at, m.group(1).decode(), digest_suffix(raw) is not None
 
 
 def with_digest(body):
@@ -116,20 +131,25 @@ def read_metadata(path):
     with open(path, "rb") as f:
         raw = f.read()
     problems = []
-    suffix = digest_suffix(raw)
-    if suffix is not None and tag(raw[:-DIGEST_SUFFIX]) != suffix:
-        problems.append(f"metadata.json: digest {suffix} differs from the digest of its content "
-                        f"{tag(raw[:-DIGEST_SUFFIX])} (FORMAT.md §3.6)")
+    found = find_digest(raw)
+    if found is not None:
+        at, digest, exact = found
+        if tag(raw[:at]) != digest:
+            problems.append(f"metadata.json: digest {digest} differs from the digest of its content "
+                            f"{tag(raw[:at])} (FORMAT.md §3.6)")
+        if not exact:
+            problems.append(f"metadata.json: ends with {raw[at + 35:]!r} after the digest value: a writer MUST end it "
+                            f"with exactly '\"}}' and one line feed (FORMAT.md §3.6)")
     try:
         meta = loads_strict(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as ex:
         return raw, None, problems + [f"metadata.json: not valid UTF-8 JSON: {ex}"]
     if not isinstance(meta, dict):
         return raw, None, problems + ["metadata.json: not a JSON object"]
-    if meta.get("format_version") == 2 and suffix is None:
+    if meta.get("format_version") == 2 and found is None:
         problems.append("metadata.json: a version-2 file that does not end with its digest (FORMAT.md §3.6)")
-    if "digest" in meta and (suffix is None or list(meta)[-1] != "digest" or meta["digest"] != suffix):
-        problems.append("metadata.json: the digest member is not the last bytes of the file (FORMAT.md §3.6)")
+    elif "digest" in meta and (found is None or list(meta)[-1] != "digest"):
+        problems.append("metadata.json: the digest member is not the last of the file (FORMAT.md §3.6)")
     return raw, meta, problems
 
 
@@ -202,6 +222,8 @@ def layout_chunks(layout, shape, nfiles):
     else:
         raise LayoutError(f"cell->file map {fmap!r} is neither a list nor an affine map")
     zero_volume = 0 in shape
+    if zero_volume and ncells != 1:
+        raise LayoutError(f"a grid of {ncells} cells for a tensor of zero volume (must be 1)")
     out = []
     for cell, idx in enumerate(itertools.product(*[range(len(p)) for p in parts])):
         f = fmap[cell] if isinstance(fmap, list) else fmap["base"] + sum(i * t for i, t in zip(idx, fmap["strides"]))
@@ -575,6 +597,10 @@ class Checkpoint:
                                  f"sizes {r.get('sizes')}, the layout dtype {e.get('dtype')} shape {shape} sizes {sizes}")
                     chunks.append(c)
                 self._check_stored(key, e, chunks)
+                codecs = [c.compression for c in chunks if c.compression]
+                if "compression" in e and e["compression"] not in codecs or "compression" not in e and codecs:
+                    self.err(f"metadata.json: {key!r}: compression {e.get('compression')!r}, but its chunks have "
+                             f"{codecs[:1] or 'none'} (FORMAT.md §3.2)")
                 self.tensors[key] = chunks
             elif kind == "bytes":
                 f = e.get("file")
