@@ -128,8 +128,11 @@ def loads_strict(text):
 
 def read_metadata(path):
     """Returns (raw bytes, parsed document, problems) of a metadata.json, its digest checked."""
-    with open(path, "rb") as f:
-        raw = f.read()
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as ex:
+        return b"", None, [f"metadata.json: cannot be read: {ex}"]
     problems = []
     found = find_digest(raw)
     if found is not None:
