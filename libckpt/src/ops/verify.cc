@@ -716,6 +716,7 @@ VerifyReport Verify(const fs::path& path, const VerifyOptions& o) {
     schema_problems();
     return finish();
   }
+  r.format_version = md.format_version;
   if (!md.resolved) ResolveIndexes(path, md, c);
   md.BuildIndex();
   r.keys = md.entries.size();
@@ -826,7 +827,7 @@ std::string Summary(const VerifyReport& r) {
   char buf[160];
   std::snprintf(buf, sizeof buf, "%zu keys, %zu chunks, %zu files; %s read in %.2f s", r.keys, r.chunks,
                 r.files, detail::FormatBytes(static_cast<double>(r.bytes_read)).c_str(), r.seconds);
-  return buf;
+  return (r.format_version ? "format v" + std::to_string(r.format_version) + ", " : std::string()) + buf;
 }
 
 std::string XmlEscape(const std::string& s) {
@@ -863,6 +864,7 @@ std::string RenderVerifyJson(const VerifyReport& r) {
   j["path"] = r.path;
   j["ok"] = r.ok();
   j["quick"] = r.quick;
+  j["format_version"] = r.format_version ? nlohmann::ordered_json(r.format_version) : nlohmann::ordered_json(nullptr);
   j["keys"] = r.keys;
   j["chunks"] = r.chunks;
   j["files"] = r.files;
