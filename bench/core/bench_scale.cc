@@ -270,29 +270,92 @@ struct Tool {
   int shards_opened = -1;  // -1: not checked (no strace)
 };
 
-// Runs `argv` with stdout/stderr to /dev/null; wall time and the child's peak RSS.
-Tool RunTool(const std::vector<std::string>& argv) {
-  Tool t;
-  std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  const auto start = Wall::now();
+// Tools run from a spawner process forked at start-up, while this one is still small: a
+// child forked from the benchmark itself would count the benchmark's pages (a fork copies
+// its page tables, and exec keeps the old high-water mark in the child's ru_maxrss).
+struct Spawner {
+  int to = -1, from = -1;
+};
+Spawner g_spawner;
+
+struct SpawnReply {
+  int rc = -1;
+  long maxrss_kib = 0;
+  double cpu_s = 0;
+};
+
+// The spawner: reads NUL-separated argv lists ending in an empty one, runs each with
+// stdout/stderr to /dev/null, answers with its exit status, peak RSS and CPU time.
+[[noreturn]] void SpawnerLoop(int in, int out) {
+  std::string buf;
+  char c;
+  std::vector<std::string> argv;
+  while (read(in, &c, 1) == 1) {
+    if (c != '\0') {
+      buf += c;
+      continue;
+    }
+    if (!buf.empty()) {
+      argv.push_back(buf);
+      buf.clear();
+      continue;
+    }
+    std::vector<char*> args;
+    for (std::string& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
+    const pid_t pid = fork();
+    if (pid == 0) {
+      const int null = open("/dev/null", O_WRONLY);
+      dup2(null, 1);
+      dup2(null, 2);
+      execv(args[0], args.data());
+      _exit(127);
+    }
+    int status = 0;
+    rusage u{};
+    wait4(pid, &status, 0, &u);
+    SpawnReply r;
+    r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    r.maxrss_kib = u.ru_maxrss;
+    r.cpu_s = static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+              1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+    if (write(out, &r, sizeof r) != static_cast<ssize_t>(sizeof r)) _exit(1);
+    argv.clear();
+  }
+  _exit(0);
+}
+
+void StartSpawner() {
+  int a[2], b[2];
+  if (pipe(a) != 0 || pipe(b) != 0) return;
   const pid_t pid = fork();
   if (pid == 0) {
-    const int null = open("/dev/null", O_WRONLY);
-    dup2(null, 1);
-    dup2(null, 2);
-    execv(args[0], args.data());
-    _exit(127);
+    close(a[1]);
+    close(b[0]);
+    SpawnerLoop(a[0], b[1]);
   }
-  int status = 0;
-  rusage u{};
-  wait4(pid, &status, 0, &u);
+  close(a[0]);
+  close(b[1]);
+  g_spawner = Spawner{a[1], b[0]};
+}
+
+// Runs `argv` through the spawner: wall time, the tool's CPU time and peak RSS.
+Tool RunTool(const std::vector<std::string>& argv) {
+  Tool t;
+  if (g_spawner.to < 0) return t;
+  std::string msg;
+  for (const std::string& a : argv) msg += a + '\0';
+  msg += '\0';
+  const auto start = Wall::now();
+  SpawnReply r;
+  if (write(g_spawner.to, msg.data(), msg.size()) != static_cast<ssize_t>(msg.size()) ||
+      read(g_spawner.from, &r, sizeof r) != static_cast<ssize_t>(sizeof r)) {
+    return t;
+  }
   t.wall_s = Seconds(start);
-  t.cpu_s = static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
-            1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
-  t.rss_mib = static_cast<double>(u.ru_maxrss) / 1024.0;
-  t.rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  t.cpu_s = r.cpu_s;
+  t.rss_mib = static_cast<double>(r.maxrss_kib) / 1024.0;
+  t.rc = r.rc;
   return t;
 }
 
@@ -741,6 +804,7 @@ int main(int argc, char** argv) {
   }
   if (tensors < 1 || irregular < 0 || irregular > 100) Usage();
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress as it comes, into a file too
+  if (!inspect.empty()) StartSpawner();
   const fs::path scratch = dir.empty() ? fs::temp_directory_path() / "ckpt-bench-scale" : dir;
   try {
     for (int64_t w : writer_only ? std::vector<int64_t>{} : worlds) {
