@@ -17,8 +17,9 @@
 //   - metadata.json bytes, parse time and heap
 //   - ckpt-inspect on a directory holding that metadata.json and empty stand-ins of the
 //     shards (sparse files of the right size, not HDF5: a tool that opened one would fail):
-//     the real tool as a subprocess, wall time and peak RSS (and, where strace exists, that
-//     it opened no shard)
+//     the real tool as a subprocess (started by a spawner forked while this process is
+//     small, so its peak RSS is its own), CPU and wall time and peak RSS, and, where strace
+//     exists, that it opened no shard
 //   - one rank's load plan (files and byte ranges) for an R -> R and an R -> R/2 load: from
 //     the parsed metadata, ForEachCell per key, and (v2) the shard index texts of only the
 //     files it reads, generated in memory as the writer writes them and checked against
