@@ -148,7 +148,7 @@ int main(int argc, char** argv) {
     auto rd = [&](const Box& b) {
       return [&, b] { r.Read("w", DType::kFloat32, plain, b, out.data(), b, false); };
     };
-    std::printf("  %-5s row %8.2f (pread %8.2f)  third %8.2f (pread %8.2f)  col %8.2f  whole %8.2f\n",
+    std::printf("  %-5s row %8.3f (pread %8.3f)  third %8.3f (pread %8.3f)  col %8.3f  whole %8.3f\n",
                 cold ? "cold" : "warm", Time(rd(row), repeat, cold, file),
                 Time([&] { pread_of(row); }, repeat, cold, file), Time(rd(third), repeat, cold, file),
                 Time([&] { pread_of(third); }, repeat, cold, file), Time(rd(col), repeat, cold, file),
@@ -195,7 +195,7 @@ int main(int argc, char** argv) {
     char label[16];
     if (b >= 1 << 20) std::snprintf(label, sizeof label, "%llu MiB", static_cast<unsigned long long>(b >> 20));
     else std::snprintf(label, sizeof label, "%llu KiB", static_cast<unsigned long long>(b >> 10));
-    std::printf("%9s %9.1f %9s | %8.2f %8.2f %8.2f %8.2f | %8.2f %8.2f %8.2f %8.2f\n", label, kBytes / best / 1e9, idx,
+    std::printf("%9s %9.1f %9s | %8.3f %8.3f %8.3f %8.3f | %8.3f %8.3f %8.3f %8.3f\n", label, kBytes / best / 1e9, idx,
                 t[0][0], t[0][1], t[0][2], t[0][3], t[1][0], t[1][1], t[1][2], t[1][3]);
     std::fflush(stdout);
   }

@@ -25,7 +25,8 @@ using ckpt_test::TempDir;
 
 namespace {
 
-constexpr uint64_t kB = storage::kDefaultBlockBytes;
+// The shards here are written with blocks of 1 MiB, whatever the default.
+constexpr uint64_t kB = uint64_t{1} << 20;
 
 std::string Hex16(uint64_t v) {
   char buf[17];
@@ -74,9 +75,10 @@ struct Shard {
   std::vector<float> values;
   ChunkMeta chunk;
 
-  Shard(int64_t r, int64_t c, Compression compression = {}) : rows(r), cols(c), values(static_cast<std::size_t>(r * c)) {
+  Shard(int64_t r, int64_t c, Compression compression = {}, uint64_t block = kB)
+      : rows(r), cols(c), values(static_cast<std::size_t>(r * c)) {
     for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i) * 0.5f;
-    storage::ShardWriter w(tmp.path(), name, compression);
+    storage::ShardWriter w(tmp.path(), name, compression, block);
     chunk = w.WriteChunk("w", DType::kFloat32, {rows, cols}, Box::Full({rows, cols}), values.data());
     w.Finish();
   }
@@ -226,7 +228,7 @@ TEST_CASE("shard index v2: records round-trip, compact, parsed strictly; v1 stil
 TEST_CASE("the writer records v2 chunks: block digests of the raw bytes, the index digest") {
   TempDir tmp("bw");
   std::vector<uint8_t> data = ckpt_test::RandomBytes(3 * kB + 5, 9);
-  storage::ShardWriter w(tmp.path(), "s.h5", {});
+  storage::ShardWriter w(tmp.path(), "s.h5", {}, kB);
   const ChunkMeta a = w.WriteChunk("a", DType::kUInt8, {static_cast<int64_t>(data.size())},
                                    Box::Full({static_cast<int64_t>(data.size())}), data.data());
   const auto [checksum, blocks] = Reference(data, kB);
@@ -394,7 +396,7 @@ TEST_CASE("a carried-over chunk is checked block by block as it is copied") {
   TempDir out("copy");
   const storage::Fd src = storage::OpenRegularFile(f.path());
   {
-    storage::ShardWriter w(out.path(), "c.h5", {});
+    storage::ShardWriter w(out.path(), "c.h5", {}, kB);
     auto s = w.Begin("w", DType::kFloat32, {1280, 1024}, Box::Full({1280, 1024}));
     s->Copy(src.get(), *f.chunk.offset, f.bytes(), f.path(), &f.chunk, "source chunk");
     const ChunkMeta copied = s->Finish();
@@ -403,7 +405,7 @@ TEST_CASE("a carried-over chunk is checked block by block as it is copied") {
     w.Finish();
   }
   FlipByte(f.path(), *f.chunk.offset + kB + 3);
-  storage::ShardWriter w(out.path(), "d.h5", {});
+  storage::ShardWriter w(out.path(), "d.h5", {}, 4096);  // the copy's own block size differs
   auto s = w.Begin("w", DType::kFloat32, {1280, 1024}, Box::Full({1280, 1024}));
   const std::string e = ErrorOf([&] { s->Copy(src.get(), *f.chunk.offset, f.bytes(), f.path(), &f.chunk, "source chunk"); });
   CHECK(Has(e, "source chunk block 1 (bytes " + std::to_string(kB) + ".." + std::to_string(2 * kB) + "): checksum mismatch"));
@@ -425,8 +427,9 @@ TEST_CASE("a resharded read through the checkpoint reader catches a changed valu
   const ChunkMeta& second = reader->metadata().Find("w")->chunks[1];
   const auto range = reader->LocateChunk("w", 1);
   REQUIRE(range);
-  FlipByte(range->file, range->offset + kB + 40);  // row 512 + 256, in the chunk's block 1
-  // Rows of the second chunk in its block 0 only.
+  const uint64_t flip = 300 * 4096 + 40;  // row 812 = 512 + 300
+  FlipByte(range->file, range->offset + flip);
+  // Rows 88..90 of the second chunk: another block.
   std::vector<float> out(3 * 1024);
   reader->ReadRegion("w", Box{{600, 0}, {3, 1024}}, out.data());
   CHECK(out[0] == v[600 * 1024]);
@@ -434,5 +437,18 @@ TEST_CASE("a resharded read through the checkpoint reader catches a changed valu
   std::vector<float> part(342 * 1024);
   const std::string e = ErrorOf([&] { reader->ReadRegion("w", Box{{682, 0}, {342, 1024}}, part.data()); });
   CHECK(Has(e, second.file));
-  CHECK(Has(e, "tensor 'w' chunk " + second.box.ToString() + " block 1 "));
+  CHECK(Has(e, "tensor 'w' chunk " + second.box.ToString() + " block " + std::to_string(flip / second.block_bytes) + " "));
+}
+
+TEST_CASE("runs close together share one read; blocks between them are not hashed") {
+  // Rows of 16 KiB, blocks of 4 KiB: the first 16 columns of every row are in every fourth
+  // block; the three blocks between are read with them (one read) but not checked.
+  Shard f(320, 4096, {}, 4096);
+  FlipByte(f.path(), *f.chunk.offset + 4096 + 5);  // row 0, columns 1024.., block 1
+  const Box narrow{{0, 0}, {320, 16}};
+  uint64_t read = 0;
+  CHECK(f.Matches(narrow, f.Read(narrow, f.chunk, &read)));
+  CHECK(read < f.bytes());  // windows of at most 16 MiB, not past the last run
+  CHECK(Has(ErrorOf([&] { f.Read(Box{{0, 1000}, {320, 30}}, f.chunk); }), "block 1 (bytes 4096..8192)"));
+  CHECK(Has(ErrorOf([&] { f.Read(Box{{0, 0}, {1, 4096}}, f.chunk); }), "block 1 "));
 }
