@@ -27,7 +27,7 @@ constexpr std::size_t kBounceBytes = std::size_t{16} << 20;      // else through
 constexpr std::size_t kDigestBlock = std::size_t{8} << 20;
 // Verified reads: read and hashed at a time (stays in the CPU's cache between the two);
 // an interior of twice this or more is shared with a helper thread.
-constexpr uint64_t kHashPiece = uint64_t{1} << 20;
+constexpr uint64_t kHashPiece = uint64_t{256} << 10;
 constexpr uint64_t kSplitBytes = uint64_t{4} << 20;
 // Small runs closer than this share one read.
 constexpr uint64_t kGapBytes = uint64_t{256} << 10;
@@ -156,7 +156,8 @@ class BlockReader {
     // thread; each half asks the kernel to fetch ahead of it.
     unsigned char* out = r.to + (a - r.src);
     const uint64_t len = z - a;
-    const uint64_t piece = std::max<uint64_t>(b_, kHashPiece / b_ * b_);
+    // (Through HDF5, larger pieces: fewer selections, each decompressing whole HDF5 chunks.)
+    const uint64_t piece = std::max<uint64_t>(b_, (pipelined_ ? kHashPiece : kDigestBlock) / b_ * b_);
     auto work = [this, out, a, piece](uint64_t from, uint64_t to) {
       uint64_t advised = from;
       for (uint64_t pos = from; pos < to; pos += piece) {
