@@ -129,6 +129,7 @@ class Copier {
 struct ShardWriter::Impl {
   std::filesystem::path path;
   Compression compression;
+  uint64_t block_bytes = kDefaultBlockBytes;
   h5::Handle file;
   Fd fd;
   ShardIndexBuilder index;
@@ -245,8 +246,14 @@ struct ShardWriter::Impl {
   }
 };
 
-ShardWriter::ShardWriter(const std::filesystem::path& dir, std::string file_name, Compression compression)
+ShardWriter::ShardWriter(const std::filesystem::path& dir, std::string file_name, Compression compression,
+                         uint64_t block_bytes)
     : impl_(std::make_unique<Impl>()), file_name_(std::move(file_name)) {
+  if (block_bytes < kMinBlockBytes || block_bytes > kMaxBlockBytes || (block_bytes & (block_bytes - 1))) {
+    throw Error(ErrorCode::kInvalidArgument, file_name_ + ": block size " + std::to_string(block_bytes) +
+                                                 " is not a power of two in [4096, 67108864]");
+  }
+  impl_->block_bytes = block_bytes;
   h5::Init();
   impl_->path = dir / file_name_;
   impl_->compression = compression;
@@ -276,7 +283,7 @@ ChunkMeta ShardWriter::WriteChunk(const std::string& key, DType dtype, const Sha
   meta.file = file_name_;
   meta.dataset = h5::DatasetName(key, box.offsets, whole);
   h5::Handle ds = impl_->CreateDataset(meta.dataset, dtype, box.sizes, compress, key);
-  Digest digest(dtype, /*with_stats=*/true, kDefaultBlockBytes);
+  Digest digest(dtype, /*with_stats=*/true, impl_->block_bytes);
   uint64_t data_offset = 0;
   if (compress) {
     digest.Update(data, nbytes);
@@ -330,7 +337,7 @@ std::unique_ptr<ShardWriter::Stream> ShardWriter::Begin(const std::string& key, 
   st->meta.stored_bytes = st->total;
   st->ds = impl_->CreateDataset(st->meta.dataset, dtype, box.sizes, /*compress=*/false, key);
   if (st->total > 0) st->offset = impl_->DataOffset(st->ds.get(), key);
-  st->digest = std::make_unique<Digest>(dtype, /*with_stats=*/!stats, kDefaultBlockBytes);
+  st->digest = std::make_unique<Digest>(dtype, /*with_stats=*/!stats, impl_->block_bytes);
   st->meta.stats = stats;
   return std::unique_ptr<Stream>(new Stream(std::move(st)));
 }
@@ -386,7 +393,7 @@ ChunkMeta ShardWriter::WriteBytes(const std::string& key, const void* data, std:
   meta.file = file_name_;
   meta.dataset = h5::EscapeKey(key);
   h5::Handle ds = impl_->CreateDataset(meta.dataset, DType::kUInt8, meta.box.sizes, false, key);
-  Digest digest(DType::kUInt8, false, kDefaultBlockBytes);
+  Digest digest(DType::kUInt8, false, impl_->block_bytes);
   const uint64_t data_offset = impl_->StreamContiguous(ds.get(), data, n, digest, key);
   meta.stored_bytes = n;
   impl_->RecordChunk(key, true, DType::kUInt8, {static_cast<int64_t>(n)}, meta, digest, data_offset);
