@@ -339,23 +339,6 @@ TEST_CASE("a v1 chunk read in part is read whole and checked") {
   CHECK(f.Matches(rows, f.Read(rows, f.chunk)));  // v2: that block is not read
 }
 
-TEST_CASE("a chunk described without its block digests takes them from the shard index") {
-  // A v1-style description of a v2 chunk (its checksum over the block digests, no list):
-  // the index's list is used once it hashes to that checksum.
-  Shard f(1280, 1024);
-  ChunkMeta bare = f.chunk;
-  bare.block_bytes = 0;
-  bare.blocks.clear();
-  bare.offset.reset();
-  FlipByte(f.path(), *f.chunk.offset + 3 * kB + 1);
-  const Box rows{{10, 0}, {3, 1024}};
-  CHECK(f.Matches(rows, f.Read(rows, bare)));
-  CHECK(Has(ErrorOf([&] { f.Read(Box{{3 * 256, 0}, {1, 1024}}, bare); }), "block 3 "));
-  ChunkMeta other = bare;  // a checksum the list does not hash to: nothing adopted, a v1 chunk
-  other.checksum = storage::ChecksumOf(f.values.data(), f.bytes());
-  CHECK(Has(ErrorOf([&] { f.Read(rows, other); }), "checksum mismatch: metadata says"));
-}
-
 TEST_CASE("a compressed chunk read in part: the blocks touched decompressed and checked") {
   Compression z;
   z.codec = Compression::Codec::kZstd;
