@@ -68,9 +68,9 @@ def main():
     def cpu_gb(x):
         return x.cpu / (x.bytes / 1e9) if x else None
 
-    def table(title, t, methods, save_base, load_base):
-        p(f"| {title} | n | save s | × best raw | cold load s | × raw-c load | CPU s save / load | "
-          f"peak RSS MiB save / load | load avg |")
+    def table(title, t, methods, save_base, load_base, load_name):
+        p(f"| {title} | n | save s | × best raw | cold load s | × {load_name} | CPU s save / load | "
+          f"peak RSS MiB save / load (peers: of the process so far) | load avg |")
         p("|---|---|---|---|---|---|---|---|---|")
         for m in methods:
             s, l = get(t, m, "save"), get(t, m, "load")
@@ -85,11 +85,12 @@ def main():
 
     best, rawc = get("gpt2s", "raw-c-wb", "save"), get("gpt2s", "raw-c", "load")
     table("gpt2s, 1 process", "gpt2s",
-          ["raw-c", "raw-c-wb", "h5c", "safetensors", "torch.save", "DCP", "ckpt", "ckpt 1 -> 3 ranks"], best, rawc)
+          ["raw-c", "raw-c-wb", "h5c", "safetensors", "torch.save", "DCP", "ckpt", "ckpt 1 -> 3 ranks"], best, rawc,
+          "raw-c load")
     best4, raw4 = get("gpt2s-4", "raw-c-wb, 4 files", "save"), get("gpt2s-4", "raw-c-wb, 4 files", "load")
     table("gpt2s, 4 ranks", "gpt2s-4",
           ["raw-c-wb, 4 files", "torch.save, 4 files", "DCP, 4 ranks (gloo)", "ckpt, 4 threads", "ckpt 4 -> 1 rank"],
-          best4, raw4)
+          best4, raw4, "raw 4 files load")
     traw = get("tmpfs", "raw-c", "save")
     if traw:
         p("| tmpfs (no disk: the CPU path) | n | save s | × raw | CPU s |")
