@@ -36,7 +36,7 @@ class Stats:
         self.med = statistics.median(self.wall)
         self.cpu = statistics.median(r["cpu"] for r in rs)
         self.load = statistics.median(r["load"] for r in rs)
-        self.rss = max(r["rss_mib"] for r in rs)
+        self.rss = max((r["rss_mib"] for r in rs if r.get("rss_mib", -1) >= 0), default=float("nan"))
         self.bytes = rs[0]["bytes"]
 
     def s(self):
