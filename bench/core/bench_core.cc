@@ -1,21 +1,37 @@
-// bench_core: save and load the gpt2s workload (GPT-2 small + Adam state, ~1.49 GB float32;
-// shapes as in shared/bench/workloads.py) with libckpt, against a raw baseline of the same
-// bytes (one file, plain write + fsync / plain read), in one run:
-//   raw write, raw read (cold)
-//   ckpt Save 1 rank, Save 4 ranks (FSDP-like dim-0 shards), timed to durability
-//   ckpt Load 1 rank, Load 4 ranks, Load 4-rank save into 1 rank, 1-rank save into 3 ranks
-// Reads start from a cold page cache (drop_caches if allowed, else posix_fadvise DONTNEED).
-// Every load lands in the workload's own buffers (zeroed first) and is verified by hash, so
-// the process holds the workload once: peak RSS beyond it is libckpt's overhead.
+// bench_core: one round of ckpt against the best raw way to write and read the same bytes,
+// and against the HDF5 C API, on two workloads (issue 10):
+//   gpt2s       GPT-2 small + Adam state, 592 tensors, ~1.49 GB float32 (bench/common/gpt2s.h)
+//   many-small  20,000 1-D float32 tensors, sizes log-uniform in [16, 16384] elements (~190 MB)
 //
-// Usage: ckpt-bench-core --dir DIR [--repeat N] [--keep]
-//   DIR on the disk to measure (~4.5 GB free); each phase runs N times (default 3), median shown.
+// Every timed phase starts from an empty page cache (sync; echo 3 > /proc/sys/vm/drop_caches,
+// and a 1 s pause), so no phase meets a cache that the previous one filled: a write that has
+// to reclaim a full cache spends its time in the kernel, not on the disk. Saves are timed to
+// fsync (files and directory). Loads land in the workload's own buffers (touched, zeroed first)
+// and are verified by hash. Each phase records wall seconds, CPU seconds of the process (user
+// + sys, every thread), the 1-minute load average at its start and its peak RSS.
+//
+// The raw baselines:
+//   raw-c      write(2) of the tensors' buffers in 8 MiB calls into one file, fsync
+//   raw-c-wb   the same, starting write-back every 64 MiB (sync_file_range WRITE), fsync:
+//              the best raw save here (the disk works while the writer still writes)
+//   raw-c load read(2) of that file in 8 MiB calls into the buffers
+//   raw, 4 files: 4 threads, each raw-c-wb of its dim-0 shard into its own file
+//   tmpfs rows: the same writes into /dev/shm (no disk: the CPU path alone)
+//
+// Usage: ckpt-bench-core --dir DIR [--rounds N] [--round-index I] [--json FILE] [--only T,..] [--keep]
+//   Each round runs every phase once, interleaved; bench/run.sh runs one round per process,
+//   alternating with the Python peers (bench/peers/peers.py), and bench/report.py prints the
+//   medians. --json appends one JSON line per measured phase; --only runs only the named
+//   tables (gpt2s, gpt2s-4, tmpfs, many-small; e.g. for a profiler).
 #include <ckpt/ckpt.h>
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <hdf5.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/uio.h>
 #include <sys/utsname.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -25,14 +41,15 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -43,10 +60,8 @@ namespace {
 
 constexpr double kGB = 1e9;
 constexpr double kMiB = 1024.0 * 1024.0;
-// The raw baseline's write/read size. Calls of a whole tensor (up to 154 MB) measure 2-3x
-// slower reads on a virtio disk than 8 MiB calls; the baseline should be the disk's best
-// plain sequential speed, not a handicapped one.
-constexpr std::size_t kRawBlock = std::size_t{8} << 20;
+constexpr std::size_t kRawBlock = std::size_t{8} << 20;       // write/read call size
+constexpr std::size_t kWritebackEvery = std::size_t{64} << 20;  // raw-c-wb's sync_file_range step
 
 struct TensorBuf {
   std::string name;
@@ -56,6 +71,14 @@ struct TensorBuf {
   std::unique_ptr<uint8_t[]> data;
   uint64_t hash = 0;  // of the generated contents
 };
+using Workload = std::vector<TensorBuf>;
+
+uint64_t XorShift(uint64_t& x) {
+  x ^= x << 13;
+  x ^= x >> 7;
+  x ^= x << 17;
+  return x;
+}
 
 // Deterministic, hard-to-compress fill: small float32 values from a xorshift stream.
 void Fill(TensorBuf& t, uint64_t seed) {
@@ -67,31 +90,41 @@ void Fill(TensorBuf& t, uint64_t seed) {
   uint64_t x = seed * 0x9e3779b97f4a7c15ULL + 1;
   auto* f = reinterpret_cast<float*>(t.data.get());
   const std::size_t n = t.bytes / 4;
-  for (std::size_t i = 0; i < n; ++i) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    f[i] = (static_cast<float>(x >> 40) * (1.0f / 16777216.0f) - 0.5f) * 0.04f;
-  }
+  for (std::size_t i = 0; i < n; ++i)
+    f[i] = (static_cast<float>(XorShift(x) >> 40) * (1.0f / 16777216.0f) - 0.5f) * 0.04f;
 }
 
-std::vector<TensorBuf> MakeWorkload() {
-  std::vector<TensorBuf> w;
-  auto add = [&w](std::string name, ckpt::DType dtype, ckpt::Shape shape) {
-    TensorBuf t{std::move(name), dtype, std::move(shape), 0, nullptr, 0};
-    t.bytes = static_cast<std::size_t>(ckpt::NumElements(t.shape)) * ckpt::DTypeSize(dtype);
-    t.data.reset(new uint8_t[t.bytes]);
-    Fill(t, w.size() + 1);
-    t.hash = XXH3_64bits(t.data.get(), t.bytes);
-    w.push_back(std::move(t));
-  };
+void Add(Workload& w, std::string name, ckpt::DType dtype, ckpt::Shape shape) {
+  TensorBuf t{std::move(name), dtype, std::move(shape), 0, nullptr, 0};
+  t.bytes = static_cast<std::size_t>(ckpt::NumElements(t.shape)) * ckpt::DTypeSize(dtype);
+  t.data.reset(new uint8_t[t.bytes]);
+  Fill(t, w.size() + 1);
+  t.hash = XXH3_64bits(t.data.get(), t.bytes);
+  w.push_back(std::move(t));
+}
+
+Workload MakeGpt2s() {
+  Workload w;
   const auto params = ckpt_bench::Gpt2sParams();
-  for (const auto& [name, shape] : params) add(name, ckpt::DType::kFloat32, shape);
+  for (const auto& [name, shape] : params) Add(w, name, ckpt::DType::kFloat32, shape);
   for (const auto& [name, shape] : params) {  // torch.optim.Adam state order
     const std::string st = "optimizer.state." + name + ".";
-    add(st + "step", ckpt::DType::kInt64, {});
-    add(st + "exp_avg", ckpt::DType::kFloat32, shape);
-    add(st + "exp_avg_sq", ckpt::DType::kFloat32, shape);
+    Add(w, st + "step", ckpt::DType::kInt64, {});
+    Add(w, st + "exp_avg", ckpt::DType::kFloat32, shape);
+    Add(w, st + "exp_avg_sq", ckpt::DType::kFloat32, shape);
+  }
+  return w;
+}
+
+Workload MakeManySmall() {
+  Workload w;
+  uint64_t x = 0x5eed;
+  const double lo = std::log(16.0), hi = std::log(16384.0);
+  for (int i = 0; i < 20000; ++i) {
+    const double u = static_cast<double>(XorShift(x) >> 11) / 9007199254740992.0;
+    char name[32];
+    std::snprintf(name, sizeof name, "small.%05d", i);
+    Add(w, name, ckpt::DType::kFloat32, {static_cast<int64_t>(std::llround(std::exp(lo + u * (hi - lo))))});
   }
   return w;
 }
@@ -103,8 +136,16 @@ std::pair<int64_t, int64_t> RowRange(int64_t n, int world, int rank) {
   return {begin, base + (rank < extra ? 1 : 0)};
 }
 
+// Bytes of rank `rank`'s dim-0 shard of `t` (0-D tensors: rank 0 holds them).
+std::pair<const uint8_t*, std::size_t> ShardBytes(const TensorBuf& t, int world, int rank) {
+  if (t.shape.empty()) return {t.data.get(), rank == 0 ? t.bytes : 0};
+  auto [begin, count] = RowRange(t.shape[0], world, rank);
+  const std::size_t row = t.bytes / static_cast<std::size_t>(t.shape[0]);
+  return {t.data.get() + static_cast<std::size_t>(begin) * row, static_cast<std::size_t>(count) * row};
+}
+
 // This rank's view of the workload: FSDP-like dim-0 shards, 0-D tensors replicated.
-ckpt::StateDict View(std::vector<TensorBuf>& w, int world, int rank) {
+ckpt::StateDict View(Workload& w, int world, int rank) {
   ckpt::StateDict state;
   for (TensorBuf& t : w) {
     if (world == 1 || t.shape.empty()) {
@@ -119,7 +160,7 @@ ckpt::StateDict View(std::vector<TensorBuf>& w, int world, int rank) {
   return state;
 }
 
-uint64_t TotalBytes(const std::vector<TensorBuf>& w) {
+uint64_t TotalBytes(const Workload& w) {
   uint64_t n = 0;
   for (const auto& t : w) n += t.bytes;
   return n;
@@ -127,6 +168,13 @@ uint64_t TotalBytes(const std::vector<TensorBuf>& w) {
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double CpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
 }
 
 std::string ReadFirstLine(const std::string& path, const std::string& prefix = "") {
@@ -137,20 +185,22 @@ std::string ReadFirstLine(const std::string& path, const std::string& prefix = "
   return "";
 }
 
+double Load1() {
+  const std::string l = ReadFirstLine("/proc/loadavg");
+  return l.empty() ? -1 : std::atof(l.c_str());
+}
+
 int64_t VmHWMKiB() {
   std::string line = ReadFirstLine("/proc/self/status", "VmHWM:");
   return line.empty() ? -1 : std::stoll(line.substr(6));
 }
 
-// Resets the peak-RSS counter (Linux >= 4.0); false if not possible.
-bool ResetPeakRss() {
+void ResetPeakRss() {
   std::ofstream f("/proc/self/clear_refs");
   f << "5";
-  f.flush();
-  return static_cast<bool>(f);
 }
 
-void Die(const std::string& what) {
+[[noreturn]] void Die(const std::string& what) {
   std::fprintf(stderr, "bench_core: %s: %s\n", what.c_str(), std::strerror(errno));
   std::exit(2);
 }
@@ -164,44 +214,35 @@ void FsyncPath(const fs::path& p, int flags) {
 
 std::string g_cold_method;
 
-// Lets the file system finish what earlier phases left (journal commits of deletions,
-// writeback), so that each timed phase starts from the same quiet state.
-void Settle() {
-  ::sync();
-  std::this_thread::sleep_for(std::chrono::seconds(3));
-  ::sync();
-}
-
-// Evicts `dir`'s files from the page cache: drop_caches when allowed, else fadvise.
+// Empties the page cache (drop_caches when allowed, else fadvise on the files under `dir`),
+// then pauses a second so the journal and writeback of what came before are done.
 void MakeCold(const fs::path& dir) {
   ::sync();
-  {
-    std::ofstream f("/proc/sys/vm/drop_caches");
-    if (f) {
-      f << "3";
-      f.flush();
-      if (f) {
-        g_cold_method = "sync; echo 3 > /proc/sys/vm/drop_caches";
-        return;
-      }
+  std::ofstream f("/proc/sys/vm/drop_caches");
+  if (f && (f << "3").flush()) {
+    g_cold_method = "sync; echo 3 > /proc/sys/vm/drop_caches before every phase";
+  } else {
+    g_cold_method = "posix_fadvise(DONTNEED) on the bench files (drop_caches not permitted: not root); "
+                    "writes may meet a full page cache";
+    std::error_code ec;
+    for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
+         it.increment(ec)) {
+      if (!it->is_regular_file()) continue;
+      const int fd = ::open(it->path().c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) continue;
+      ::fdatasync(fd);
+      ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+      ::close(fd);
     }
   }
-  g_cold_method = "posix_fadvise(POSIX_FADV_DONTNEED) on every file (drop_caches not permitted)";
-  for (const auto& e : fs::recursive_directory_iterator(dir)) {
-    if (!e.is_regular_file()) continue;
-    const int fd = ::open(e.path().c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) continue;
-    ::fdatasync(fd);
-    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-    ::close(fd);
-  }
+  std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
-void ZeroAll(std::vector<TensorBuf>& w) {
+void ZeroAll(Workload& w) {
   for (auto& t : w) std::memset(t.data.get(), 0, t.bytes);
 }
 
-void VerifyAll(const std::vector<TensorBuf>& w, const std::string& what) {
+void VerifyAll(const Workload& w, const std::string& what) {
   for (const auto& t : w) {
     if (XXH3_64bits(t.data.get(), t.bytes) != t.hash) {
       std::fprintf(stderr, "bench_core: %s: tensor %s differs from what was saved\n", what.c_str(),
@@ -211,96 +252,248 @@ void VerifyAll(const std::vector<TensorBuf>& w, const std::string& what) {
   }
 }
 
-// One measured phase: its times over the repetitions, and its peak RSS.
-struct Phase {
-  std::string name;
-  bool is_write = false;
-  std::vector<double> seconds;
-  int64_t peak_rss_kib = -1;
+// ---- raw
 
-  double Median() const {
-    std::vector<double> v = seconds;
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0 : (v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2);
+void WriteAll(int fd, const uint8_t* p, std::size_t n, const fs::path& path) {
+  while (n > 0) {
+    const ssize_t k = ::write(fd, p, std::min(kRawBlock, n));
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      Die("write " + path.string());
+    }
+    p += k;
+    n -= static_cast<std::size_t>(k);
   }
-};
-
-uint64_t g_total = 0;
-
-void Sample(Phase& p, double seconds) {
-  p.seconds.push_back(seconds);
-  p.peak_rss_kib = std::max(p.peak_rss_kib, VmHWMKiB());
-  std::printf("    %-34s %7.2f s  %6.2f GB/s\n", p.name.c_str(), seconds,
-              static_cast<double>(g_total) / seconds / kGB);
-  std::fflush(stdout);
 }
 
-double RawWrite(const std::vector<TensorBuf>& w, const fs::path& dir) {
-  fs::create_directories(dir);
-  const fs::path path = dir / "raw.bin";
-  const double t0 = Now();
+// Writes rank `rank`'s shard bytes of every tensor to `path` in 8 MiB calls; with
+// `writeback`, starts write-back of each 64 MiB written. Many small tensors are gathered
+// into writev calls of up to 8 MiB (one write per tensor would measure syscalls, not the disk).
+void RawWriteFile(const Workload& w, const fs::path& path, bool writeback, int world, int rank) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) Die("open " + path.string());
-  for (const auto& t : w) {
-    std::size_t done = 0;
-    while (done < t.bytes) {
-      const ssize_t n = ::write(fd, t.data.get() + done, std::min(kRawBlock, t.bytes - done));
-      if (n < 0) {
+  std::size_t written = 0, flushed = 0;
+  std::vector<iovec> iov;
+  std::size_t pending = 0;
+  auto flush_iov = [&] {
+    std::size_t i = 0;
+    while (i < iov.size()) {
+      const ssize_t k = ::writev(fd, iov.data() + i, static_cast<int>(std::min<std::size_t>(iov.size() - i, IOV_MAX)));
+      if (k < 0) {
         if (errno == EINTR) continue;
-        Die("write " + path.string());
+        Die("writev " + path.string());
       }
-      done += static_cast<std::size_t>(n);
+      std::size_t left = static_cast<std::size_t>(k);
+      while (i < iov.size() && left >= iov[i].iov_len) left -= iov[i++].iov_len;
+      if (left > 0) {
+        iov[i].iov_base = static_cast<uint8_t*>(iov[i].iov_base) + left;
+        iov[i].iov_len -= left;
+      }
+    }
+    iov.clear();
+    written += pending;
+    pending = 0;
+  };
+  auto maybe_writeback = [&] {
+    if (writeback && written - flushed >= kWritebackEvery) {
+      ::sync_file_range(fd, static_cast<off_t>(flushed), static_cast<off_t>(written - flushed),
+                        SYNC_FILE_RANGE_WRITE);
+      flushed = written;
+    }
+  };
+  for (const auto& t : w) {
+    auto [p, n] = ShardBytes(t, world, rank);
+    if (n >= kRawBlock) {
+      flush_iov();
+      for (std::size_t done = 0; done < n; done += kRawBlock) {
+        const std::size_t len = std::min(kRawBlock, n - done);
+        WriteAll(fd, p + done, len, path);
+        written += len;
+        maybe_writeback();
+      }
+      continue;
+    }
+    iov.push_back({const_cast<uint8_t*>(p), n});
+    pending += n;
+    if (pending >= kRawBlock || iov.size() >= IOV_MAX) {
+      flush_iov();
+      maybe_writeback();
     }
   }
+  flush_iov();
   if (::fsync(fd) != 0) Die("fsync " + path.string());
   ::close(fd);
-  FsyncPath(dir, O_RDONLY | O_DIRECTORY);
-  return Now() - t0;
 }
 
-double RawRead(std::vector<TensorBuf>& w, const fs::path& dir) {
-  const fs::path path = dir / "raw.bin";
-  const double t0 = Now();
+void RawReadFile(Workload& w, const fs::path& path, int world, int rank) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) Die("open " + path.string());
-  for (auto& t : w) {
-    std::size_t done = 0;
-    while (done < t.bytes) {
-      const ssize_t n = ::read(fd, t.data.get() + done, std::min(kRawBlock, t.bytes - done));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) Die("read " + path.string());
-      done += static_cast<std::size_t>(n);
+  std::vector<iovec> iov;
+  std::size_t pending = 0;
+  auto flush_iov = [&] {
+    std::size_t i = 0;
+    while (i < iov.size()) {
+      const ssize_t k = ::readv(fd, iov.data() + i, static_cast<int>(std::min<std::size_t>(iov.size() - i, IOV_MAX)));
+      if (k < 0 && errno == EINTR) continue;
+      if (k <= 0) Die("read " + path.string());
+      std::size_t left = static_cast<std::size_t>(k);
+      while (i < iov.size() && left >= iov[i].iov_len) left -= iov[i++].iov_len;
+      if (left > 0) {
+        iov[i].iov_base = static_cast<uint8_t*>(iov[i].iov_base) + left;
+        iov[i].iov_len -= left;
+      }
     }
+    iov.clear();
+    pending = 0;
+  };
+  for (auto& t : w) {
+    auto [cp, n] = ShardBytes(t, world, rank);
+    uint8_t* p = const_cast<uint8_t*>(cp);
+    if (n >= kRawBlock) {
+      flush_iov();
+      for (std::size_t done = 0; done < n;) {
+        const ssize_t k = ::read(fd, p + done, std::min(kRawBlock, n - done));
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) Die("read " + path.string());
+        done += static_cast<std::size_t>(k);
+      }
+      continue;
+    }
+    iov.push_back({p, n});
+    pending += n;
+    if (pending >= kRawBlock || iov.size() >= IOV_MAX) flush_iov();
   }
+  flush_iov();
   ::close(fd);
-  return Now() - t0;
 }
 
-double CkptSave(std::vector<TensorBuf>& w, const fs::path& dir, int world) {
+void RawSave(const Workload& w, const fs::path& dir, bool writeback, int files) {
+  fs::create_directories(dir);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < files; ++r)
+    threads.emplace_back([&, r] {
+      RawWriteFile(w, dir / ("raw-" + std::to_string(r) + ".bin"), writeback, files, r);
+    });
+  for (auto& t : threads) t.join();
+  FsyncPath(dir, O_RDONLY | O_DIRECTORY);
+}
+
+void RawLoad(Workload& w, const fs::path& dir, int files) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < files; ++r)
+    threads.emplace_back([&, r] { RawReadFile(w, dir / ("raw-" + std::to_string(r) + ".bin"), files, r); });
+  for (auto& t : threads) t.join();
+}
+
+// ---- HDF5 C API: one contiguous dataset per tensor, the plain way (the floor for HDF5)
+
+void H5Check(bool ok, const std::string& what) {
+  if (!ok) {
+    std::fprintf(stderr, "bench_core: HDF5: %s failed\n", what.c_str());
+    std::exit(2);
+  }
+}
+
+hid_t H5Type(ckpt::DType d) { return d == ckpt::DType::kInt64 ? H5T_NATIVE_INT64 : H5T_NATIVE_FLOAT; }
+
+void H5Save(const Workload& w, const fs::path& dir) {
+  fs::create_directories(dir);
+  const fs::path path = dir / "h5c.h5";
+  const hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+  H5Pset_libver_bounds(fapl, H5F_LIBVER_V18, H5F_LIBVER_LATEST);
+  const hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+  H5Check(f >= 0, "H5Fcreate " + path.string());
+  for (const auto& t : w) {
+    std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
+    const hid_t space = dims.empty() ? H5Screate(H5S_SCALAR) : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr);
+    const hid_t ds = H5Dcreate2(f, t.name.c_str(), H5Type(t.dtype), space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    H5Check(ds >= 0, "H5Dcreate2 " + t.name);
+    H5Check(H5Dwrite(ds, H5Type(t.dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data.get()) >= 0, "H5Dwrite");
+    H5Dclose(ds);
+    H5Sclose(space);
+  }
+  H5Fclose(f);
+  H5Pclose(fapl);
+  FsyncPath(path, O_RDONLY);
+  FsyncPath(dir, O_RDONLY | O_DIRECTORY);
+}
+
+void H5Load(Workload& w, const fs::path& dir) {
+  const hid_t f = H5Fopen((dir / "h5c.h5").c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  H5Check(f >= 0, "H5Fopen");
+  for (auto& t : w) {
+    const hid_t ds = H5Dopen2(f, t.name.c_str(), H5P_DEFAULT);
+    H5Check(ds >= 0, "H5Dopen2 " + t.name);
+    H5Check(H5Dread(ds, H5Type(t.dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, t.data.get()) >= 0, "H5Dread");
+    H5Dclose(ds);
+  }
+  H5Fclose(f);
+}
+
+// ---- ckpt
+
+void CkptSave(Workload& w, const fs::path& dir, int world) {
   std::vector<ckpt::StateDict> views;
   for (int r = 0; r < world; ++r) views.push_back(View(w, world, r));
-  const double t0 = Now();
   ckpt::RunThreads(world, [&](ckpt::Comm& comm) {
     ckpt::Save(dir, views[static_cast<std::size_t>(comm.rank())], comm);
   });
-  return Now() - t0;
 }
 
-double CkptLoad(std::vector<TensorBuf>& w, const fs::path& dir, int world) {
+void CkptLoad(Workload& w, const fs::path& dir, int world) {
   std::vector<ckpt::StateDict> views;
   for (int r = 0; r < world; ++r) views.push_back(View(w, world, r));
-  const double t0 = Now();
   ckpt::RunThreads(world, [&](ckpt::Comm& comm) {
     ckpt::Load(dir, views[static_cast<std::size_t>(comm.rank())], comm);
   });
-  return Now() - t0;
 }
 
-uint64_t DirBytes(const fs::path& dir) {
-  uint64_t n = 0;
-  for (const auto& e : fs::directory_iterator(dir))
-    if (e.is_regular_file()) n += e.file_size();
-  return n;
+// ---- measurement
+
+std::FILE* g_json = nullptr;
+int g_round = 0;
+std::string g_commit;
+std::string g_only;  // comma-separated tables to run; empty: all
+
+bool Wanted(const std::string& table) {
+  if (g_only.empty()) return true;
+  return ("," + g_only + ",").find("," + table + ",") != std::string::npos;
+}
+
+std::string JsonEscape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    if (static_cast<unsigned char>(c) >= 0x20) o += c;
+  }
+  return o;
+}
+
+// Runs one timed phase: `prepare` (untimed), a cold page cache, then `body` timed.
+void Phase(const std::string& table, const std::string& method, const std::string& op, uint64_t bytes,
+           const fs::path& cold_dir, const std::function<void()>& prepare, const std::function<void()>& body,
+           const std::function<void()>& check = {}) {
+  if (!Wanted(table)) return;
+  if (prepare) prepare();
+  MakeCold(cold_dir);
+  const double load = Load1();
+  ResetPeakRss();
+  const double c0 = CpuSeconds(), t0 = Now();
+  body();
+  const double wall = Now() - t0, cpu = CpuSeconds() - c0;
+  const double rss = static_cast<double>(VmHWMKiB()) / 1024.0;
+  if (check) check();
+  std::printf("  %-12s %-26s %-5s %7.3f s  %6.2f GB/s  cpu %6.3f s  load %.2f\n", table.c_str(), method.c_str(),
+              op.c_str(), wall, static_cast<double>(bytes) / wall / kGB, cpu, load);
+  std::fflush(stdout);
+  if (g_json) {
+    std::fprintf(g_json,
+                 "{\"source\": \"bench_core\", \"table\": \"%s\", \"method\": \"%s\", \"op\": \"%s\", \"round\": %d, "
+                 "\"wall\": %.6f, \"cpu\": %.6f, \"load\": %.2f, \"rss_mib\": %.1f, \"bytes\": %llu, \"commit\": \"%s\"}\n",
+                 JsonEscape(table).c_str(), JsonEscape(method).c_str(), op.c_str(), g_round, wall, cpu, load, rss,
+                 static_cast<unsigned long long>(bytes), JsonEscape(g_commit).c_str());
+    std::fflush(g_json);
+  }
 }
 
 void PrintMachine(const fs::path& dir) {
@@ -311,7 +504,6 @@ void PrintMachine(const fs::path& dir) {
   if (!mem.empty()) mem_gib = std::stod(mem.substr(9)) / kMiB;
   struct utsname u {};
   ::uname(&u);
-  // The filesystem holding `dir`: the longest mount point that prefixes it.
   std::ifstream mounts("/proc/self/mounts");
   std::string src, mnt, type, best_src, best_type, best_mnt, rest;
   const std::string abs = fs::absolute(dir).string();
@@ -326,8 +518,7 @@ void PrintMachine(const fs::path& dir) {
   ::statvfs(dir.c_str(), &sv);
   std::string rotational;
   if (best_src.rfind("/dev/", 0) == 0) {
-    std::string dev = best_src.substr(5);
-    std::string r = ReadFirstLine("/sys/class/block/" + dev + "/queue/rotational");
+    std::string r = ReadFirstLine("/sys/class/block/" + best_src.substr(5) + "/queue/rotational");
     if (!r.empty()) rotational = r == "1" ? ", rotational" : ", non-rotational";
   }
   std::printf("machine: %s, %u cores, %.1f GiB RAM, kernel %s %s\n", cpu.c_str(),
@@ -336,125 +527,114 @@ void PrintMachine(const fs::path& dir) {
               best_type.c_str(), rotational.c_str(), best_mnt.c_str(),
               static_cast<double>(sv.f_bavail) * static_cast<double>(sv.f_frsize) / (kMiB * 1024.0),
               abs.c_str());
+  if (g_json) {
+    std::fprintf(g_json,
+                 "{\"source\": \"bench_core\", \"machine\": \"%s, %u cores, %.1f GiB RAM, %s %s\", \"disk\": \"%s (%s%s) "
+                 "at %s\", \"commit\": \"%s\", \"round\": %d}\n",
+                 JsonEscape(cpu).c_str(), std::thread::hardware_concurrency(), mem_gib, u.sysname, u.release,
+                 best_src.c_str(), best_type.c_str(), rotational.c_str(), best_mnt.c_str(),
+                 JsonEscape(g_commit).c_str(), g_round);
+  }
+}
+
+[[noreturn]] void Usage(const char* argv0) {
+  std::fprintf(stderr, "usage: %s --dir DIR [--rounds N] [--round-index I] [--json FILE] [--tmpfs DIR] [--only T,..] [--keep]\n",
+               argv0);
+  std::exit(2);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  fs::path base;
+  fs::path base, tmpfs = "/dev/shm";
+  std::string json;
   bool keep = false;
-  int repeat = 3;
+  int rounds = 1;
   for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--dir" && i + 1 < argc) {
-      base = argv[++i];
-    } else if (a == "--repeat" && i + 1 < argc) {
-      repeat = std::max(1, std::atoi(argv[++i]));
-    } else if (a == "--keep") {
+    const std::string a = argv[i];
+    if (a == "--keep") {
       keep = true;
-    } else {
-      std::fprintf(stderr, "usage: %s --dir DIR [--repeat N] [--keep]\n", argv[0]);
-      return 2;
+      continue;
     }
+    if (i + 1 >= argc) Usage(argv[0]);
+    const char* v = argv[++i];
+    if (a == "--dir") base = v;
+    else if (a == "--rounds") rounds = std::max(1, std::atoi(v));
+    else if (a == "--round-index") g_round = std::atoi(v);
+    else if (a == "--json") json = v;
+    else if (a == "--tmpfs") tmpfs = v;
+    else if (a == "--only") g_only = v;
+    else Usage(argv[0]);
   }
-  if (base.empty()) {
-    std::fprintf(stderr, "usage: %s --dir DIR [--repeat N] [--keep]\n", argv[0]);
-    return 2;
-  }
+  if (base.empty()) Usage(argv[0]);
+  if (const char* c = std::getenv("CKPT_BENCH_COMMIT")) g_commit = c;
+  if (!json.empty() && !(g_json = std::fopen(json.c_str(), "a"))) Die("open " + json);
   fs::create_directories(base);
   const fs::path run = base / ("run-" + std::to_string(::getpid()));
   fs::remove_all(run);
   fs::create_directories(run);
+  const bool have_tmpfs = !tmpfs.empty() && fs::is_directory(tmpfs);
+  const fs::path shm = tmpfs / ("ckpt-bench-" + std::to_string(::getpid()));
 
-  std::printf("ckpt %s bench/core: gpt2s (GPT-2 small + Adam state)\n", CKPT_VERSION_STRING);
+  std::printf("ckpt %s bench/core, commit %s\n", CKPT_VERSION_STRING, g_commit.empty() ? "?" : g_commit.c_str());
   PrintMachine(run);
-  const std::string load_start = ReadFirstLine("/proc/loadavg");
-  const int64_t rss_before = VmHWMKiB();
-  std::vector<TensorBuf> w = MakeWorkload();
-  g_total = TotalBytes(w);
-  std::printf("workload: %zu tensors, %llu bytes (%.3f GB, %.0f MiB) float32 + int64 steps\n", w.size(),
-              static_cast<unsigned long long>(g_total), static_cast<double>(g_total) / kGB,
-              static_cast<double>(g_total) / kMiB);
-  const int64_t rss_workload = VmHWMKiB();
-  const bool can_reset = ResetPeakRss();
-  std::printf("peak RSS: workload resident %.0f MiB (process before it %.0f MiB); per-phase peak %s\n",
-              static_cast<double>(rss_workload) / 1024.0, static_cast<double>(rss_before) / 1024.0,
-              can_reset ? "(VmHWM reset before each phase)" : "(VmHWM cannot be reset: cumulative)");
-  std::printf("load checks checksums (LoadOptions default); every load is verified against the source hash\n\n");
+  Workload g = MakeGpt2s(), m = MakeManySmall();
+  const uint64_t gb = TotalBytes(g), mb = TotalBytes(m);
+  std::printf("gpt2s: %zu tensors, %llu bytes; many-small: %zu tensors, %llu bytes\n", g.size(),
+              static_cast<unsigned long long>(gb), m.size(), static_cast<unsigned long long>(mb));
 
-  const fs::path raw = run / "raw", d1 = run / "ckpt-w1", d4 = run / "ckpt-w4";
-  std::vector<Phase> phases = {{"raw write (write + fsync)", true, {}, -1},
-                               {"raw read (cold)", false, {}, -1},
-                               {"ckpt save, 1 rank", true, {}, -1},
-                               {"ckpt save, 4 ranks", true, {}, -1},
-                               {"ckpt load, 1 rank", false, {}, -1},
-                               {"ckpt load, 4 ranks", false, {}, -1},
-                               {"ckpt load, 4-rank save -> 1 rank", false, {}, -1},
-                               {"ckpt load, 1-rank save -> 3 ranks", false, {}, -1}};
-  struct LoadCase {
-    std::size_t phase;
-    fs::path dir;
-    int world;
-  };
-  const LoadCase loads[] = {{4, d1, 1}, {5, d4, 4}, {6, d4, 1}, {7, d1, 3}};
-  // Phases interleave within each repetition, so a slow patch of a shared machine hits ckpt
-  // and raw alike; the table reports medians.
-  for (int rep = 0; rep < repeat; ++rep) {
-    std::printf("  repetition %d of %d\n", rep + 1, repeat);
-    for (const fs::path& d : {raw, d1, d4}) fs::remove_all(d);
-    Settle();
-    ResetPeakRss();
-    Sample(phases[0], RawWrite(w, raw));
-    ZeroAll(w);
-    MakeCold(raw);
-    Settle();
-    ResetPeakRss();
-    Sample(phases[1], RawRead(w, raw));
-    VerifyAll(w, "raw read");
-    fs::remove_all(raw);
-    Settle();
-    ResetPeakRss();
-    Sample(phases[2], CkptSave(w, d1, 1));
-    Settle();
-    ResetPeakRss();
-    Sample(phases[3], CkptSave(w, d4, 4));
-    for (const LoadCase& l : loads) {
-      ZeroAll(w);
-      MakeCold(l.dir);
-      Settle();
-      ResetPeakRss();
-      Sample(phases[l.phase], CkptLoad(w, l.dir, l.world));
-      VerifyAll(w, phases[l.phase].name);
+  for (int r = 0; r < rounds; ++r, ++g_round) {
+    std::printf("round %d (load average %.2f)\n", g_round, Load1());
+    const fs::path d = run / "r";
+    auto clean = [&] { fs::remove_all(d); };
+    auto zero = [](Workload& w) { return [&w] { ZeroAll(w); }; };
+    auto verify = [](Workload& w, std::string what) { return [&w, what] { VerifyAll(w, what); }; };
+    // gpt2s, 1 process.
+    Phase("gpt2s", "raw-c", "save", gb, run, clean, [&] { RawSave(g, d, false, 1); });
+    Phase("gpt2s", "raw-c-wb", "save", gb, run, clean, [&] { RawSave(g, d, true, 1); });
+    Phase("gpt2s", "raw-c", "load", gb, run, zero(g), [&] { RawLoad(g, d, 1); }, verify(g, "raw load"));
+    Phase("gpt2s", "h5c", "save", gb, run, clean, [&] { H5Save(g, d); });
+    Phase("gpt2s", "h5c", "load", gb, run, zero(g), [&] { H5Load(g, d); }, verify(g, "h5c load"));
+    Phase("gpt2s", "ckpt", "save", gb, run, clean, [&] { CkptSave(g, d / "c1", 1); });
+    Phase("gpt2s", "ckpt", "load", gb, run, zero(g), [&] { CkptLoad(g, d / "c1", 1); }, verify(g, "ckpt load"));
+    Phase("gpt2s", "ckpt 1 -> 3 ranks", "load", gb, run, zero(g), [&] { CkptLoad(g, d / "c1", 3); },
+          verify(g, "ckpt load 1->3"));
+    // gpt2s, 4 ranks.
+    Phase("gpt2s-4", "raw-c-wb, 4 files", "save", gb, run, clean, [&] { RawSave(g, d, true, 4); });
+    Phase("gpt2s-4", "raw-c-wb, 4 files", "load", gb, run, zero(g), [&] { RawLoad(g, d, 4); },
+          verify(g, "raw 4 load"));
+    Phase("gpt2s-4", "ckpt, 4 threads", "save", gb, run, clean, [&] { CkptSave(g, d / "c4", 4); });
+    Phase("gpt2s-4", "ckpt, 4 threads", "load", gb, run, zero(g), [&] { CkptLoad(g, d / "c4", 4); },
+          verify(g, "ckpt 4 load"));
+    Phase("gpt2s-4", "ckpt 4 -> 1 rank", "load", gb, run, zero(g), [&] { CkptLoad(g, d / "c4", 1); },
+          verify(g, "ckpt load 4->1"));
+    // tmpfs: the CPU path alone.
+    if (have_tmpfs) {
+      auto shm_clean = [&] { fs::remove_all(shm); };
+      Phase("tmpfs", "raw-c", "save", gb, run, shm_clean, [&] { RawSave(g, shm, false, 1); });
+      Phase("tmpfs", "ckpt", "save", gb, run, shm_clean, [&] { CkptSave(g, shm / "c1", 1); });
+      Phase("tmpfs", "ckpt, 4 threads", "save", gb, run, shm_clean, [&] { CkptSave(g, shm / "c4", 4); });
+      fs::remove_all(shm);
     }
+    // many small tensors.
+    Phase("many-small", "raw-c-wb", "save", mb, run, clean, [&] { RawSave(m, d, true, 1); });
+    Phase("many-small", "raw-c-wb", "load", mb, run, zero(m), [&] { RawLoad(m, d, 1); }, verify(m, "raw load"));
+    Phase("many-small", "h5c", "save", mb, run, clean, [&] { H5Save(m, d); });
+    Phase("many-small", "h5c", "load", mb, run, zero(m), [&] { H5Load(m, d); }, verify(m, "h5c load"));
+    Phase("many-small", "ckpt", "save", mb, run, clean, [&] { CkptSave(m, d / "c1", 1); });
+    Phase("many-small", "ckpt", "load", mb, run, zero(m), [&] { CkptLoad(m, d / "c1", 1); },
+          verify(m, "ckpt load"));
+    Phase("many-small", "ckpt, 4 threads", "save", mb, run, clean, [&] { CkptSave(m, d / "c4", 4); });
+    Phase("many-small", "ckpt, 4 threads", "load", mb, run, zero(m), [&] { CkptLoad(m, d / "c4", 4); },
+          verify(m, "ckpt 4 load"));
+    clean();
   }
-  const double raw_w = static_cast<double>(g_total) / phases[0].Median() / kGB;
-  const double raw_r = static_cast<double>(g_total) / phases[1].Median() / kGB;
-  std::printf("\nmedian of %d: %-24s %9s %9s %8s %13s %14s\n", repeat, "", "seconds", "GB/s", "vs raw",
-              "range GB/s", "peak RSS MiB");
-  double min_save = 1e9, min_load = 1e9;
-  int64_t worst = 0;
-  for (const Phase& p : phases) {
-    const double gbps = static_cast<double>(g_total) / p.Median() / kGB;
-    const double ratio = gbps / (p.is_write ? raw_w : raw_r);
-    const auto [lo, hi] = std::minmax_element(p.seconds.begin(), p.seconds.end());
-    std::printf("  %-36s %9.2f %9.2f %7.2fx %6.2f-%-6.2f %14.0f\n", p.name.c_str(), p.Median(), gbps,
-                ratio, static_cast<double>(g_total) / *hi / kGB, static_cast<double>(g_total) / *lo / kGB,
-                static_cast<double>(p.peak_rss_kib) / 1024.0);
-    if (p.name.rfind("ckpt save", 0) == 0) min_save = std::min(min_save, ratio);
-    if (p.name.rfind("ckpt load", 0) == 0) min_load = std::min(min_load, ratio);
-    worst = std::max(worst, p.peak_rss_kib);
+  std::printf("page cache: %s\n", g_cold_method.c_str());
+  if (g_json) {
+    std::fprintf(g_json, "{\"source\": \"bench_core\", \"cold\": \"%s\", \"round\": %d}\n",
+                 JsonEscape(g_cold_method).c_str(), g_round - 1);
+    std::fclose(g_json);
   }
-  std::printf("\ncold reads: %s\n", g_cold_method.c_str());
-  std::printf("load average: %s at start, %s at end\n", load_start.c_str(),
-              ReadFirstLine("/proc/loadavg").c_str());
-  std::printf("on disk: 1-rank save %.3f GB, 4-rank save %.3f GB (logical %.3f GB)\n",
-              static_cast<double>(DirBytes(d1)) / kGB, static_cast<double>(DirBytes(d4)) / kGB,
-              static_cast<double>(g_total) / kGB);
-  std::printf("peak RSS over all phases %.0f MiB = workload %.0f MiB + %.0f MiB (target: + 256 MiB)\n",
-              static_cast<double>(worst) / 1024.0, static_cast<double>(g_total) / kMiB,
-              static_cast<double>(worst) / 1024.0 - static_cast<double>(g_total) / kMiB);
-  std::printf("worst ratio to raw: save %.2fx (target >= 0.9x), load %.2fx (target >= 0.9x)\n", min_save,
-              min_load);
   if (!keep) fs::remove_all(run);
   return 0;
 }

@@ -18,6 +18,9 @@ import shutil
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "interop"))
+import ckpt_format  # noqa: E402  (FORMAT.md's digest rule, from the independent reader)
+
 STRACE = shutil.which("strace") or "/usr/bin/strace"
 
 
@@ -168,10 +171,11 @@ def main():
     os.makedirs(pristine)
     assert run([q, "old"], cwd=pristine).returncode == 0
     meta = os.path.join(pristine, "old", "metadata.json")
-    with open(meta) as f:
-        text = f.read()
-    with open(meta, "w") as f:
-        f.write(text.replace('"value":100', '"value":99'))
+    with open(meta, "rb") as f:
+        raw = f.read().replace(b'"value":100', b'"value":99')
+    at = ckpt_format.find_digest(raw)
+    with open(meta, "wb") as f:  # a version 2 metadata.json carries its own digest: recomputed
+        f.write(ckpt_format.with_digest(raw[:at[0]]) if at else raw)
     old = os.path.join(pristine, "old")
 
     def restore(dst):

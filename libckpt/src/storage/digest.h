@@ -20,16 +20,21 @@
 
 namespace ckpt::storage {
 
-// The block size v2 writers use. Measured with ckpt-bench-blocks (bench/core/bench_blocks.cc)
-// on a 256 MiB float32 tensor; see kDefaultBlockBytes's comment in digest.cc's header note.
-//
-// 1 MiB: block-mode hashing costs nothing measurable against v1 from 64 KiB up (smaller
-// blocks pay a per-block reset), the index holds 16 hex digits per block, 16 KiB per GB
-// (4 KiB blocks would put 4 MiB per GB into every shard index, and metadata-free planning
-// reads those indexes), and the extra read a partial run pays is at most one block at each
-// end: 2 MiB around a row slice, which a warm or cold read of a slice of a few MiB absorbs
-// (see the table in the bench's output and in the block-size note of FORMAT.md §7).
-inline constexpr uint64_t kDefaultBlockBytes = uint64_t{1} << 20;
+// The block size v2 writers use: 64 KiB, chosen with ckpt-bench-blocks (bench/core/
+// bench_blocks.cc; 256 MiB float32 [16384, 4096], 2-core VM, figures in its header note):
+// - hashing in blocks costs the same as v1 at every size from 4 KiB to 16 MiB (XXH3's
+//   per-call setup is noise even at 4 KiB), so throughput does not decide;
+// - the shard index holds 16 hex digits per block: 3.7 MiB per GB of data at 4 KiB,
+//   240 KiB at 64 KiB (0.02 % of the data, parsed by every rank that reads the shard),
+//   16 KiB at 1 MiB;
+// - a read pays up to one extra block at each end of every contiguous run (on average one
+//   block per run): a 64 KiB row slice reads in ~10 us warm up to 128 KiB blocks, 130 us
+//   at 1 MiB, 8 ms at 16 MiB; a resharded load of a model with a few hundred tensors makes
+//   a few hundred runs per rank, ~20 MB extra at 64 KiB against ~300 MB at 1 MiB;
+// - large slices (a third of the rows), column slices and whole chunks take the same time
+//   at every block size (column slices with rows under a block read every block anyway).
+// 64 KiB is the smallest size whose index stays well under a thousandth of the data.
+inline constexpr uint64_t kDefaultBlockBytes = uint64_t{64} << 10;
 inline constexpr uint64_t kMinBlockBytes = uint64_t{4} << 10;   // FORMAT.md §7: 4 KiB..64 MiB
 inline constexpr uint64_t kMaxBlockBytes = uint64_t{64} << 20;
 

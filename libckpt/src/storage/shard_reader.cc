@@ -25,6 +25,12 @@ namespace {
 constexpr std::size_t kDirectRunBytes = std::size_t{256} << 10;  // pread runs this big directly
 constexpr std::size_t kBounceBytes = std::size_t{16} << 20;      // else through a bounce buffer
 constexpr std::size_t kDigestBlock = std::size_t{8} << 20;
+// Verified reads: read and hashed at a time (stays in the CPU's cache between the two);
+// an interior of twice this or more is shared with a helper thread.
+constexpr uint64_t kHashPiece = uint64_t{256} << 10;
+constexpr uint64_t kSplitBytes = uint64_t{4} << 20;
+// Small runs closer than this share one read.
+constexpr uint64_t kGapBytes = uint64_t{256} << 10;
 // How far ahead of the block being read the kernel is asked to fetch, so the disk stays
 // busy while a block is hashed and copied.
 constexpr uint64_t kReadAhead = uint64_t{64} << 20;
@@ -46,8 +52,8 @@ struct ByteRun {
 // hashed to its digest (FORMAT.md §7). Runs are taken in increasing order: small ones
 // share windows of whole blocks (read once, however many runs meet them, but never a
 // block no run touches); a large one is read straight into the destination, its
-// interior blocks hashed there (the next piece read on a helper thread meanwhile), and
-// only its partial first and last blocks go through the window.
+// interior blocks hashed there (half of them on a helper thread), and only its partial
+// first and last blocks go through the window.
 class BlockReader {
  public:
   // fetch(from, n, to): the chunk's raw bytes [from, from + n) into `to`. `pipelined`: a
@@ -62,7 +68,7 @@ class BlockReader {
     for (std::size_t i = 0; i < runs.size();) {
       const ByteRun& r = runs[i];
       const uint64_t b0 = r.src / b_, b1 = (r.src + r.len - 1) / b_ + 1;
-      if (b0 >= wb_ && b1 <= we_) {  // inside the window already read
+      if (InWindow(b0, b1)) {  // read and checked already
         std::memcpy(r.to, window_.data() + (r.src - wb_ * b_), r.len);
         ++i;
         continue;
@@ -72,16 +78,17 @@ class BlockReader {
         ++i;
         continue;
       }
-      // One window over this run and the following small ones, as long as each starts at
-      // most in the block after the window (no untouched block read) and it stays bounded.
+      // One window over this run and the following small ones, bounded, while the gap to
+      // the next is small: one read instead of many (a cold disk serves it at once), the
+      // blocks in gaps read but not hashed (nothing of them is handed out).
       uint64_t end = b1;
       std::size_t j = i + 1;
       for (; j < runs.size() && runs[j].len < kDirectRunBytes; ++j) {
         const uint64_t c0 = runs[j].src / b_, c1 = (runs[j].src + runs[j].len - 1) / b_ + 1;
-        if (c0 > end || (std::max(end, c1) - b0) * b_ > kBounceBytes) break;
+        if ((c0 > end && (c0 - end) * b_ >= kGapBytes) || (std::max(end, c1) - b0) * b_ > kBounceBytes) break;
         end = std::max(end, c1);
       }
-      Load(b0, end);
+      Load(b0, end, &runs[i], &runs[0] + j);
       for (std::size_t k = i; k < j; ++k)
         std::memcpy(runs[k].to, window_.data() + (runs[k].src - wb_ * b_), runs[k].len);
       i = j;
@@ -107,20 +114,35 @@ class BlockReader {
     if (got != want) throw BlockMismatch(what_, block, b_, n_, want, got);
   }
 
-  // Reads blocks [b0, b1) into the window and checks each.
-  void Load(uint64_t b0, uint64_t b1) {
+  bool InWindow(uint64_t b0, uint64_t b1) const {
+    if (b0 < wb_ || b1 > we_) return false;
+    for (uint64_t b = b0; b < b1; ++b)
+      if (!ok_[b - wb_]) return false;
+    return true;
+  }
+
+  // Reads blocks [b0, b1) into the window and checks those the runs [first, last) touch
+  // (all of them when there are none).
+  void Load(uint64_t b0, uint64_t b1, const ByteRun* first = nullptr, const ByteRun* last = nullptr) {
     const uint64_t from = b0 * b_, to = std::min(n_, b1 * b_);
     window_.resize(static_cast<std::size_t>(to - from));
     wb_ = we_ = 0;  // nothing valid while it is refilled
     fetch_(from, to - from, window_.data());
     bytes_read_ += to - from;
-    for (uint64_t b = b0; b < b1; ++b) Check(b, window_.data() + (b - b0) * b_);
+    ok_.assign(static_cast<std::size_t>(b1 - b0), first == last);
+    for (uint64_t b = b0; first == last && b < b1; ++b) Check(b, window_.data() + (b - b0) * b_);
+    for (const ByteRun* r = first; r != last; ++r)
+      for (uint64_t b = r->src / b_; b <= (r->src + r->len - 1) / b_; ++b) {
+        if (ok_[b - b0]) continue;
+        Check(b, window_.data() + (b - b0) * b_);
+        ok_[b - b0] = 1;
+      }
     wb_ = b0;
     we_ = b1;
   }
 
   void FromWindow(uint64_t block, uint64_t from, uint64_t len, unsigned char* to) {
-    if (block < wb_ || block >= we_) Load(block, block + 1);
+    if (!InWindow(block, block + 1)) Load(block, block + 1);
     std::memcpy(to, window_.data() + (from - wb_ * b_), static_cast<std::size_t>(len));
   }
 
@@ -128,32 +150,40 @@ class BlockReader {
     const uint64_t e = r.src + r.len;
     const auto [a, z] = Interior(r);
     if (r.src < a) FromWindow(r.src / b_, r.src, a - r.src, r.to);
-    // Pieces of whole blocks, about kDigestBlock each: piece i+1 is fetched on a helper
-    // thread while piece i is hashed here; the kernel is asked to fetch further ahead.
-    const uint64_t piece = std::max<uint64_t>(b_, kDigestBlock / b_ * b_);
+    // The interior, read straight into the destination a piece at a time, each piece
+    // hashed right after it is read (while it is in the CPU's cache). A large interior is
+    // cut in two halves at a block boundary, the second read and hashed on a helper
+    // thread; each half asks the kernel to fetch ahead of it.
     unsigned char* out = r.to + (a - r.src);
-    auto fetch = [this, out, a, z, piece](uint64_t pos) {
-      fetch_(a + pos, std::min(piece, z - a - pos), out + pos);
-    };
     const uint64_t len = z - a;
-    uint64_t advised = 0;
-    std::future<void> reading;
-    if (pipelined_ && len > piece) reading = std::async(std::launch::async, fetch, 0);
-    for (uint64_t pos = 0; pos < len; pos += piece) {
-      const uint64_t k = std::min(piece, len - pos);
-      if (fd_ >= 0 && advised < std::min<uint64_t>(len, pos + kReadAhead)) {
-        const uint64_t until = std::min<uint64_t>(len, pos + 2 * kReadAhead);
-        ::posix_fadvise(fd_, static_cast<off_t>(base_ + a + advised), static_cast<off_t>(until - advised),
-                        POSIX_FADV_WILLNEED);
-        advised = until;
+    // (Through HDF5, larger pieces: fewer selections, each decompressing whole HDF5 chunks.)
+    const uint64_t piece = std::max<uint64_t>(b_, (pipelined_ ? kHashPiece : kDigestBlock) / b_ * b_);
+    auto work = [this, out, a, piece](uint64_t from, uint64_t to) {
+      uint64_t advised = from;
+      for (uint64_t pos = from; pos < to; pos += piece) {
+        const uint64_t k = std::min(piece, to - pos);
+        if (fd_ >= 0 && advised < std::min(to, pos + kReadAhead)) {
+          const uint64_t until = std::min(to, pos + 2 * kReadAhead);
+          ::posix_fadvise(fd_, static_cast<off_t>(base_ + a + advised), static_cast<off_t>(until - advised),
+                          POSIX_FADV_WILLNEED);
+          advised = until;
+        }
+        fetch_(a + pos, k, out + pos);
+        for (uint64_t b = 0; b < k; b += b_) Check((a + pos + b) / b_, out + pos + b);
       }
-      if (reading.valid()) {
-        reading.get();
-        if (pos + k < len) reading = std::async(std::launch::async, fetch, pos + k);
-      } else {
-        fetch(pos);
+    };
+    const uint64_t half = len / 2 / b_ * b_;
+    if (pipelined_ && half >= kSplitBytes) {
+      std::future<void> second = std::async(std::launch::async, work, half, len);
+      try {
+        work(0, half);
+      } catch (...) {
+        second.wait();  // the first half's error names the lower block
+        throw;
       }
-      for (uint64_t b = 0; b < k; b += b_) Check((a + pos + b) / b_, out + pos + b);
+      second.get();
+    } else {
+      work(0, len);
     }
     bytes_read_ += len;
     if (z < e) FromWindow(z / b_, z, e - z, r.to + (z - r.src));
@@ -167,7 +197,8 @@ class BlockReader {
   const int fd_;
   const uint64_t base_;
   std::vector<unsigned char>& window_;
-  uint64_t wb_ = 0, we_ = 0;  // blocks [wb_, we_) are in the window, checked
+  uint64_t wb_ = 0, we_ = 0;  // blocks [wb_, we_) are in the window
+  std::vector<char> ok_;      // which of them were checked
   uint64_t bytes_read_ = 0;
 };
 

@@ -17,13 +17,16 @@
 #include <string_view>
 
 #include "ckpt/metadata.h"
+#include "storage/digest.h"
 
 namespace ckpt::storage {
 
 class ShardWriter {
  public:
-  // Creates (truncates) `dir/file_name`.
-  ShardWriter(const std::filesystem::path& dir, std::string file_name, Compression compression);
+  // Creates (truncates) `dir/file_name`. Chunks are hashed in blocks of `block_bytes`
+  // (FORMAT.md §7; a power of two in [kMinBlockBytes, kMaxBlockBytes]).
+  ShardWriter(const std::filesystem::path& dir, std::string file_name, Compression compression,
+              uint64_t block_bytes = kDefaultBlockBytes);
   ~ShardWriter();
   ShardWriter(const ShardWriter&) = delete;
   ShardWriter& operator=(const ShardWriter&) = delete;

@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""bench/report.py: the tables of issue 10 from the JSON lines of bench/core and bench/peers.
+
+  bench/report.py RESULTS.jsonl [--markdown]
+
+Figures are medians over the rounds, [min-max] beside; "x raw" ratios are speed ratios
+(raw seconds / method seconds, higher is better). CPU is user + sys seconds of the process
+(every thread), the steadier figure on a shared machine. Then every target, met or by how much
+it misses.
+"""
+import json
+import statistics
+import sys
+from collections import defaultdict
+
+
+def load(path):
+    phases, meta = defaultdict(list), defaultdict(set)
+    for line in open(path):
+        line = line.strip()
+        if not line:
+            continue
+        r = json.loads(line)
+        if "table" in r:
+            phases[(r["table"], r["method"], r["op"])].append(r)
+        for k in ("machine", "disk", "cold", "versions", "commit"):
+            if r.get(k):
+                meta[k].add(r[k])
+    return phases, meta
+
+
+class Stats:
+    def __init__(self, rs):
+        self.n = len(rs)
+        self.wall = sorted(r["wall"] for r in rs)
+        self.med = statistics.median(self.wall)
+        self.cpu = statistics.median(r["cpu"] for r in rs)
+        self.load = statistics.median(r["load"] for r in rs)
+        self.rss = max((r["rss_mib"] for r in rs if r.get("rss_mib", -1) >= 0), default=float("nan"))
+        self.bytes = rs[0]["bytes"]
+
+    def s(self):
+        return f"{self.med:.2f} [{self.wall[0]:.2f}–{self.wall[-1]:.2f}]"
+
+
+def main():
+    phases, meta = load(sys.argv[1])
+    st = {k: Stats(v) for k, v in phases.items()}
+    get = lambda t, m, op: st.get((t, m, op))  # noqa: E731
+    out = []
+    p = out.append
+    p(f"commit: {', '.join(sorted(meta['commit'])) or '?'}")
+    for k in ("machine", "disk", "versions", "cold"):
+        for v in sorted(meta[k]):
+            p(f"{k}: {v}")
+    loads = [r["load"] for v in phases.values() for r in v]
+    if loads:
+        p(f"load average (1 min) at the start of the phases: median {statistics.median(loads):.2f} "
+          f"[{min(loads):.2f}–{max(loads):.2f}]")
+    p("")
+
+    def ratio(base, x):
+        return base.med / x.med if base and x else None
+
+    def fmt(x, d=2, suffix="×"):
+        return "n/a" if x is None else f"{x:.{d}f}{suffix}"
+
+    def cpu_gb(x):
+        return x.cpu / (x.bytes / 1e9) if x else None
+
+    def table(title, t, methods, save_base, load_base, load_name):
+        p(f"| {title} | n | save s | × best raw | cold load s | × {load_name} | CPU s save / load | "
+          f"peak RSS MiB save / load (peers: of the process so far) | load avg |")
+        p("|---|---|---|---|---|---|---|---|---|")
+        for m in methods:
+            s, l = get(t, m, "save"), get(t, m, "load")
+            if not s and not l:
+                continue
+            bold = "**" if m.startswith("ckpt") else ""
+            p(f"| {bold}{m}{bold} | {(s or l).n} | {s.s() if s else '—'} | {fmt(ratio(save_base, s))} | "
+              f"{l.s() if l else '—'} | {fmt(ratio(load_base, l))} | {s.cpu if s else float('nan'):.2f} / "
+              f"{l.cpu if l else float('nan'):.2f} | {s.rss if s else 0:.0f} / {l.rss if l else 0:.0f} | "
+              f"{(s or l).load:.1f} |")
+        p("")
+
+    best, rawc = get("gpt2s", "raw-c-wb", "save"), get("gpt2s", "raw-c", "load")
+    table("gpt2s, 1 process", "gpt2s",
+          ["raw-c", "raw-c-wb", "h5c", "safetensors", "torch.save", "DCP", "ckpt", "ckpt 1 -> 3 ranks"], best, rawc,
+          "raw-c load")
+    best4, raw4 = get("gpt2s-4", "raw-c-wb, 4 files", "save"), get("gpt2s-4", "raw-c-wb, 4 files", "load")
+    table("gpt2s, 4 ranks", "gpt2s-4",
+          ["raw-c-wb, 4 files", "torch.save, 4 files", "DCP, 4 ranks (gloo)", "ckpt, 4 threads", "ckpt 4 -> 1 rank"],
+          best4, raw4, "raw 4 files load")
+    traw = get("tmpfs", "raw-c", "save")
+    if traw:
+        p("| tmpfs (no disk: the CPU path) | n | save s | × raw | CPU s |")
+        p("|---|---|---|---|---|")
+        for m in ("raw-c", "ckpt", "ckpt, 4 threads"):
+            x = get("tmpfs", m, "save")
+            if x:
+                p(f"| {m} | {x.n} | {x.s()} | {fmt(ratio(traw, x))} | {x.cpu:.2f} |")
+        p("")
+    ms_raw, ms_h5 = get("many-small", "raw-c-wb", "save"), get("many-small", "h5c", "save")
+    p("| many-small: 20,000 tensors, 189 MB | n | save s | × HDF5 C floor (time) | CPU s save | peak RSS MiB | load s | CPU s load |")
+    p("|---|---|---|---|---|---|---|---|")
+    for m in ("raw-c-wb", "h5c", "torch.save", "safetensors", "ckpt", "ckpt, 4 threads", "DCP"):
+        s, l = get("many-small", m, "save"), get("many-small", m, "load")
+        if not s:
+            continue
+        ra = s.med / ms_h5.med if ms_h5 else None
+        p(f"| {m} | {s.n} | {s.s()} | {fmt(ra)} | {s.cpu:.2f} | {max(s.rss, l.rss if l else 0):.0f} | "
+          f"{l.s() if l else '—'} | {l.cpu if l else float('nan'):.2f} |")
+    p("")
+    cp = get("merge", "cp -r + fsync", "merge")
+    if cp:
+        p("| merge 4 shards → 1 file, cold, to fsync | n | s | × cp | peak RSS MiB | CPU s |")
+        p("|---|---|---|---|---|---|")
+        for m in ("copy_file_range of the data", "cp -r + fsync", "ckpt-merge", "DCP dcp_to_torch_save"):
+            x = get("merge", m, "merge")
+            if x:
+                p(f"| {m} | {x.n} | {x.s()} | {fmt(ratio(cp, x))} | {x.rss:.0f} | {x.cpu:.2f} |")
+        p("")
+
+    p("Targets (medians of this run):")
+
+    def target(name, value, goal, higher=True, unit="×"):
+        if value is None:
+            p(f"- {name}: not measured")
+            return
+        ok = value >= goal if higher else value <= goal
+        miss = "" if ok else f" — misses by {abs(value / goal - 1) * 100:.0f}%"
+        p(f"- {name}: {value:.2f}{unit} (goal {'≥' if higher else '≤'} {goal}{unit}): {'MET' if ok else 'missed'}{miss}")
+
+    target("save 1 rank vs best raw (raw-c-wb)", ratio(best, get("gpt2s", "ckpt", "save")), 0.95)
+    target("save 4 ranks as threads vs raw 4 files with write-back", ratio(best4, get("gpt2s-4", "ckpt, 4 threads", "save")), 0.95)
+    p("- save 4 processes (MPI): not in this benchmark (no MPI driver here)")
+    for m, t, base in (("ckpt", "gpt2s", rawc), ("ckpt 1 -> 3 ranks", "gpt2s", rawc),
+                       ("ckpt, 4 threads", "gpt2s-4", raw4), ("ckpt 4 -> 1 rank", "gpt2s-4", rawc)):
+        target(f"cold load {m} vs raw-c load", ratio(base, get(t, m, "load")), 0.95)
+    ck_s, ck_l = get("gpt2s", "ckpt", "save"), get("gpt2s", "ckpt", "load")
+    target("CPU per GB of save vs raw-c-wb", cpu_gb(ck_s) / cpu_gb(best) if ck_s and best else None, 1.3, higher=False)
+    target("CPU per GB of load vs raw-c load", cpu_gb(ck_l) / cpu_gb(rawc) if ck_l and rawc else None, 1.3, higher=False)
+    target("tmpfs save vs raw write into tmpfs", ratio(traw, get("tmpfs", "ckpt", "save")), 0.8)
+    target("tmpfs save, 4 threads, vs raw write into tmpfs", ratio(traw, get("tmpfs", "ckpt, 4 threads", "save")), 0.8)
+    torch_ms = get("many-small", "torch.save", "save")
+    for m in ("ckpt", "ckpt, 4 threads"):
+        x = get("many-small", m, "save")
+        target(f"many-small save {m} vs HDF5 C floor (time ratio)", x.med / ms_h5.med if x and ms_h5 else None, 1.2,
+               higher=False)
+        target(f"many-small save {m} vs torch.save (speed ratio)", ratio(torch_ms, x), 1.0)
+    target("merge vs cp -r + fsync", ratio(cp, get("merge", "ckpt-merge", "merge")), 0.9)
+    rss = [x.rss for (t, m, op), x in st.items() if t == "merge" and m == "ckpt-merge"]
+    target("ckpt-merge peak RSS", max(rss) if rss else None, 300, higher=False, unit=" MiB")
+    print("\n".join(out))
+
+
+if __name__ == "__main__":
+    main()
