@@ -306,6 +306,8 @@ def main():
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--kinds", default="fsdp2,fsdp4,tp2x2,zstd,misc")
     ap.add_argument("--show", type=int, default=20, help="problem flips printed in full, at most")
+    ap.add_argument("--list", action="append", default=[], metavar="CLASS",
+                    help="also list every flip of CLASS with what it hit (repeatable), e.g. harmless")
     args = ap.parse_args()
     flips = 10000 if args.full else args.flips
     kinds = args.kinds.split(",")
@@ -324,10 +326,10 @@ def main():
         rc, out, err = run(load_cmd(args.driver, kind, d))
         if rc != 0:
             raise SystemExit("flip_sweep: the intact %s does not load: %s" % (kind, err))
-        rc, out, err = run([args.verify, d])
-        if rc != 0:
-            raise SystemExit("flip_sweep: the intact %s does not verify: %s" % (kind, out + err))
         reference[kind] = out
+        rc, vout, err = run([args.verify, d])
+        if rc != 0:
+            raise SystemExit("flip_sweep: the intact %s does not verify: %s" % (kind, vout + err))
         names = files_of(d)
         sizes = [os.path.getsize(os.path.join(d, n)) for n in names]
         layout[kind] = (names, sizes)
@@ -401,6 +403,12 @@ def main():
     for kind in kinds:
         c = by_kind[kind]
         print("%-8s %9d %9d %7d %11d %6d" % (kind, *(c[x] for x in classes)))
+
+    for cls in args.list:
+        print("\n%s flips:" % cls)
+        for (i, kind, name, byte, bit, c, _) in results:
+            if c == cls:
+                print("  #%d %s/%s byte %d bit %d [%s]" % (i, kind, name, byte, bit, labels[(kind, name)][byte]))
 
     bad = [r for r in results if r[5] in ("silent", "silent-load", "crash")]
     if bad:
