@@ -410,7 +410,8 @@ def main():
             if c == cls:
                 print("  #%d %s/%s byte %d bit %d [%s]" % (i, kind, name, byte, bit, labels[(kind, name)][byte]))
 
-    bad = [r for r in results if r[5] in ("silent", "silent-load", "crash")]
+    order = {"silent": 0, "crash": 1, "silent-load": 2}
+    bad = sorted((r for r in results if r[5] in order), key=lambda r: (order[r[5]], r[0]))
     if bad:
         print("\n%d problem flips (seed %d; flip #, checkpoint, file, byte, bit, class, what it hit):" % (len(bad), args.seed))
         for (i, kind, name, byte, bit, cls, detail) in bad[:args.show]:
