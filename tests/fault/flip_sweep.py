@@ -145,15 +145,30 @@ def metadata_labels(path):
     return json_labels(text, "metadata.json: ", {"entries", "user"})
 
 
+def object_header_end(raw, addr):
+    """End of the first chunk of the object header at `addr` (its continuation chunks,
+    OCHK blocks, lie elsewhere and are found by signature)."""
+    if raw[addr:addr + 4] == b"OHDR":  # version 2: prefix, chunk 0, checksum
+        flags = raw[addr + 5]
+        at = addr + 6 + (16 if flags & 0x20 else 0) + (4 if flags & 0x10 else 0)
+        width = 1 << (flags & 3)
+        size = int.from_bytes(raw[at:at + width], "little")
+        return at + width + size + 4
+    # version 1: 16-byte prefix (size of the header data at +8), messages 8-byte aligned
+    return addr + 16 + int.from_bytes(raw[addr + 8:addr + 12], "little")
+
+
 def shard_regions(path):
     """Sorted (begin, end, label) of what we can name in an HDF5 shard; the rest is labelled
     later as zero padding or other HDF5 structure."""
     import h5py
     regions = []
+    with open(path, "rb") as fh:
+        raw = fh.read()
     with h5py.File(path, "r") as f:
         regions.append((0, 48 if f.id.get_create_plist().get_version()[0] >= 2 else 96, "hdf5: superblock"))
         info = h5py.h5o.get_info(f.id)
-        regions.append((info.addr, info.addr + info.hdr.space.total, "hdf5: root object header"))
+        regions.append((info.addr, object_header_end(raw, info.addr), "hdf5: root object header"))
         index = f.attrs.get("ckpt_shard_index")
         dataset_key = {}
         if index is not None:
@@ -168,7 +183,7 @@ def shard_regions(path):
             if not isinstance(obj, h5py.Dataset):
                 return
             oi = h5py.h5o.get_info(obj.id)
-            regions.append((oi.addr, oi.addr + oi.hdr.space.total, "hdf5: dataset object header"))
+            regions.append((oi.addr, object_header_end(raw, oi.addr), "hdf5: dataset object header"))
             what = "data" if name in dataset_key else "data of an unindexed dataset"
             off = obj.id.get_offset()
             if off is not None:
@@ -178,8 +193,6 @@ def shard_regions(path):
                     ci = obj.id.get_chunk_info(i)
                     regions.append((ci.byte_offset, ci.byte_offset + ci.size, "shard: compressed " + what))
         f.visititems(visit)
-    with open(path, "rb") as fh:
-        raw = fh.read()
     idx_labels = None
     if index is not None:
         at = raw.find(text)
@@ -239,7 +252,8 @@ def shard_labels(path):
             if labels[m] is None:
                 k = bisect.bisect_right(found_at, m)
                 sig = found[k - 1][1] if k else "?"
-                labels[m] = "hdf5: other structure (after %s)" % sig
+                labels[m] = ("hdf5: object header continuation (OCHK)" if sig == "OCHK" else
+                             "hdf5: other structure (after %s)" % sig)
         i = j
     return labels
 
