@@ -543,7 +543,7 @@ TEST_CASE("CheckpointWriter chunk streams: pieces from memory and ranges copied 
   CHECK(range->length == v.size() * 4);
   CHECK(range->file == tmp / "src" / src->metadata().Find("v")->chunks[0].file);
   src->VerifyChunk("v", 0);
-  const std::string checksum = src->metadata().Find("v")->chunks[0].checksum;
+  const ChunkMeta* stored = &src->metadata().Find("v")->chunks[0];  // checksum and block digests
 
   const int64_t n = static_cast<int64_t>(v.size());
   {
@@ -552,7 +552,7 @@ TEST_CASE("CheckpointWriter chunk streams: pieces from memory and ranges copied 
     auto s = w->OpenChunk("x", DType::kInt32, {n + 20}, Box::Full({n + 20}));
     std::vector<int32_t> head(10, 7), tail(10, -7);
     s->Write(head.data(), 40);
-    s->Copy(*range, checksum);
+    s->Copy(*range, stored);
     s->Write(tail.data(), 20);
     CHECK_THROWS_WITH_AS(s->Close(), doctest::Contains("bytes given"), Error);  // 20 bytes short
     s->Write(tail.data() + 5, 20);
@@ -569,7 +569,7 @@ TEST_CASE("CheckpointWriter chunk streams: pieces from memory and ranges copied 
     auto s = w->OpenChunk("x", DType::kInt32, {n + 20}, Box::Full({n + 20}));
     std::vector<int32_t> head(10, 7), tail(10, -7);
     s->Write(head.data(), 40);
-    s->Copy(*range, checksum);
+    s->Copy(*range, stored);
     s->Write(tail.data(), 40);
     s->Close();
     w->Commit();
@@ -590,7 +590,7 @@ TEST_CASE("CheckpointWriter chunk streams: pieces from memory and ranges copied 
   CHECK_THROWS_WITH_AS(src->VerifyChunk("v", 0), doctest::Contains("checksum mismatch"), Error);
   auto w = CheckpointWriter::Create(tmp / "bad", {});
   auto s = w->OpenChunk("x", DType::kInt32, {n}, Box::Full({n}));
-  CHECK_THROWS_WITH_AS(s->Copy(*range, checksum), doctest::Contains(range->file.string().c_str()), Error);
+  CHECK_THROWS_WITH_AS(s->Copy(*range, stored), doctest::Contains(range->file.string().c_str()), Error);
   // Compressed chunks have no raw bytes to copy.
   {
     CheckpointWriter::Options o;

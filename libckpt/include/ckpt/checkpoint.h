@@ -95,7 +95,9 @@ struct FileRange {
 // Thread-safety: one reader per thread.
 class CKPT_API CheckpointReader {
  public:
-  static std::unique_ptr<CheckpointReader> Open(const std::filesystem::path& dir);
+  // With `resolve` false, a v2 checkpoint's shard indexes are read as chunks are first
+  // wanted (each once, checked against its digest) instead of all when opening.
+  static std::unique_ptr<CheckpointReader> Open(const std::filesystem::path& dir, bool resolve = true);
   virtual ~CheckpointReader() = default;
 
   virtual const Metadata& metadata() const = 0;

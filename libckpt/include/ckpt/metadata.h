@@ -36,6 +36,10 @@ struct ChunkStats {
   int64_t finite_count = 0;  // elements that min/max/mean/l2 cover
 };
 
+// The statistics of a whole made of parts, from theirs: counts, min and max exact, mean and
+// l2 recombined from their sums. nullopt if `parts` is empty or any part is null.
+CKPT_API std::optional<ChunkStats> CombineStats(const std::vector<const ChunkStats*>& parts);
+
 // Per-chunk storage filter chain. Empty means a contiguous, uncompressed dataset.
 struct Compression {
   enum class Codec { kNone, kZstd } codec = Codec::kNone;
@@ -97,6 +101,8 @@ struct CKPT_API EntryMeta {
   std::vector<ChunkMeta> chunks;
   TensorLayout layout;             // tensor, bytes: always set (v1: derived from chunks)
   std::optional<ChunkStats> stats;  // floating tensor: the aggregate over its chunks
+  uint64_t stored_bytes = 0;        // tensor, bytes: the sum over its chunks
+  Compression compression;          // tensor: that of its chunks (the first compressed one)
   uint64_t size = 0;              // bytes: blob length
   std::string value;              // scalar, json: the value as JSON text
 

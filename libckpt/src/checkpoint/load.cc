@@ -15,6 +15,7 @@
 #include "checkpoint/commit.h"
 #include "checkpoint/reader.h"
 #include "ckpt/checkpoint.h"
+#include "format/grid.h"
 
 namespace ckpt {
 namespace {
@@ -61,9 +62,15 @@ void Match(const Metadata& m, const StateDict& target, bool local, LoadReport& r
                                     ShapeString(t->shape) + " in the target");
       } else if (local) {
         // Sorted saved boxes, looked up per target chunk: n log n, not n x m.
+        std::vector<Box> boxes;  // the saved chunks: listed (v1), or the layout's (v2)
+        if (!e->chunks.empty()) {
+          for (const ChunkMeta& s : e->chunks) boxes.push_back(s.box);
+        } else {
+          grid::ForEachChunk(e->layout, e->shape, [&](const Box& b, int32_t) { boxes.push_back(b); });
+        }
         std::vector<const Box*> saved;
-        saved.reserve(e->chunks.size());
-        for (const ChunkMeta& s : e->chunks) saved.push_back(&s.box);
+        saved.reserve(boxes.size());
+        for (const Box& b : boxes) saved.push_back(&b);
         const auto less = [](const Box* a, const Box* b) {
           return a->offsets != b->offsets ? a->offsets < b->offsets : a->sizes < b->sizes;
         };
@@ -122,6 +129,7 @@ Scalar ScalarFromJson(DType dtype, const std::string& text) {
 // Reads every tensor chunk of `target` with up to `threads` readers, each with its own
 // shard handles; chunks are handed out largest first so the threads finish together.
 void ReadTensors(const storage::Dir& dir, const std::shared_ptr<const Metadata>& metadata,
+                 const std::shared_ptr<internal::ChunkCatalog>& catalog,
                  StateDict& target, const std::unordered_set<std::string>& skip, const LoadOptions& options,
                  uint64_t& bytes_read) {
   struct Task {
@@ -148,10 +156,9 @@ void ReadTensors(const storage::Dir& dir, const std::shared_ptr<const Metadata>&
   std::exception_ptr first;
   auto work = [&] {
     try {
-      internal::Reader reader(dir, metadata, /*check_tiling=*/false);  // checked by Load's first reader
+      internal::Reader reader(dir, metadata, /*check_tiling=*/false, catalog);  // checked by Load's first reader
       for (std::size_t i; !failed && (i = next.fetch_add(1)) < tasks.size();) {
-        reader.ReadRegionEx(*tasks[i].key, tasks[i].chunk->box, tasks[i].chunk->data, options.verify_checksums,
-                            options.verify_partial_chunks);
+        reader.ReadRegion(*tasks[i].key, tasks[i].chunk->box, tasks[i].chunk->data, options.verify_checksums);
       }
       total += reader.bytes_read();
     } catch (...) {
@@ -177,7 +184,9 @@ LoadReport Load(const std::filesystem::path& dir, StateDict& target, Comm& comm,
     // One directory handle for metadata.json and every shard: a load racing an overwrite
     // reads the old checkpoint or the new one, never a mix.
     const storage::Dir handle = storage::Dir::Open(dir);
-    internal::Reader reader(handle, std::make_shared<const Metadata>(internal::ReadMetadataAt(handle, &version)));
+    // Only metadata.json is read here: a rank reads the shard indexes of the files it needs.
+    internal::Reader reader(handle, std::make_shared<const Metadata>(
+                                        internal::ReadMetadataAt(handle, &version, /*resolve=*/false)));
     const Metadata& m = reader.metadata();
     CheckTypes(dir, m, options, comm.size());
     std::unordered_set<std::string> skip;
@@ -195,7 +204,7 @@ LoadReport Load(const std::filesystem::path& dir, StateDict& target, Comm& comm,
       }
     }
     report.bytes_read = reader.bytes_read();
-    ReadTensors(handle, reader.shared_metadata(), target, skip, options, report.bytes_read);
+    ReadTensors(handle, reader.shared_metadata(), reader.catalog(), target, skip, options, report.bytes_read);
   });
   // Each rank read one checkpoint whole; if it was replaced while they opened it, they
   // may have read different ones: an error on every rank rather than a mixed state.

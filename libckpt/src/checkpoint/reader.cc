@@ -1,26 +1,31 @@
 // checkpoint/reader.cc
 #include "checkpoint/reader.h"
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <optional>
 
+#include "format/grid.h"
 #include "format/names.h"
 #include "layout/box.h"
 #include "storage/fs.h"
+#include "storage/shard_index.h"
 
 namespace ckpt {
 
-Metadata ReadMetadata(const std::filesystem::path& dir) { return internal::ReadMetadataAt(storage::Dir::Open(dir)); }
+Metadata ReadMetadata(const std::filesystem::path& dir, bool resolve) {
+  return internal::ReadMetadataAt(storage::Dir::Open(dir), nullptr, resolve);
+}
 
-std::unique_ptr<CheckpointReader> CheckpointReader::Open(const std::filesystem::path& dir) {
+std::unique_ptr<CheckpointReader> CheckpointReader::Open(const std::filesystem::path& dir, bool resolve) {
   const storage::Dir d = storage::Dir::Open(dir);
-  return std::make_unique<internal::Reader>(d, std::make_shared<const Metadata>(internal::ReadMetadataAt(d)));
+  return std::make_unique<internal::Reader>(d, std::make_shared<const Metadata>(internal::ReadMetadataAt(d, nullptr, resolve)));
 }
 
 namespace internal {
 
-Metadata ReadMetadataAt(const storage::Dir& dir, uint64_t* text_hash) {
+Metadata ReadMetadataAt(const storage::Dir& dir, uint64_t* text_hash, bool resolve) {
   const ParseLimits limits;
   std::string text;
   try {
@@ -31,16 +36,142 @@ Metadata ReadMetadataAt(const storage::Dir& dir, uint64_t* text_hash) {
                 dir.path().string() + ": not a checkpoint (no metadata.json; an interrupted save never commits one)");
   }
   if (text_hash) *text_hash = std::hash<std::string>{}(text);
-  return ParseMetadata(text, (dir.path() / names::kMetadataFile).string(), limits);
+  Metadata m = ParseMetadata(text, (dir.path() / names::kMetadataFile).string(), limits);
+  if (resolve && !m.resolved) Resolve(dir, m);
+  return m;
 }
 
-Reader::Reader(storage::Dir dir, std::shared_ptr<const Metadata> metadata, bool check_tiling)
-    : handle_(std::move(dir)), dir_(handle_.path()), metadata_(std::move(metadata)) {
+// --- the chunk catalog of a v2 checkpoint ------------------------------------------------
+
+struct ChunkCatalog::File {
+  std::once_flag once;
+  std::exception_ptr failed;
+  std::unordered_map<std::string, std::vector<storage::ShardIndexEntry>> records;  // by key
+};
+
+ChunkCatalog::ChunkCatalog(storage::Dir dir, std::shared_ptr<const Metadata> metadata)
+    : dir_(std::move(dir)), metadata_(std::move(metadata)) {
+  files_.resize(metadata_->files.size());
+  for (auto& f : files_) f = std::make_unique<File>();
+}
+
+ChunkCatalog::~ChunkCatalog() = default;
+
+ChunkCatalog::File& ChunkCatalog::Load(int32_t index) {
+  if (index < 0 || static_cast<std::size_t>(index) >= files_.size()) {
+    throw Error(ErrorCode::kCorrupt, dir_.path().string() + ": file number " + std::to_string(index) + " is not one of the " +
+                                         std::to_string(files_.size()) + " in metadata.json");
+  }
+  File& f = *files_[static_cast<std::size_t>(index)];
+  std::call_once(f.once, [&] {
+    try {
+      const FileMeta& meta = metadata_->files[static_cast<std::size_t>(index)];
+      storage::ShardReader shard(dir_, meta.name, /*use_index=*/false);
+      const std::string& text = shard.IndexText();
+      const std::string where = (dir_.path() / meta.name).string() + ": " + names::kShardIndexAttr;
+      if (text.empty()) throw Error(ErrorCode::kCorrupt, where + ": missing (not a ckpt shard, or damaged)");
+      const std::string got = storage::IndexDigest(text);
+      if (got != meta.index) {
+        throw Error(ErrorCode::kCorrupt, where + ": digest mismatch: metadata.json says " + meta.index +
+                                             ", the index hashes to " + got +
+                                             " (the shard was changed or damaged after it was written)");
+      }
+      storage::ShardIndex parsed = storage::ParseShardIndex(text, where);
+      if (parsed.format_version < 2) {
+        throw Error(ErrorCode::kCorrupt, where + ": a version " + std::to_string(parsed.format_version) +
+                                             " index in a version 2 checkpoint");
+      }
+      for (storage::ShardIndexEntry& r : parsed.entries) {
+        r.chunk.file = meta.name;
+        std::string key = r.key;
+        f.records[key].push_back(std::move(r));
+      }
+    } catch (...) {
+      f.failed = std::current_exception();
+    }
+  });
+  if (f.failed) std::rethrow_exception(f.failed);
+  return f;
+}
+
+const std::unordered_map<std::string, std::vector<storage::ShardIndexEntry>>& ChunkCatalog::Records(int32_t file) {
+  return Load(file).records;
+}
+
+const ChunkMeta& ChunkCatalog::Find(const std::string& key, const EntryMeta& e, const Box& box, int32_t file) {
+  const auto& records = Load(file).records;
+  const std::string where = (dir_.path() / metadata_->files[static_cast<std::size_t>(file)].name).string() + ": " +
+                            std::string(EntryKindName(e.kind)) + " '" + key + "' chunk " + box.ToString();
+  const auto it = records.find(key);
+  const storage::ShardIndexEntry* found = nullptr;
+  if (it != records.end()) {
+    for (const storage::ShardIndexEntry& r : it->second) {
+      if (r.chunk.box.offsets != box.offsets) continue;
+      if (found) throw Error(ErrorCode::kCorrupt, where + ": listed twice in the shard index");
+      found = &r;
+    }
+  }
+  if (!found) throw Error(ErrorCode::kCorrupt, where + ": metadata.json places it in this file, its index does not hold it");
+  if (found->chunk.box.sizes != box.sizes) {
+    throw Error(ErrorCode::kCorrupt, where + ": the shard index gives it the box " + found->chunk.box.ToString() +
+                                         ", the layout in metadata.json " + box.ToString());
+  }
+  const bool bytes = e.kind == EntryKind::kBytes;
+  if (found->bytes != bytes || (!bytes && (found->dtype != e.dtype || found->shape != e.shape))) {
+    throw Error(ErrorCode::kCorrupt, where + ": the shard index describes it as another " +
+                                         (bytes ? std::string("kind") : "dtype or shape") + " than metadata.json");
+  }
+  return found->chunk;
+}
+
+void Resolve(const storage::Dir& dir, Metadata& m) {
+  auto shared = std::make_shared<const Metadata>(m);  // the catalog reads files and layouts only
+  ChunkCatalog catalog(dir, shared);
+  for (auto& [key, e] : m.entries) {
+    if (e.kind != EntryKind::kTensor && e.kind != EntryKind::kBytes) continue;
+    e.chunks.clear();
+    const Shape shape = e.kind == EntryKind::kBytes ? Shape{static_cast<int64_t>(e.size)} : e.shape;
+    grid::ForEachChunk(e.layout, shape, [&](const Box& box, int32_t file) {
+      const ChunkMeta& c = catalog.Find(key, e, box, file);
+      e.chunks.push_back(c);
+    });
+  }
+  m.resolved = true;
+}
+
+// --- the reader --------------------------------------------------------------------------
+
+namespace {
+
+// A v2 entry's explicit chunk list, as boxes CheckTiling can check.
+EntryMeta PiecesAsChunks(const EntryMeta& e) {
+  EntryMeta copy;
+  copy.kind = e.kind;
+  copy.dtype = e.dtype;
+  copy.shape = e.shape;
+  for (const TensorLayout::Piece& p : e.layout.pieces) {
+    ChunkMeta c;
+    c.box = p.box;
+    copy.chunks.push_back(std::move(c));
+  }
+  return copy;
+}
+
+}  // namespace
+
+Reader::Reader(storage::Dir dir, std::shared_ptr<const Metadata> metadata, bool check_tiling,
+               std::shared_ptr<ChunkCatalog> catalog)
+    : handle_(std::move(dir)), dir_(handle_.path()), metadata_(std::move(metadata)), catalog_(std::move(catalog)) {
+  if (!metadata_->resolved && !catalog_) catalog_ = std::make_shared<ChunkCatalog>(handle_, metadata_);
   if (!check_tiling) return;
   std::vector<std::string> problems;
   for (const auto& [key, e] : metadata_->entries) {
     if (e.kind != EntryKind::kTensor) continue;
-    for (std::string& p : CheckTiling(key, e)) problems.push_back(std::move(p));
+    if (!e.chunks.empty() || metadata_->resolved) {
+      for (std::string& p : CheckTiling(key, e)) problems.push_back(std::move(p));
+    } else if (e.layout.kind == TensorLayout::Kind::kChunks) {  // a grid tiles by construction
+      for (std::string& p : CheckTiling(key, PiecesAsChunks(e))) problems.push_back(std::move(p));
+    }
   }
   if (problems.empty()) return;
   std::string msg = (dir_ / names::kMetadataFile).string() + ": chunks do not tile their tensors:";
@@ -62,55 +193,53 @@ const EntryMeta& Reader::TensorEntry(std::string_view key) {
 storage::ShardReader& Reader::Shard(const std::string& file) {
   auto it = shards_.find(file);
   if (it == shards_.end()) {
-    it = shards_.emplace(file, std::make_unique<storage::ShardReader>(handle_, file)).first;
+    // A v2 chunk carries its offset from a digest-checked index: the v1 fast path (which
+    // parses the index again per reader) is only for v1 checkpoints.
+    it = shards_.emplace(file, std::make_unique<storage::ShardReader>(handle_, file, metadata_->format_version < 2)).first;
   }
   return *it->second;
 }
 
-void Reader::VerifyDigest(const std::string& key, const ChunkMeta& chunk, const storage::Digest& digest) const {
-  const std::string got = digest.Checksum();
-  if (got != chunk.checksum) {
-    throw Error(ErrorCode::kCorrupt, (dir_ / chunk.file).string() + ": key '" + key + "' chunk " +
-                                         chunk.box.ToString() + " (dataset '" + chunk.dataset +
-                                         "'): checksum mismatch: metadata says " + chunk.checksum +
-                                         ", the data hashes to " + got);
+std::vector<const ChunkMeta*> Reader::ChunksMeeting(const std::string& key, const EntryMeta& e, const Box& region) {
+  std::vector<const ChunkMeta*> out;
+  if (!catalog_ || !e.chunks.empty()) {
+    for (const ChunkMeta& c : e.chunks)
+      if (layout::Intersect(c.box, region)) out.push_back(&c);
+    return out;
   }
+  grid::ForEachCell(e.layout, e.shape, region,
+                    [&](const Box& box, int32_t file) { out.push_back(&catalog_->Find(key, e, box, file)); });
+  return out;
 }
 
-void Reader::ReadRegion(std::string_view key, const Box& region, void* out, bool verify) {
-  ReadRegionEx(key, region, out, verify, false);
+const ChunkMeta& Reader::ChunkAt(const std::string& key, const EntryMeta& e, std::size_t chunk_index) {
+  if (!catalog_ || !e.chunks.empty()) {
+    if (chunk_index >= e.chunks.size()) {
+      throw Error(ErrorCode::kInvalidArgument, "key '" + key + "': no chunk " + std::to_string(chunk_index));
+    }
+    return e.chunks[chunk_index];
+  }
+  const Shape shape = e.kind == EntryKind::kBytes ? Shape{static_cast<int64_t>(e.size)} : e.shape;
+  const ChunkMeta* found = nullptr;
+  std::size_t i = 0;
+  grid::ForEachChunk(e.layout, shape, [&](const Box& box, int32_t file) {
+    if (i++ == chunk_index) found = &catalog_->Find(key, e, box, file);
+  });
+  if (!found) throw Error(ErrorCode::kInvalidArgument, "key '" + key + "': no chunk " + std::to_string(chunk_index));
+  return *found;
 }
 
-void Reader::ReadRegionEx(std::string_view key_view, const Box& region, void* out, bool verify, bool verify_partial) {
+void Reader::ReadRegion(std::string_view key_view, const Box& region, void* out, bool verify) {
   const std::string key(key_view);
   const EntryMeta& e = TensorEntry(key);
   if (!layout::Contains(Box::Full(e.shape), region) || region.offsets.size() != e.shape.size()) {
     throw Error(ErrorCode::kInvalidArgument, "key '" + key + "': region " + region.ToString() +
                                                  " is not inside the tensor " + Box::Full(e.shape).ToString());
   }
-  const std::size_t item = DTypeSize(e.dtype);
-  for (const ChunkMeta& c : e.chunks) {
-    const auto inter = layout::Intersect(c.box, region);
+  for (const ChunkMeta* c : ChunksMeeting(key, e, region)) {
+    const auto inter = layout::Intersect(c->box, region);
     if (!inter) continue;
-    const bool whole = *inter == c.box;
-    storage::ShardReader& shard = Shard(c.file);
-    if (whole || !verify || !verify_partial) {
-      // A digest (and its hash state) only for chunks that will be verified.
-      std::optional<storage::Digest> digest;
-      if (whole && verify) digest.emplace(e.dtype, false);
-      bytes_read_ += shard.Read(key, e.dtype, c, *inter, out, region, digest ? &*digest : nullptr);
-      if (digest) VerifyDigest(key, c, *digest);
-      continue;
-    }
-    // Verify a partly needed chunk: read it whole, check it, copy the part.
-    std::vector<unsigned char> tmp(static_cast<std::size_t>(c.box.NumElements()) * item);
-    storage::Digest digest(e.dtype, false);
-    bytes_read_ += shard.Read(key, e.dtype, c, c.box, tmp.data(), c.box, &digest);
-    VerifyDigest(key, c, digest);
-    layout::ForEachRun(c.box, region, *inter, [&](const layout::Run& run) {
-      std::memcpy(static_cast<unsigned char*>(out) + run.dst * item, tmp.data() + run.src * item,
-                  static_cast<std::size_t>(run.count) * item);
-    });
+    bytes_read_ += Shard(c->file).Read(key, e.dtype, *c, *inter, out, region, verify);
   }
 }
 
@@ -118,27 +247,19 @@ void Reader::ReadChunk(std::string_view key_view, std::size_t chunk_index, void*
   const std::string key(key_view);
   const EntryMeta* e = metadata_->Find(key);
   if (!e) throw Error(ErrorCode::kNotFound, dir_.string() + ": no key '" + key + "'");
-  if (chunk_index >= e->chunks.size()) {
-    throw Error(ErrorCode::kInvalidArgument, "key '" + key + "': no chunk " + std::to_string(chunk_index));
-  }
-  const ChunkMeta& c = e->chunks[chunk_index];
-  storage::Digest digest(e->dtype, false);
-  bytes_read_ += Shard(c.file).Read(key, e->dtype, c, c.box, out, c.box, verify ? &digest : nullptr);
-  if (verify) VerifyDigest(key, c, digest);
+  const ChunkMeta& c = ChunkAt(key, *e, chunk_index);
+  bytes_read_ += Shard(c.file).Read(key, e->dtype, c, c.box, out, c.box, verify);
 }
 
 std::optional<FileRange> Reader::LocateChunk(std::string_view key_view, std::size_t chunk_index) {
   const std::string key(key_view);
   const EntryMeta* e = metadata_->Find(key);
   if (!e) throw Error(ErrorCode::kNotFound, dir_.string() + ": no key '" + key + "'");
-  if (chunk_index >= e->chunks.size()) {
-    throw Error(ErrorCode::kInvalidArgument, "key '" + key + "': no chunk " + std::to_string(chunk_index));
-  }
   if (e->kind != EntryKind::kTensor && e->kind != EntryKind::kBytes) {
     throw Error(ErrorCode::kMismatch, dir_.string() + ": key '" + key + "' is a " +
                                           std::string(EntryKindName(e->kind)) + ": it has no stored bytes");
   }
-  const ChunkMeta& c = e->chunks[chunk_index];  // a bytes entry's box is its 1-D extent (parser)
+  const ChunkMeta& c = ChunkAt(key, *e, chunk_index);  // a bytes entry's box is its 1-D extent (parser)
   const uint64_t length = static_cast<uint64_t>(c.box.NumElements()) * DTypeSize(e->dtype);
   if (length == 0) return std::nullopt;
   const auto offset = Shard(c.file).Locate(key, e->dtype, c);
@@ -148,20 +269,14 @@ std::optional<FileRange> Reader::LocateChunk(std::string_view key_view, std::siz
 
 void Reader::VerifyChunk(std::string_view key_view, std::size_t chunk_index) {
   const std::string key(key_view);
-  const auto range = LocateChunk(key, chunk_index);  // checks key, index and dataset
-  const EntryMeta& e = *metadata_->Find(key);
-  const ChunkMeta& c = e.chunks[chunk_index];
-  storage::Digest digest(e.dtype, false);
-  if (range) {
-    Shard(c.file).Hash(range->offset, range->length, digest);
-    bytes_read_ += range->length;
-  } else {  // compressed or empty: decompressed whole
-    const uint64_t n = static_cast<uint64_t>(c.box.NumElements()) * DTypeSize(e.dtype);
-    std::vector<unsigned char> tmp(std::max<uint64_t>(n, 1));
-    ReadChunk(key, chunk_index, tmp.data(), false);
-    digest.Update(tmp.data(), n);
+  const EntryMeta* e = metadata_->Find(key);
+  if (!e) throw Error(ErrorCode::kNotFound, dir_.string() + ": no key '" + key + "'");
+  if (e->kind != EntryKind::kTensor && e->kind != EntryKind::kBytes) {
+    throw Error(ErrorCode::kMismatch, dir_.string() + ": key '" + key + "' is a " +
+                                          std::string(EntryKindName(e->kind)) + ": it has no stored bytes");
   }
-  VerifyDigest(key, c, digest);
+  const ChunkMeta& c = ChunkAt(key, *e, chunk_index);
+  bytes_read_ += Shard(c.file).Verify(key, e->dtype, c);
 }
 
 std::vector<uint8_t> Reader::ReadBytes(std::string_view key_view, bool verify) {
@@ -171,7 +286,8 @@ std::vector<uint8_t> Reader::ReadBytes(std::string_view key_view, bool verify) {
   if (e->kind != EntryKind::kBytes) {
     throw Error(ErrorCode::kMismatch, "key '" + key + "' is a " + std::string(EntryKindName(e->kind)) + ", not bytes");
   }
-  if (e->chunks.empty() || e->size > Shard(e->chunks[0].file).file_size()) {
+  const ChunkMeta& c = ChunkAt(key, *e, 0);
+  if (e->size > Shard(c.file).file_size()) {
     throw Error(ErrorCode::kCorrupt, dir_.string() + ": bytes entry '" + key + "' claims " + std::to_string(e->size) +
                                          " bytes, more than its file holds");
   }

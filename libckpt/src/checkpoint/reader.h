@@ -3,6 +3,8 @@
 
 #include <map>
 #include <memory>
+#include <mutex>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "ckpt/checkpoint.h"
@@ -16,6 +18,32 @@ namespace ckpt::internal {
 // index (each checked against its digest), so every EntryMeta::chunks is filled.
 Metadata ReadMetadataAt(const storage::Dir& dir, uint64_t* text_hash = nullptr, bool resolve = true);
 
+// The chunk records of a v2 checkpoint (FORMAT.md §5.5), read from each shard's index on
+// first use, once per file, each checked against its digest in metadata.json before it is
+// believed. Shared by the readers of one load (thread-safe).
+class ChunkCatalog {
+ public:
+  ChunkCatalog(storage::Dir dir, std::shared_ptr<const Metadata> metadata);
+  ~ChunkCatalog();
+  // The record of the chunk `box` of `key` in file `file` (its position in files), which
+  // the layout of `e` says is there. kCorrupt naming the file and key when the index does
+  // not hold it, or holds it with another dtype or shape.
+  const ChunkMeta& Find(const std::string& key, const EntryMeta& e, const Box& box, int32_t file);
+  // Every record of file `file`, by key (parsed once).
+  const std::unordered_map<std::string, std::vector<storage::ShardIndexEntry>>& Records(int32_t file);
+
+ private:
+  struct File;
+  File& Load(int32_t file);
+  storage::Dir dir_;
+  std::shared_ptr<const Metadata> metadata_;
+  std::mutex mu_;
+  std::vector<std::unique_ptr<File>> files_;
+};
+
+// Fills every EntryMeta::chunks of a v2 metadata from the shard indexes (layout order).
+void Resolve(const storage::Dir& dir, Metadata& m);
+
 class Reader final : public CheckpointReader {
  public:
   // Reads the checkpoint through the directory handle `dir` (metadata read from it too),
@@ -23,7 +51,9 @@ class Reader final : public CheckpointReader {
   // one checkpoint may share the handle and metadata (one reader per thread). Unless told
   // the check was done already, refuses metadata whose chunks do not tile every tensor
   // (FORMAT.md §8.5): a gap would leave part of a caller's buffer unwritten.
-  Reader(storage::Dir dir, std::shared_ptr<const Metadata> metadata, bool check_tiling = true);
+  Reader(storage::Dir dir, std::shared_ptr<const Metadata> metadata, bool check_tiling = true,
+         std::shared_ptr<ChunkCatalog> catalog = nullptr);
+  const std::shared_ptr<ChunkCatalog>& catalog() const { return catalog_; }
 
   const Metadata& metadata() const override { return *metadata_; }
   const std::shared_ptr<const Metadata>& shared_metadata() const { return metadata_; }
@@ -46,11 +76,11 @@ class Reader final : public CheckpointReader {
  private:
   const EntryMeta& TensorEntry(std::string_view key);
   storage::ShardReader& Shard(const std::string& file);
-  void VerifyDigest(const std::string& key, const ChunkMeta& chunk, const storage::Digest& digest) const;
 
   storage::Dir handle_;
   std::filesystem::path dir_;
   std::shared_ptr<const Metadata> metadata_;
+  std::shared_ptr<ChunkCatalog> catalog_;  // v2 and not resolved: where chunk records come from
   std::map<std::string, std::unique_ptr<storage::ShardReader>> shards_;
   uint64_t bytes_read_ = 0;
 };

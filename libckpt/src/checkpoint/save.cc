@@ -139,7 +139,9 @@ layout::RankResult WriteShard(const fs::path& staging, const std::vector<layout:
       result.chunks.push_back(writer.WriteBytes(key, b.data.data(), b.data.size()));
     }
   }
-  result.bytes = writer.Finish();
+  const storage::ShardWriter::Written shard = writer.Finish();
+  result.bytes = shard.bytes;
+  result.index = shard.index;
   return result;
 }
 

@@ -92,8 +92,8 @@ class Writer final : public CheckpointWriter {
     }
     for (std::size_t i = 0; i < shards_.size(); ++i) {
       if (!shards_[i]) continue;
-      const uint64_t bytes = shards_[i]->Finish();
-      metadata_.files.push_back(FileMeta{shards_[i]->file_name(), static_cast<int>(i), bytes});
+      const storage::ShardWriter::Written shard = shards_[i]->Finish();
+      metadata_.files.push_back(FileMeta{shards_[i]->file_name(), static_cast<int>(i), shard.bytes, shard.index});
     }
     shards_.clear();
     metadata_.state_dict_type = options_.state_dict_type;
@@ -120,9 +120,9 @@ class Writer final : public CheckpointWriter {
       if (s_) --w_.open_streams_;
     }
     void Write(const void* data, std::size_t n) override { Open().Write(data, n); }
-    void Copy(const FileRange& range, std::string_view expected_checksum) override {
+    void Copy(const FileRange& range, const ChunkMeta* expected) override {
       Open().Copy(w_.Source(range.file).get(), range.offset, static_cast<std::size_t>(range.length), range.file,
-                  expected_checksum, range.file.string() + ": bytes at offset " + std::to_string(range.offset));
+                  expected, range.file.string() + ": bytes at offset " + std::to_string(range.offset));
     }
     void Close() override {
       w_.Record(entry_, file_, Open().Finish());

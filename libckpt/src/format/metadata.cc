@@ -13,15 +13,19 @@
 // of the document is still read for JSON problems.
 #include "ckpt/metadata.h"
 
+#include <algorithm>
 #include <cmath>
 #include <exception>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <unordered_map>
 #include <unordered_set>
+#include <xxhash.h>
 
 #include "ckpt/error.h"
 #include "format/checked.h"
 #include "format/flat_index.h"
+#include "format/grid.h"
 #include "format/json_reader.h"
 #include "format/names.h"
 
@@ -265,6 +269,20 @@ double StatNumber(const Val& v) {
 }
 json StatJson(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
 
+std::optional<ChunkStats> CheckStats(const Ctx& ctx, RawChunk& c) {
+  if (!c.stats.present || c.stats.type == Next::kNull) return std::nullopt;
+  if (c.stats.type != Next::kObject) ctx.Fail("'stats' must be an object");
+  ChunkStats s;
+  s.min = StatNumber(c.min);
+  s.max = StatNumber(c.max);
+  s.mean = StatNumber(c.mean);
+  s.l2 = StatNumber(c.l2);
+  s.nan_count = NonNeg(ctx, c.nan_count, "nan_count");
+  s.inf_count = NonNeg(ctx, c.inf_count, "inf_count");
+  s.finite_count = NonNeg(ctx, c.finite_count, "finite_count");
+  return s;
+}
+
 ChunkMeta CheckChunk(const Ctx& ctx, RawChunk& c, bool tensor_chunk, int max_rank) {
   ChunkMeta m;
   if (tensor_chunk) {
@@ -290,26 +308,135 @@ ChunkMeta CheckChunk(const Ctx& ctx, RawChunk& c, bool tensor_chunk, int max_ran
       m.compression.level = static_cast<int>(level);
     }
   }
-  if (c.stats.present && c.stats.type != Next::kNull) {
-    if (c.stats.type != Next::kObject) ctx.Fail("'stats' must be an object");
-    ChunkStats s;
-    s.min = StatNumber(c.min);
-    s.max = StatNumber(c.max);
-    s.mean = StatNumber(c.mean);
-    s.l2 = StatNumber(c.l2);
-    s.nan_count = NonNeg(ctx, c.nan_count, "nan_count");
-    s.inf_count = NonNeg(ctx, c.inf_count, "inf_count");
-    s.finite_count = NonNeg(ctx, c.finite_count, "finite_count");
-    m.stats = s;
-  }
+  m.stats = CheckStats(ctx, c);
   return m;
+}
+
+// --- v2 layouts (FORMAT.md §3.3) -------------------------------------------------------
+
+// A layout's JSON (small: rules and file numbers) is read as a tree.
+int64_t LayoutInt(const Ctx& ctx, const json& v, const char* what) {
+  if (!v.is_number_integer()) ctx.Fail(std::string("layout: '") + what + "' must be an integer");
+  if (v.is_number_unsigned()) {
+    if (v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      ctx.Fail(std::string("layout: '") + what + "' is too large");
+    }
+    return static_cast<int64_t>(v.get<uint64_t>());
+  }
+  return v.get<int64_t>();
+}
+
+int32_t FileNumber(const Ctx& ctx, const json& v, std::size_t num_files) {
+  const int64_t f = LayoutInt(ctx, v, n::kFile);
+  if (f < 0 || static_cast<uint64_t>(f) >= num_files) {
+    ctx.Fail("file " + std::to_string(f) + " is not one of the " + std::to_string(num_files) + " in 'files'");
+  }
+  return static_cast<int32_t>(f);
+}
+
+std::vector<int64_t> LayoutDims(const Ctx& ctx, const json& v, const char* what, int max_rank) {
+  if (!v.is_array()) ctx.Fail(std::string("layout: '") + what + "' must be an array");
+  if (v.size() > static_cast<std::size_t>(max_rank)) ctx.Fail(std::string("layout: '") + what + "' has too many dimensions");
+  std::vector<int64_t> out;
+  for (const json& x : v) {
+    const int64_t i = LayoutInt(ctx, x, what);
+    if (i < 0) ctx.Fail(std::string("layout: an element of '") + what + "' is negative");
+    out.push_back(i);
+  }
+  return out;
+}
+
+TensorLayout ParseLayout(const Ctx& ctx, const Val& v, const Shape& shape, std::size_t num_files, int max_rank) {
+  if (!v.present) ctx.Fail("missing field 'layout'");
+  if (v.type != Next::kObject) ctx.Fail("'layout' must be an object");
+  TensorLayout l;
+  try {
+    const json j = json::parse(v.text);
+    if (j.contains(n::kGrid) == j.contains(n::kChunks)) ctx.Fail("'layout' must hold either 'grid' or 'chunks'");
+    if (j.contains(n::kChunks)) {
+      l.kind = TensorLayout::Kind::kChunks;
+      const json& chunks = j.at(n::kChunks);
+      if (!chunks.is_array()) ctx.Fail("layout: 'chunks' must be an array");
+      for (const json& c : chunks) {
+        if (!c.is_object() || !c.contains(n::kOffsets) || !c.contains(n::kSizes) || !c.contains(n::kFile)) {
+          ctx.Fail("layout: a chunk must be an object with 'offsets', 'sizes' and 'file'");
+        }
+        TensorLayout::Piece p;
+        p.box.offsets = LayoutDims(ctx, c.at(n::kOffsets), n::kOffsets, max_rank);
+        p.box.sizes = LayoutDims(ctx, c.at(n::kSizes), n::kSizes, max_rank);
+        p.file = FileNumber(ctx, c.at(n::kFile), num_files);
+        if (p.box.offsets.size() != shape.size() || p.box.sizes.size() != shape.size()) {
+          ctx.Fail("chunk " + p.box.ToString() + " has a different rank than shape " + FormatDims(shape));
+        }
+        for (std::size_t d = 0; d < shape.size(); ++d) {
+          int64_t end;
+          if (__builtin_add_overflow(p.box.offsets[d], p.box.sizes[d], &end) || end > shape[d]) {
+            ctx.Fail("chunk " + p.box.ToString() + " lies outside shape " + FormatDims(shape));
+          }
+        }
+        l.pieces.push_back(std::move(p));
+      }
+    } else {
+      l.kind = TensorLayout::Kind::kGrid;
+      const json& grid = j.at(n::kGrid);
+      if (!grid.is_array() || grid.size() != shape.size()) {
+        ctx.Fail("layout: 'grid' must have one split per dimension of shape " + FormatDims(shape));
+      }
+      for (const json& d : grid) {
+        DimSplit split;
+        if (!d.is_object() || d.contains(n::kStep) == d.contains(n::kSizes)) {
+          ctx.Fail("layout: a split must be an object with either 'step' or 'sizes'");
+        }
+        if (d.contains(n::kStep)) split.step = LayoutInt(ctx, d.at(n::kStep), n::kStep);
+        else split.sizes = LayoutDims(ctx, d.at(n::kSizes), n::kSizes, std::numeric_limits<int>::max());
+        l.grid.push_back(std::move(split));
+      }
+      const json& files = j.contains(n::kFiles) ? j.at(n::kFiles) : json();
+      if (files.is_array()) {
+        l.cell_files.reserve(files.size());
+        for (const json& f : files) l.cell_files.push_back(FileNumber(ctx, f, num_files));
+      } else if (files.is_object() && files.contains(n::kBase) && files.contains(n::kStrides)) {
+        l.file_base = LayoutInt(ctx, files.at(n::kBase), n::kBase);
+        const json& strides = files.at(n::kStrides);
+        if (!strides.is_array()) ctx.Fail("layout: 'strides' must be an array");
+        for (const json& t : strides) l.file_strides.push_back(LayoutInt(ctx, t, n::kStrides));
+      } else {
+        ctx.Fail("layout: 'files' must be an array of file numbers or {\"base\", \"strides\"}");
+      }
+    }
+  } catch (const json::exception& e) {
+    ctx.Fail(std::string("layout: ") + e.what());
+  }
+  if (const auto problems = grid::CheckLayout(ctx.key ? *ctx.key : std::string(), l, shape, num_files);
+      !problems.empty()) {
+    Corrupt(ctx.source, problems.front());
+  }
+  return l;
+}
+
+json LayoutJson(const TensorLayout& l) {
+  json j;
+  if (l.kind == TensorLayout::Kind::kChunks) {
+    json chunks = json::array();
+    for (const TensorLayout::Piece& p : l.pieces) {
+      chunks.push_back({{n::kOffsets, p.box.offsets}, {n::kSizes, p.box.sizes}, {n::kFile, p.file}});
+    }
+    j[n::kChunks] = std::move(chunks);
+    return j;
+  }
+  json grid = json::array();
+  for (const DimSplit& d : l.grid) grid.push_back(d.sizes.empty() ? json{{n::kStep, d.step}} : json{{n::kSizes, d.sizes}});
+  j[n::kGrid] = std::move(grid);
+  if (!l.cell_files.empty()) j[n::kFiles] = l.cell_files;
+  else j[n::kFiles] = {{n::kBase, l.file_base}, {n::kStrides, l.file_strides}};
+  return j;
 }
 
 // The fields of an entry. A tensor's chunks are checked one by one as they are read
 // (their own checks need nothing else); those that pass are kept, and reading stops
 // keeping them at the first that fails, whose problem waits for the entry's own checks.
 struct RawEntry {
-  Val type, dtype, value, size;
+  Val type, dtype, value, size, layout;
   Dims shape;
   Val chunks;
   std::vector<ChunkMeta> chunk_list;
@@ -318,7 +445,7 @@ struct RawEntry {
   RawChunk own;    // a bytes entry's chunk fields
 
   void Clear() {
-    for (Val* v : {&type, &dtype, &value, &size, &shape.field, &chunks}) v->present = false;
+    for (Val* v : {&type, &dtype, &value, &size, &layout, &shape.field, &chunks}) v->present = false;
     chunk_list.clear();
     chunk_problem = nullptr;
     own.Clear();
@@ -362,13 +489,47 @@ void ReadEntry(JsonReader& r, const Ctx& ctx, RawEntry& e, int max_rank) {
     else if (key == n::kChunks) ReadChunks(r, ctx, e, max_rank);
     else if (key == n::kValue) Read(r, e.value);
     else if (key == n::kSize) Read(r, e.size);
+    else if (key == n::kLayout) Read(r, e.layout);
     else if (!ReadChunkField(r, key, e.own, /*tensor_chunk=*/false, max_rank)) r.Skip();
   });
 }
 
-EntryMeta CheckEntry(const Ctx& ctx, RawEntry& e, const std::unordered_set<std::string>& files,
-                     const ParseLimits& limits) {
+// What an entry's checks need of the rest of the document.
+struct DocContext {
+  int version = 1;
+  const std::unordered_map<std::string, int32_t>* files;  // name -> position in 'files'
+  std::size_t num_files = 0;
+};
+
+// The layout of a v1 entry's chunks, and the aggregate of their stats.
+void DeriveLayout(EntryMeta& m, const std::unordered_map<std::string, int32_t>& files) {
+  std::vector<grid::PlacedBox> placed;
+  placed.reserve(m.chunks.size());
+  std::vector<const ChunkStats*> stats;
+  for (const ChunkMeta& c : m.chunks) {
+    const auto it = files.find(c.file);
+    placed.push_back({c.box, it == files.end() ? -1 : it->second});
+    stats.push_back(c.stats ? &*c.stats : nullptr);
+  }
+  m.layout = m.kind == EntryKind::kBytes ? TensorLayout{} : grid::DescribeLayout(m.shape, placed);
+  if (m.kind == EntryKind::kBytes) {
+    m.layout.kind = TensorLayout::Kind::kChunks;
+    m.layout.pieces.push_back({placed.at(0).box, placed.at(0).file});
+  }
+  if (m.kind == EntryKind::kTensor && IsFloating(m.dtype)) m.stats = CombineStats(stats);
+  m.stored_bytes = 0;
+  for (const ChunkMeta& c : m.chunks) {
+    m.stored_bytes += c.stored_bytes;
+    if (c.compression.codec != Compression::Codec::kNone && m.compression.codec == Compression::Codec::kNone) {
+      m.compression = c.compression;
+    }
+  }
+}
+
+EntryMeta CheckEntry(const Ctx& ctx, RawEntry& e, const DocContext& doc, const ParseLimits& limits) {
   EntryMeta m;
+  const auto& files = *doc.files;
+  const bool v2 = doc.version >= 2;
   const std::string& type = Str(ctx, e.type, n::kType);
   auto parse_dtype = [&] {
     const std::string& name = Str(ctx, e.dtype, n::kDType);
@@ -380,6 +541,7 @@ EntryMeta CheckEntry(const Ctx& ctx, RawEntry& e, const std::unordered_set<std::
     if (!IsSafeFileName(c.file)) ctx.Fail("file name '" + c.file + "' is not a plain file name");
     if (!files.count(c.file)) ctx.Fail("file '" + c.file + "' is not listed in 'files'");
   };
+  if (v2 && e.chunks.present) ctx.Fail("a version 2 entry has a 'layout', not 'chunks'");
   if (type == "tensor") {
     m.kind = EntryKind::kTensor;
     m.dtype = parse_dtype();
@@ -395,6 +557,19 @@ EntryMeta CheckEntry(const Ctx& ctx, RawEntry& e, const std::unordered_set<std::
     if (__builtin_mul_overflow(elements, static_cast<int64_t>(DTypeSize(m.dtype)), &bytes)) {
       internal::CheckedMul(elements, static_cast<int64_t>(DTypeSize(m.dtype)),
                            std::string(ctx.source) + ": " + ctx.Where());  // throws, worded as ever
+    }
+    if (v2) {
+      m.layout = ParseLayout(ctx, e.layout, m.shape, doc.num_files, limits.max_rank);
+      m.stats = CheckStats(ctx, e.own);
+      if (e.own.stored_bytes.present) m.stored_bytes = static_cast<uint64_t>(NonNeg(ctx, e.own.stored_bytes, n::kStoredBytes));
+      if (e.own.compression.present && e.own.compression.type != Next::kNull) {
+        if (e.own.compression.type != Next::kObject) ctx.Fail("'compression' must be an object");
+        const std::string& codec = Str(ctx, e.own.codec, n::kCodec);
+        if (codec != n::kZstd) ctx.Unsupported("unknown compression codec '" + codec + "'");
+        m.compression.codec = Compression::Codec::kZstd;
+        if (e.own.level.IsInteger()) m.compression.level = static_cast<int>(std::clamp<double>(e.own.level.num.AsDouble(), -131072, 22));
+      }
+      return m;
     }
     if (!e.chunks.present) ctx.Fail("missing field 'chunks'");
     if (e.chunks.type != Next::kArray) ctx.Fail("'chunks' must be an array");
@@ -416,6 +591,7 @@ EntryMeta CheckEntry(const Ctx& ctx, RawEntry& e, const std::unordered_set<std::
     }
     if (e.chunk_problem) std::rethrow_exception(e.chunk_problem);
     m.chunks = std::move(e.chunk_list);
+    DeriveLayout(m, files);
   } else if (type == "scalar") {
     m.kind = EntryKind::kScalar;
     m.dtype = parse_dtype();
@@ -434,10 +610,23 @@ EntryMeta CheckEntry(const Ctx& ctx, RawEntry& e, const std::unordered_set<std::
     m.kind = EntryKind::kBytes;
     m.dtype = DType::kUInt8;
     m.size = static_cast<uint64_t>(NonNeg(ctx, e.size, n::kSize));
+    if (m.size > (uint64_t{1} << 62)) ctx.Fail("size " + std::to_string(m.size) + " is absurd");
+    if (v2) {
+      if (!e.own.file.present) ctx.Fail("missing field 'file'");
+      if (!e.own.file.IsUnsigned() || e.own.file.num.u >= doc.num_files) {
+        ctx.Fail("'file' must be the number of one of the " + std::to_string(doc.num_files) + " in 'files', found " +
+                 e.own.file.Dump());
+      }
+      m.layout.kind = TensorLayout::Kind::kChunks;
+      m.layout.pieces.push_back({Box{{0}, {static_cast<int64_t>(m.size)}}, static_cast<int32_t>(e.own.file.num.u)});
+      if (e.own.stored_bytes.present) m.stored_bytes = static_cast<uint64_t>(NonNeg(ctx, e.own.stored_bytes, n::kStoredBytes));
+      return m;
+    }
     ChunkMeta chunk = CheckChunk(ctx, e.own, /*tensor_chunk=*/false, limits.max_rank);
     chunk.box = Box{{0}, {static_cast<int64_t>(m.size)}};
     check_file(chunk);
     m.chunks.push_back(std::move(chunk));
+    DeriveLayout(m, files);
   } else if (type == "json") {
     m.kind = EntryKind::kJson;
     if (!e.value.present) ctx.Fail("missing field 'value'");
@@ -474,7 +663,7 @@ class MetadataParser {
       else if (key == n::kMesh) Read(r, mesh_);
       else if (key == n::kUser) Read(r, user_);
       else if (key == n::kFiles) ReadFiles(r);
-      else if (key == n::kEntries && files_.present) ReadEntries(r);
+      else if (key == n::kEntries && files_.present && version_.present) ReadEntries(r);
       else if (key == n::kEntries) Read(r, entries_), entries_later = true;
       else r.Skip();
     });
@@ -519,6 +708,14 @@ class MetadataParser {
       ReadEntries(again);
     }
     if (entries_problem_) std::rethrow_exception(entries_problem_);
+    if (m.format_version >= 2) {
+      for (const FileMeta& f : m.files) {
+        if (f.index.empty()) ctx_.Fail("file '" + f.name + "' has no 'index' digest (version 2)");
+      }
+      m.resolved = m.entries.empty() || std::none_of(m.entries.begin(), m.entries.end(), [](const auto& kv) {
+        return kv.second.kind == EntryKind::kTensor || kv.second.kind == EntryKind::kBytes;
+      });
+    }
     m.BuildIndex();
     return std::move(m_);
   }
@@ -530,7 +727,7 @@ class MetadataParser {
     files_.type = Next::kArray;
     r.BeginArray();
     bool first = true;
-    Val name, rank, bytes;
+    Val name, rank, bytes, index;
     while (r.NextElement(&first)) {
       if (files_problem_) {
         r.Skip();
@@ -541,18 +738,21 @@ class MetadataParser {
         files_problem_ = std::make_exception_ptr(ctx_.Problem("an element of 'files' must be an object"));
         continue;
       }
-      name.present = rank.present = bytes.present = false;
+      name.present = rank.present = bytes.present = index.present = false;
       Members(r, [&](std::string_view key) {
         if (key == n::kName) Read(r, name);
         else if (key == n::kRank) Read(r, rank);
         else if (key == n::kBytes) Read(r, bytes);
+        else if (key == n::kIndex) Read(r, index);
         else r.Skip();
       });
       try {
         FileMeta fm;
         fm.name = Str(ctx_, name, n::kName);
         if (!IsSafeFileName(fm.name)) ctx_.Fail("file name '" + fm.name + "' is not a plain file name");
-        if (!file_names_.insert(fm.name).second) ctx_.Fail("file '" + fm.name + "' is listed twice");
+        if (!file_index_.emplace(fm.name, static_cast<int32_t>(m_.files.size())).second) {
+          ctx_.Fail("file '" + fm.name + "' is listed twice");
+        }
         const int64_t r64 = NonNeg(ctx_, rank, n::kRank);
         if (r64 > kMaxRanks) {
           ctx_.Fail("file '" + fm.name + "' has rank " + std::to_string(r64) + " (limit " +
@@ -560,6 +760,10 @@ class MetadataParser {
         }
         fm.rank = static_cast<int>(r64);
         fm.bytes = static_cast<uint64_t>(NonNeg(ctx_, bytes, n::kBytes));
+        if (index.present) {
+          fm.index = Str(ctx_, index, n::kIndex);
+          if (!IsValidChecksum(fm.index)) ctx_.Fail("file '" + fm.name + "': index digest '" + fm.index + "' is not of the form xxh3-64:<16 hex digits>");
+        }
         m_.files.push_back(std::move(fm));
       } catch (const Error&) {
         files_problem_ = std::current_exception();
@@ -594,7 +798,7 @@ class MetadataParser {
       }
       ReadEntry(r, ectx, raw, limits_.max_rank);
       try {
-        EntryMeta e = CheckEntry(ectx, raw, file_names_, limits_);
+        EntryMeta e = CheckEntry(ectx, raw, DocContext{Version(), &file_index_, m_.files.size()}, limits_);
         m_.entries.emplace_back(std::move(key), std::move(e));
       } catch (const Error&) {
         entries_problem_ = std::current_exception();
@@ -610,7 +814,15 @@ class MetadataParser {
   const ParseLimits& limits_;
   Metadata m_;
   Val format_, version_, state_dict_type_, world_size_, library_version_, created_, mesh_, user_, files_, entries_;
-  std::unordered_set<std::string> file_names_;
+  std::unordered_map<std::string, int32_t> file_index_;  // name -> position in 'files'
+
+  // The document's version as far as it reads (its checks come first, when it ends).
+  int Version() const {
+    if (version_.IsUnsigned() && version_.num.u >= 2 && version_.num.u <= static_cast<uint64_t>(kFormatVersion)) {
+      return static_cast<int>(version_.num.u);
+    }
+    return 1;
+  }
   std::exception_ptr files_problem_, entries_problem_;
 };
 
@@ -676,6 +888,12 @@ std::string ExplainInvalidJson(std::string_view text, int max_depth, std::size_t
   return "invalid JSON at byte " + std::to_string(offset);
 }
 
+ojson StatsJson(const ChunkStats& s) {
+  return {{"min", StatJson(s.min)},   {"max", StatJson(s.max)},         {"mean", StatJson(s.mean)},
+          {"l2", StatJson(s.l2)},     {"nan_count", s.nan_count},       {"inf_count", s.inf_count},
+          {"finite_count", s.finite_count}};
+}
+
 ojson ChunkJson(const ChunkMeta& c, bool tensor_chunk) {
   ojson j;
   if (tensor_chunk) {
@@ -689,13 +907,7 @@ ojson ChunkJson(const ChunkMeta& c, bool tensor_chunk) {
   if (c.compression.codec == Compression::Codec::kZstd) {
     j[n::kCompression] = {{n::kCodec, n::kZstd}, {n::kLevel, c.compression.level}, {n::kShuffle, true}};
   }
-  if (c.stats) {
-    const ChunkStats& s = *c.stats;
-    j[n::kStats] = {{"min", StatJson(s.min)},         {"max", StatJson(s.max)},
-                    {"mean", StatJson(s.mean)},       {"l2", StatJson(s.l2)},
-                    {"nan_count", s.nan_count},       {"inf_count", s.inf_count},
-                    {"finite_count", s.finite_count}};
-  }
+  if (c.stats) j[n::kStats] = StatsJson(*c.stats);
   return j;
 }
 
@@ -761,33 +973,197 @@ void Metadata::BuildIndex() {
   indexed_ = entries.size();
 }
 
+namespace {
+
+std::string DigestText(std::string_view bytes) {
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(XXH3_64bits(bytes.data(), bytes.size())));
+  return std::string(n::kChecksumPrefix) + hex;
+}
+
+bool IsJsonSpace(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
+
+// FORMAT.md §3.6: where the document's own digest member begins (the last `"digest"` of
+// the text, which must be followed by `: "xxh3-64:<16 hex>"` and the closing brace only),
+// and the digest it states. nullopt when the text does not end that way.
+std::optional<std::pair<std::size_t, std::string>> FindDigest(std::string_view text) {
+  const std::string quoted = std::string("\"") + n::kDigest + "\"";
+  const std::size_t at = text.rfind(quoted);
+  if (at == std::string_view::npos) return std::nullopt;
+  std::size_t i = at + quoted.size();
+  const auto skip = [&] {
+    while (i < text.size() && IsJsonSpace(text[i])) ++i;
+  };
+  skip();
+  if (i >= text.size() || text[i++] != ':') return std::nullopt;
+  skip();
+  if (i >= text.size() || text[i++] != '"') return std::nullopt;
+  const std::size_t begin = i;
+  while (i < text.size() && text[i] != '"') ++i;
+  if (i >= text.size()) return std::nullopt;
+  std::string value(text.substr(begin, i - begin));
+  ++i;
+  skip();
+  if (i >= text.size() || text[i++] != '}') return std::nullopt;
+  skip();
+  if (i != text.size()) return std::nullopt;
+  return std::make_pair(at, std::move(value));
+}
+
+}  // namespace
+
 Metadata ParseMetadata(std::string_view text, std::string_view source, const ParseLimits& limits) {
   if (text.size() > limits.max_bytes) {
     Corrupt(source, std::to_string(text.size()) + " bytes exceeds the limit of " + std::to_string(limits.max_bytes));
   }
+  // The digest is checked before anything in the text is believed (FORMAT.md §3.6).
+  const auto digest = FindDigest(text);
+  if (digest) {
+    if (!IsValidChecksum(digest->second)) {
+      Corrupt(source, "digest '" + digest->second + "' is not of the form xxh3-64:<16 hex digits>");
+    }
+    const std::string got = DigestText(text.substr(0, digest->first));
+    if (got != digest->second) {
+      Corrupt(source, "digest mismatch: the file says " + digest->second + ", its content hashes to " + got +
+                          " (it was changed or damaged after it was written)");
+    }
+  }
+  Metadata m;
   try {
-    return MetadataParser(text, source, limits).Run();
+    m = MetadataParser(text, source, limits).Run();
   } catch (const JsonError& e) {
     if (!e.syntax) Corrupt(source, e.what);
     Corrupt(source, ExplainInvalidJson(text, limits.max_depth, e.offset));
   }
+  if (m.format_version >= 2 && !digest) {
+    Corrupt(source, "no digest: a version " + std::to_string(m.format_version) +
+                        " metadata.json ends with its \"digest\" member (FORMAT.md §3.6); it is truncated or damaged");
+  }
+  return m;
 }
 
-std::string SerializeMetadata(const Metadata& m) {
-  // Written by hand at the top level so that entries keep their order and each takes one
-  // line (a 100,000-key checkpoint stays greppable and linear to write).
-  auto field = [](std::string& out, const char* key, const ojson& value) {
-    out += "  " + ojson(key).dump() + ": " + value.dump() + ",\n";
-  };
+std::optional<ChunkStats> CombineStats(const std::vector<const ChunkStats*>& parts) {
+  if (parts.empty()) return std::nullopt;
+  ChunkStats out;
+  double sum = 0, sumsq = 0;
+  out.min = std::numeric_limits<double>::infinity();
+  out.max = -std::numeric_limits<double>::infinity();
+  for (const ChunkStats* s : parts) {
+    if (!s) return std::nullopt;
+    out.nan_count += s->nan_count;
+    out.inf_count += s->inf_count;
+    out.finite_count += s->finite_count;
+    if (s->finite_count == 0) continue;
+    out.min = std::min(out.min, s->min);
+    out.max = std::max(out.max, s->max);
+    sum += s->mean * static_cast<double>(s->finite_count);
+    sumsq += s->l2 * s->l2;
+  }
+  if (out.finite_count > 0) {
+    out.mean = sum / static_cast<double>(out.finite_count);
+    out.l2 = std::sqrt(sumsq);
+  } else {
+    out.min = out.max = out.mean = std::numeric_limits<double>::quiet_NaN();
+  }
+  return out;
+}
+
+namespace {
+
+void Field(std::string& out, const char* key, const ojson& value) {
+  out += "  " + ojson(key).dump() + ": " + value.dump() + ",\n";
+}
+
+// The members every version writes first, in this order.
+std::string Head(const Metadata& m) {
   std::string out = "{\n";
-  field(out, n::kFormat, n::kFormatName);
-  field(out, n::kFormatVersion, m.format_version);
-  field(out, n::kStateDictType, StateDictTypeName(m.state_dict_type));
-  field(out, n::kWorldSize, m.world_size);
-  field(out, n::kLibraryVersion, m.library_version);
-  field(out, n::kCreated, m.created);
-  field(out, n::kMesh, ojson::parse(m.mesh.empty() ? "null" : m.mesh));
-  field(out, n::kUser, ojson::parse(m.user.empty() ? "{}" : m.user));
+  Field(out, n::kFormat, n::kFormatName);
+  Field(out, n::kFormatVersion, m.format_version);
+  Field(out, n::kStateDictType, StateDictTypeName(m.state_dict_type));
+  Field(out, n::kWorldSize, m.world_size);
+  Field(out, n::kLibraryVersion, m.library_version);
+  Field(out, n::kCreated, m.created);
+  Field(out, n::kMesh, ojson::parse(m.mesh.empty() ? "null" : m.mesh));
+  Field(out, n::kUser, ojson::parse(m.user.empty() ? "{}" : m.user));
+  return out;
+}
+
+// Version 2 (FORMAT.md §3): layouts instead of chunk lists, index digests, and the
+// document's own digest last.
+std::string SerializeV2(const Metadata& m) {
+  std::string out = Head(m);
+  std::unordered_map<std::string, int32_t> file_index;
+  out += "  \"" + std::string(n::kFiles) + "\": [";
+  for (std::size_t i = 0; i < m.files.size(); ++i) {
+    const FileMeta& f = m.files[i];
+    file_index.emplace(f.name, static_cast<int32_t>(i));
+    out += (i ? ",\n    " : "\n    ") +
+           ojson{{n::kName, f.name}, {n::kRank, f.rank}, {n::kBytes, f.bytes}, {n::kIndex, f.index}}.dump();
+  }
+  out += m.files.empty() ? "],\n" : "\n  ],\n";
+  out += "  \"" + std::string(n::kEntries) + "\": {";
+  bool first = true;
+  for (const auto& [key, e] : m.entries) {
+    ojson j;
+    j[n::kType] = EntryKindName(e.kind);
+    switch (e.kind) {
+      case EntryKind::kTensor: {
+        j[n::kDType] = DTypeName(e.dtype);
+        j[n::kShape] = e.shape;
+        // Resolved chunks (a save, a writer): layout, sizes and stats derived from them.
+        EntryMeta derived;
+        const EntryMeta* from = &e;
+        if (!e.chunks.empty()) {
+          derived.kind = e.kind;
+          derived.dtype = e.dtype;
+          derived.shape = e.shape;
+          derived.chunks = e.chunks;
+          DeriveLayout(derived, file_index);
+          from = &derived;
+        }
+        j[n::kLayout] = LayoutJson(from->layout);
+        j[n::kStoredBytes] = from->stored_bytes;
+        if (from->compression.codec == Compression::Codec::kZstd) {
+          j[n::kCompression] = {{n::kCodec, n::kZstd}, {n::kLevel, from->compression.level}, {n::kShuffle, true}};
+        }
+        if (from->stats) j[n::kStats] = StatsJson(*from->stats);
+        break;
+      }
+      case EntryKind::kScalar:
+        j[n::kDType] = DTypeName(e.dtype);
+        j[n::kValue] = ojson::parse(e.value);
+        break;
+      case EntryKind::kBytes: {
+        j[n::kSize] = e.size;
+        int32_t file = e.layout.pieces.empty() ? -1 : e.layout.pieces[0].file;
+        if (!e.chunks.empty()) {
+          const auto it = file_index.find(e.chunks[0].file);
+          file = it == file_index.end() ? -1 : it->second;
+        }
+        if (file < 0) throw Error(ErrorCode::kInvalidArgument, "metadata: bytes entry '" + key + "' names no listed file");
+        j[n::kFile] = file;
+        j[n::kStoredBytes] = e.chunks.empty() ? e.stored_bytes : e.chunks[0].stored_bytes;
+        break;
+      }
+      case EntryKind::kJson: j[n::kValue] = ojson::parse(e.value); break;
+    }
+    out += (first ? "\n    " : ",\n    ") + ojson(key).dump() + ": " + j.dump();
+    first = false;
+  }
+  out += first ? "},\n  " : "\n  },\n  ";
+  const std::string digest = DigestText(out);
+  out += "\"" + std::string(n::kDigest) + "\": \"" + digest + "\"\n}\n";
+  return out;
+}
+
+}  // namespace
+
+std::string SerializeMetadata(const Metadata& m) {
+  if (m.format_version >= 2) return SerializeV2(m);
+  // Version 1, for the golden checkpoints of tests and tools that keep an old checkpoint's
+  // version. Written by hand at the top level so that entries keep their order and each
+  // takes one line (a 100,000-key checkpoint stays greppable and linear to write).
+  std::string out = Head(m);
   out += "  \"" + std::string(n::kFiles) + "\": [";
   for (std::size_t i = 0; i < m.files.size(); ++i) {
     const FileMeta& f = m.files[i];

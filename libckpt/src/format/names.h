@@ -45,6 +45,17 @@ inline constexpr const char* kShuffle = "shuffle";
 inline constexpr const char* kStats = "stats";
 inline constexpr const char* kValue = "value";
 inline constexpr const char* kSize = "size";
+// §3 v2: layouts, shard-index digests, the document's own digest
+inline constexpr const char* kLayout = "layout";
+inline constexpr const char* kGrid = "grid";
+inline constexpr const char* kStep = "step";
+inline constexpr const char* kBase = "base";
+inline constexpr const char* kStrides = "strides";
+inline constexpr const char* kIndex = "index";
+inline constexpr const char* kDigest = "digest";
+// §7 v2: blocked checksums
+inline constexpr const char* kBlockBytes = "block_bytes";
+inline constexpr const char* kBlocks = "blocks";
 
 // §5 HDF5 layout
 inline constexpr const char* kShardIndexAttr = "ckpt_shard_index";

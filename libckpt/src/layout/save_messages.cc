@@ -237,6 +237,7 @@ Message EncodeResult(const RankResult& result) {
   WireWriter w(kResultTag);
   w.Str(result.file);
   w.Varint(result.bytes);
+  w.Str(result.index);
   w.Varint(result.chunks.size());
   for (const ChunkMeta& c : result.chunks) WriteChunk(w, c);
   return w.Take();
@@ -247,6 +248,7 @@ RankResult DecodeResult(std::span<const uint8_t> message, int rank) {
   RankResult res;
   res.file = r.Str();
   res.bytes = r.Varint();
+  res.index = r.Str();
   res.chunks.resize(r.Count(8));
   for (ChunkMeta& c : res.chunks) c = ReadChunk(r);
   r.Finish();

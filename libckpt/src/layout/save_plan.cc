@@ -361,7 +361,7 @@ void Assemble(const SavePlan& plan, const std::vector<std::vector<Write>>& write
       throw Error(ErrorCode::kComm, "save: rank " + std::to_string(r) + " reported " + std::to_string(res.chunks.size()) +
                                         " chunks written, expected " + std::to_string(writes[r].size()));
     }
-    if (!res.chunks.empty()) m.files.push_back(FileMeta{res.file, static_cast<int>(r), res.bytes});
+    if (!res.chunks.empty()) m.files.push_back(FileMeta{res.file, static_cast<int>(r), res.bytes, res.index});
     for (std::size_t i = 0; i < res.chunks.size(); ++i) {
       placed[writes[r][i].key].emplace_back(writes[r][i].region, std::move(res.chunks[i]));
     }

@@ -130,6 +130,7 @@ std::vector<std::vector<Write>> WritesByRank(const SavePlan& plan);
 struct RankResult {
   std::string file;
   uint64_t bytes = 0;
+  std::string index;  // the digest of the shard's index (FORMAT.md §3.1 files[].index)
   std::vector<ChunkMeta> chunks;
 };
 // Fills m.files and m.entries (in plan order, each tensor's chunks in region order).

@@ -10,6 +10,7 @@
 
 #include "ckpt/error.h"
 #include "ckpt/ops/source.h"
+#include "format/grid.h"
 #include "ops/elements.h"
 #include "ops/table.h"
 #include "ops/util.h"
@@ -24,6 +25,10 @@ using nlohmann::ordered_json;
 
 std::optional<TensorStats> RecordedStats(const EntryMeta& e) {
   detail::StatsAccumulator acc;
+  if (e.chunks.empty()) {  // v2 metadata.json alone: the aggregate it records
+    if (!e.stats) return std::nullopt;
+    acc.Merge(*e.stats);
+  }
   for (const auto& c : e.chunks) {
     if (!c.stats) return std::nullopt;
     acc.Merge(*c.stats);
@@ -57,7 +62,37 @@ bool CoversWhole(const Box& box, const Shape& shape) {
 
 }  // namespace
 
+namespace {
+
+// The same words from a v2 layout rule, without its chunk list.
+std::string DescribeRule(const EntryMeta& e, int world_size) {
+  const TensorLayout& l = e.layout;
+  const int64_t n = grid::ChunkCount(l, e.shape);
+  if (l.kind == TensorLayout::Kind::kChunks) {
+    if (n == 1 && CoversWhole(l.pieces[0].box, e.shape)) return world_size > 1 ? "replicated" : "full";
+    return "irregular (" + std::to_string(n) + " chunks)";
+  }
+  std::vector<std::size_t> split;
+  for (std::size_t d = 0; d < l.grid.size(); ++d)
+    if (l.grid[d].sizes.size() > 1 || (l.grid[d].sizes.empty() && l.grid[d].step > 0 && l.grid[d].step < e.shape[d]))
+      split.push_back(d);
+  if (split.empty()) return world_size > 1 ? "replicated" : "full";
+  if (split.size() == 1) return "sharded dim " + std::to_string(split[0]) + " / " + std::to_string(n);
+  std::string g = "grid ";
+  for (std::size_t d = 0; d < l.grid.size(); ++d) {
+    int64_t parts = 1;
+    if (!l.grid[d].sizes.empty()) parts = static_cast<int64_t>(l.grid[d].sizes.size());
+    else if (l.grid[d].step > 0) parts = (e.shape[d] + l.grid[d].step - 1) / l.grid[d].step;
+    g += (d ? "x" : "") + std::to_string(parts);
+  }
+  return g;
+}
+
+}  // namespace
+
 std::string DescribeLayout(const EntryMeta& e, int world_size) {
+  if (e.chunks.empty() && (e.layout.kind == TensorLayout::Kind::kGrid || !e.layout.pieces.empty()))
+    return DescribeRule(e, world_size);
   if (e.chunks.size() == 1 && CoversWhole(e.chunks[0].box, e.shape))
     return world_size > 1 ? "replicated" : "full";
   if (e.chunks.empty()) return "empty";
@@ -76,7 +111,9 @@ std::string DescribeLayout(const EntryMeta& e, int world_size) {
 }
 
 InspectReport Inspect(const std::filesystem::path& path, const InspectOptions& options) {
-  auto src = Source::Open(path);
+  // metadata.json alone for a v2 checkpoint: no shard is opened (stored sizes and chunk
+  // details live in the shard indexes; --stats reads data only where none is recorded).
+  auto src = Source::Open(path, /*skip_unsupported=*/false, /*resolve=*/false);
   const Metadata& md = src->metadata();
   InspectReport r;
   r.path = path.string();
@@ -121,11 +158,15 @@ InspectReport Inspect(const std::filesystem::path& path, const InspectOptions& o
       case EntryKind::kTensor:
         k.dtype = std::string(DTypeName(e.dtype));
         k.shape = e.shape;
-        k.num_chunks = e.chunks.size();
+        k.num_chunks = e.chunks.empty() ? static_cast<std::size_t>(grid::ChunkCount(e.layout, e.shape)) : e.chunks.size();
         k.bytes = e.TensorBytes();
         for (const auto& c : e.chunks) {
           k.stored_bytes += c.stored_bytes;
           if (c.compression.codec != Compression::Codec::kNone) r.compressed = true;
+        }
+        if (e.chunks.empty()) {  // v2, metadata.json alone
+          k.stored_bytes = e.stored_bytes;
+          r.compressed = r.compressed || e.compression.codec != Compression::Codec::kNone;
         }
         if (src->HoldsWhole(key)) {
           k.layout = DescribeLayout(e, md.world_size);
@@ -147,6 +188,7 @@ InspectReport Inspect(const std::filesystem::path& path, const InspectOptions& o
         k.bytes = e.size;
         k.num_chunks = e.chunks.size();
         for (const auto& c : e.chunks) k.stored_bytes += c.stored_bytes;
+        if (e.chunks.empty()) k.stored_bytes = e.stored_bytes;
         k.layout = "-";
         break;
       case EntryKind::kJson:
@@ -165,6 +207,8 @@ InspectReport Inspect(const std::filesystem::path& path, const InspectOptions& o
       const EntryMeta& e = *md.Find(k.key);
       bool readable = true;
       for (const auto& c : e.chunks) readable = readable && file_ok[c.file];
+      if (e.chunks.empty())
+        for (const auto& [name, ok] : file_ok) readable = readable && ok;
       if (!readable) {
         r.problems.push_back(k.key + ": statistics not computed, a file is missing");
         continue;

@@ -107,32 +107,16 @@ void CheckChunksReadInPart(const EntryMeta& e, const Box& part, const std::vecto
 }
 
 // The statistics of a part made of whole source chunks, from theirs (nullopt if one has
-// none). Counts, min and max are exact; mean and L2 are recombined from their sums.
+// none, or is read only in part).
 std::optional<ChunkStats> CombineStats(const EntryMeta& e, const std::vector<Piece>& pieces) {
   if (!IsFloating(e.dtype)) return std::nullopt;
-  ChunkStats out;
-  double sum = 0, sumsq = 0;
-  out.min = std::numeric_limits<double>::infinity();
-  out.max = -std::numeric_limits<double>::infinity();
+  std::vector<const ChunkStats*> parts;
   for (const Piece& p : pieces) {
     const auto& s = e.chunks[p.chunk].stats;
     if (!p.whole || !s) return std::nullopt;
-    out.nan_count += s->nan_count;
-    out.inf_count += s->inf_count;
-    out.finite_count += s->finite_count;
-    if (s->finite_count == 0) continue;
-    out.min = std::min(out.min, s->min);
-    out.max = std::max(out.max, s->max);
-    sum += s->mean * static_cast<double>(s->finite_count);
-    sumsq += s->l2 * s->l2;
+    parts.push_back(&*s);
   }
-  if (out.finite_count > 0) {
-    out.mean = sum / static_cast<double>(out.finite_count);
-    out.l2 = std::sqrt(sumsq);
-  } else {
-    out.min = out.max = out.mean = std::numeric_limits<double>::quiet_NaN();
-  }
-  return out;
+  return ckpt::CombineStats(parts);
 }
 
 DType OutType(const EntryMeta& e, const MergeOptions& o) {
@@ -233,7 +217,7 @@ void StageCheckpoint(Source& src, const std::vector<Selected>& sel, const fs::pa
               for (const Piece& p : *pieces) {
                 if (!p.whole) check(p.chunk);
                 try {
-                  chunk->Copy(p.range, p.whole ? std::string_view(e.chunks[p.chunk].checksum) : std::string_view());
+                  chunk->Copy(p.range, p.whole ? &e.chunks[p.chunk] : nullptr);
                 } catch (const Error& err) {
                   if (err.code() != ErrorCode::kCorrupt) throw;
                   throw Error(ErrorCode::kCorrupt, "tensor '" + key + "' chunk " + e.chunks[p.chunk].box.ToString() +

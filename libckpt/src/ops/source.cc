@@ -21,9 +21,9 @@ using nlohmann::json;
 
 class CheckpointSource final : public Source {
  public:
-  explicit CheckpointSource(const std::filesystem::path& dir) {
+  CheckpointSource(const std::filesystem::path& dir, bool resolve) : resolve_(resolve) {
     path_ = dir;
-    metadata_ = ReadMetadata(dir);  // indexed by the parser
+    metadata_ = ReadMetadata(dir, resolve);  // indexed by the parser
   }
   SourceKind kind() const override { return SourceKind::kCheckpoint; }
   void ReadRegion(std::string_view key, const Box& region, void* out) override {
@@ -40,9 +40,10 @@ class CheckpointSource final : public Source {
 
  private:
   CheckpointReader& Reader() {
-    if (!reader_) reader_ = CheckpointReader::Open(path_);
+    if (!reader_) reader_ = CheckpointReader::Open(path_, resolve_);
     return *reader_;
   }
+  bool resolve_;
   std::unique_ptr<CheckpointReader> reader_;
 };
 
@@ -60,7 +61,7 @@ class SafetensorsSource final : public Source {
     for (const auto& [k, v] : reader_->metadata()) user[k] = v;
     metadata_.user = user.dump();
     const std::string name = file.filename().string();
-    metadata_.files.push_back(FileMeta{name, 0, reader_->file_size()});
+    metadata_.files.push_back(FileMeta{name, 0, reader_->file_size(), {}});
     for (const auto& t : reader_->tensors()) {
       EntryMeta e;
       e.kind = EntryKind::kTensor;
@@ -112,7 +113,7 @@ class ShardSource final : public Source {
     // checks (own dataset, no virtual or external storage, allowed filters) are all there is.
     reader_ = std::make_unique<storage::ShardReader>(file.parent_path(), file.filename().string(),
                                                      /*use_index=*/false);
-    Describe(reader_->Index());
+    Describe(reader_->Index().entries);
   }
   SourceKind kind() const override { return SourceKind::kShard; }
   void ReadRegion(std::string_view key, const Box& region, void* out) override {
@@ -124,7 +125,7 @@ class ShardSource final : public Source {
     for (const auto& c : e->chunks) {
       auto common = layout::Intersect(c.box, region);
       if (!common) continue;
-      read_ += reader_->Read(k, e->dtype, c, *common, out, region, nullptr);
+      read_ += reader_->Read(k, e->dtype, c, *common, out, region, /*verify=*/false);
       covered += common->NumElements();
     }
     if (covered != region.NumElements())
@@ -156,7 +157,7 @@ class ShardSource final : public Source {
   void Describe(const std::vector<storage::ShardIndexEntry>& index) {
     const std::string where = path_.string() + ": ckpt_shard_index";
     const std::string name = path_.filename().string();
-    metadata_.files.push_back(FileMeta{name, 0, reader_->file_size()});
+    metadata_.files.push_back(FileMeta{name, 0, reader_->file_size(), {}});
     metadata_.library_version = "";
     metadata_.state_dict_type = StateDictType::kSharded;
     metadata_.mesh = "null";
@@ -165,9 +166,9 @@ class ShardSource final : public Source {
     for (const auto& c : index) {
       if (c.bytes) continue;
       ChunkMeta chunk;
-      chunk.box = c.box;
+      chunk.box = c.chunk.box;
       chunk.file = name;
-      chunk.dataset = c.dataset;
+      chunk.dataset = c.chunk.dataset;
       auto [at, fresh] = position.emplace(c.key, metadata_.entries.size());
       EntryMeta* e = fresh ? nullptr : &metadata_.entries[at->second].second;
       if (!e) {
@@ -224,7 +225,7 @@ bool Source::HoldsWhole(std::string_view key) const {
   return n == NumElementsOf(*e);
 }
 
-std::unique_ptr<Source> Source::Open(const std::filesystem::path& path, bool skip_unsupported) {
+std::unique_ptr<Source> Source::Open(const std::filesystem::path& path, bool skip_unsupported, bool resolve) {
   std::error_code ec;
   const auto st = std::filesystem::status(path, ec);
   if (ec || !std::filesystem::exists(st))
@@ -233,12 +234,12 @@ std::unique_ptr<Source> Source::Open(const std::filesystem::path& path, bool ski
     if (!std::filesystem::exists(path / kMetadataFileName, ec))
       throw Error(ErrorCode::kNotFound,
                   path.string() + ": not a checkpoint (no metadata.json; an uncommitted save?)");
-    return std::make_unique<CheckpointSource>(path);
+    return std::make_unique<CheckpointSource>(path, resolve);
   }
   if (path.extension() == ".safetensors") return std::make_unique<SafetensorsSource>(path, skip_unsupported);
   const std::string head = Head(path, 9);
   if (head.starts_with(std::string_view("\x89HDF\r\n\x1a\n", 8))) return std::make_unique<ShardSource>(path);
-  if (path.filename() == kMetadataFileName) return Open(path.parent_path());
+  if (path.filename() == kMetadataFileName) return Open(path.parent_path(), skip_unsupported, resolve);
   // A safetensors file under another name: its header starts after 8 bytes with '{'.
   if (head.size() == 9 && head[8] == '{') return std::make_unique<SafetensorsSource>(path, skip_unsupported);
   throw Error(ErrorCode::kUnsupported,

@@ -618,7 +618,7 @@ LoadReport Accelerator::LoadState(const std::filesystem::path& dir, const LoadSt
     // The core refuses LOCAL into another type; a LOCAL checkpoint of another layout
     // would have the same flat keys, so compare the layout the runtime recorded.
     try {
-      const Metadata md = ReadMetadata(dir);
+      const Metadata md = ReadMetadata(dir, /*resolve=*/false);  // metadata.json alone
       if (md.state_dict_type == StateDictType::kLocal) {
         const json user = json::parse(md.user.empty() ? "{}" : md.user);
         const std::string saved = user.contains("ckpt_runtime")

@@ -195,13 +195,20 @@ struct Digest::State {
   RunningStats stats;
   unsigned char carry[8];
   std::size_t carried = 0;
+  // Block mode (v2): the digests of the blocks completed, and how much of the current one
+  // `xxh` has hashed (a block that arrives whole is hashed in one call instead).
+  uint64_t block_bytes = 0;
+  uint64_t in_block = 0;
+  std::vector<uint64_t> blocks;
 
   void AddElements(const unsigned char* p, std::size_t count) { AccumulateBlock(dtype, p, count, stats); }
+  void HashBlocks(const unsigned char* p, std::size_t n);
 };
 
-Digest::Digest(DType dtype, bool with_stats) : state_(std::make_unique<State>()) {
+Digest::Digest(DType dtype, bool with_stats, uint64_t block_bytes) : state_(std::make_unique<State>()) {
   state_->dtype = dtype;
   state_->stats_on = with_stats && IsFloating(dtype);
+  state_->block_bytes = block_bytes;
   state_->xxh = XXH3_createState();
   XXH3_64bits_reset(state_->xxh);
 }
@@ -220,9 +227,43 @@ void Xxh3Update(XXH3_state_t* state, const void* data, std::size_t n) {
 
 }  // namespace
 
+uint64_t HashBlock(const void* data, std::size_t n) {
+#if defined(CKPT_XXH3_AVX2)
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2) return internal::Xxh3Avx2(data, n);
+#endif
+  return XXH3_64bits(data, n);
+}
+
+// Pieces may split blocks: a block begun in one call is finished by the next.
+void Digest::State::HashBlocks(const unsigned char* p, std::size_t n) {
+  while (n > 0) {
+    if (in_block == 0 && n >= block_bytes) {
+      blocks.push_back(HashBlock(p, static_cast<std::size_t>(block_bytes)));
+      p += block_bytes;
+      n -= static_cast<std::size_t>(block_bytes);
+      continue;
+    }
+    if (in_block == 0) XXH3_64bits_reset(xxh);
+    const auto take = static_cast<std::size_t>(std::min<uint64_t>(n, block_bytes - in_block));
+    Xxh3Update(xxh, p, take);
+    p += take;
+    n -= take;
+    in_block += take;
+    if (in_block == block_bytes) {
+      blocks.push_back(XXH3_64bits_digest(xxh));
+      in_block = 0;
+    }
+  }
+}
+
 void Digest::Update(const void* data, std::size_t n) {
   auto* p = static_cast<const unsigned char*>(data);
-  Xxh3Update(state_->xxh, p, n);
+  if (state_->block_bytes) {
+    state_->HashBlocks(p, n);
+  } else {
+    Xxh3Update(state_->xxh, p, n);
+  }
   if (!state_->stats_on) return;
   const std::size_t size = DTypeSize(state_->dtype);
   // Complete an element split across calls.
@@ -242,11 +283,90 @@ void Digest::Update(const void* data, std::size_t n) {
   state_->carried = n;
 }
 
-std::string Digest::Checksum() const {
+std::string FormatChecksum(uint64_t hash) {
   char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx",
-                static_cast<unsigned long long>(XXH3_64bits_digest(state_->xxh)));
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash));
   return std::string(names::kChecksumPrefix) + hex;
+}
+
+std::string Digest::Checksum() const {
+  if (state_->block_bytes) return ChecksumOfBlocks(BlockDigests());
+  return FormatChecksum(XXH3_64bits_digest(state_->xxh));
+}
+
+uint64_t Digest::block_bytes() const { return state_->block_bytes; }
+
+std::vector<uint64_t> Digest::BlockDigests() const {
+  std::vector<uint64_t> out = state_->blocks;
+  if (state_->in_block > 0) out.push_back(XXH3_64bits_digest(state_->xxh));
+  return out;
+}
+
+std::string Digest::Blocks() const { return BlocksHex(BlockDigests()); }
+
+std::string ChecksumOfBlocks(const std::vector<uint64_t>& digests) {
+  XXH3_state_t* st = XXH3_createState();
+  XXH3_64bits_reset(st);
+  unsigned char le[8];
+  for (uint64_t d : digests) {
+    for (int b = 0; b < 8; ++b) le[b] = static_cast<unsigned char>(d >> (8 * b));
+    XXH3_64bits_update(st, le, 8);
+  }
+  const uint64_t h = XXH3_64bits_digest(st);
+  XXH3_freeState(st);
+  return FormatChecksum(h);
+}
+
+uint64_t BlockDigestAt(std::string_view hex, std::size_t i) {
+  uint64_t v = 0;
+  for (std::size_t k = 0; k < 16; ++k) {
+    const char c = hex[i * 16 + k];
+    v = (v << 4) | static_cast<uint64_t>(c <= '9' ? c - '0' : c - 'a' + 10);
+  }
+  return v;
+}
+
+std::string ChecksumOfBlocks(std::string_view hex) {
+  std::vector<uint64_t> digests(hex.size() / 16);
+  for (std::size_t i = 0; i < digests.size(); ++i) digests[i] = BlockDigestAt(hex, i);
+  return ChecksumOfBlocks(digests);
+}
+
+Error BlockMismatch(std::string_view what, uint64_t i, uint64_t block_bytes, uint64_t n, uint64_t want, uint64_t got) {
+  return Error(ErrorCode::kCorrupt, std::string(what) + " block " + std::to_string(i) + " (bytes " +
+                                        std::to_string(i * block_bytes) + ".." +
+                                        std::to_string(std::min(n, (i + 1) * block_bytes)) +
+                                        "): checksum mismatch: index says " + FormatChecksum(want) +
+                                        ", the data hashes to " + FormatChecksum(got));
+}
+
+void CheckDigest(const Digest& got, const ChunkMeta& expected, uint64_t n, std::string_view what) {
+  if (expected.block_bytes) {
+    const std::vector<uint64_t> blocks = got.BlockDigests();
+    if (expected.blocks.size() != blocks.size() * 16) {
+      throw Error(ErrorCode::kCorrupt, std::string(what) + ": " + std::to_string(n) + " bytes make " +
+                                           std::to_string(blocks.size()) + " blocks, the index lists " +
+                                           std::to_string(expected.blocks.size() / 16));
+    }
+    for (std::size_t i = 0; i < blocks.size(); ++i) {
+      const uint64_t want = BlockDigestAt(expected.blocks, i);
+      if (blocks[i] != want) throw BlockMismatch(what, i, expected.block_bytes, n, want, blocks[i]);
+    }
+  }
+  const std::string sum = got.Checksum();
+  if (sum != expected.checksum) {
+    throw Error(ErrorCode::kCorrupt, std::string(what) + ": checksum mismatch: " +
+                                         (expected.block_bytes ? "index says " : "metadata says ") +
+                                         expected.checksum + ", the data hashes to " + sum);
+  }
+}
+
+std::string BlocksHex(const std::vector<uint64_t>& digests) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out(digests.size() * 16, '0');
+  for (std::size_t i = 0; i < digests.size(); ++i)
+    for (std::size_t k = 0; k < 16; ++k) out[i * 16 + k] = kHex[(digests[i] >> (60 - 4 * k)) & 0xf];
+  return out;
 }
 
 std::optional<ChunkStats> Digest::Stats() const {

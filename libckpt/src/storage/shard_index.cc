@@ -3,17 +3,27 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
+#include <limits>
+
 #include "ckpt/error.h"
 #include "format/names.h"
+#include "storage/digest.h"
 
 namespace ckpt::storage {
 namespace {
 
 using nlohmann::json;
+using nlohmann::ordered_json;
 
 constexpr const char* kOffset = "offset";  // §5.5: the data's byte offset in the file
 constexpr const char* kKey = "key";
 constexpr const char* kBytesDType = "bytes";
+constexpr const char* kBlockBytes = "block_bytes";  // §7: v2 blocked checksums
+constexpr const char* kBlocks = "blocks";
+// §7.3 statistics, spelled as metadata.json v1 spells them (format/metadata.cc).
+constexpr const char* kStatReal[] = {"min", "max", "mean", "l2"};
+constexpr const char* kStatCount[] = {"nan_count", "inf_count", "finite_count"};
 
 std::string ShapeText(const Shape& shape) {
   std::string s = "[";
@@ -34,53 +44,156 @@ void CheckExtent(const Shape& shape, std::size_t itemsize, const std::string& wh
 }  // namespace
 
 void ShardIndexBuilder::Add(const ShardIndexEntry& e) {
-  json j;
+  const ChunkMeta& c = e.chunk;
+  ordered_json j;
   j[kKey] = e.key;
   if (e.bytes) {
     j[names::kDType] = kBytesDType;
-    j[names::kSize] = e.box.sizes.empty() ? 0 : e.box.sizes[0];
+    j[names::kSize] = c.box.sizes.empty() ? 0 : c.box.sizes[0];
   } else {
     j[names::kDType] = DTypeName(e.dtype);
     j[names::kShape] = e.shape;
-    j[names::kOffsets] = e.box.offsets;
-    j[names::kSizes] = e.box.sizes;
+    j[names::kOffsets] = c.box.offsets;
+    j[names::kSizes] = c.box.sizes;
   }
-  j[names::kDataset] = e.dataset;
-  if (e.offset) j[kOffset] = *e.offset;
+  j[names::kDataset] = c.dataset;
+  if (c.offset) j[kOffset] = *c.offset;
+  j[names::kStoredBytes] = c.stored_bytes;
+  if (c.compression.codec == Compression::Codec::kZstd)
+    j[names::kCompression] = {{names::kCodec, names::kZstd}, {names::kLevel, c.compression.level}, {names::kShuffle, true}};
+  j[names::kChecksum] = c.checksum;
+  j[kBlockBytes] = c.block_bytes;
+  j[kBlocks] = c.blocks;
+  if (c.stats) {
+    const ChunkStats& st = *c.stats;
+    const double real[] = {st.min, st.max, st.mean, st.l2};
+    const int64_t count[] = {st.nan_count, st.inf_count, st.finite_count};
+    ordered_json o;
+    for (int i = 0; i < 4; ++i) o[kStatReal[i]] = std::isfinite(real[i]) ? ordered_json(real[i]) : ordered_json(nullptr);
+    for (int i = 0; i < 3; ++i) o[kStatCount[i]] = count[i];
+    j[names::kStats] = std::move(o);
+  }
   if (!chunks_.empty()) chunks_ += ',';
   chunks_ += j.dump();
 }
 
 std::string ShardIndexBuilder::Finish() const {
-  const json head = {{names::kFormat, names::kShardIndexFormat}, {names::kFormatVersion, kFormatVersion}};
+  const ordered_json head = {{names::kFormat, names::kShardIndexFormat}, {names::kFormatVersion, kFormatVersion}};
   std::string text = head.dump();
   text.pop_back();  // '}'
   return text + ",\"" + names::kChunks + "\":[" + chunks_ + "]}";
 }
 
-std::vector<ShardIndexEntry> ParseShardIndex(std::string_view text, const std::string& where) {
-  std::vector<ShardIndexEntry> out;
+std::string IndexDigest(std::string_view text) { return FormatChecksum(HashBlock(text.data(), text.size())); }
+
+namespace {
+
+bool IsChecksum(const json& v) {
+  if (!v.is_string()) return false;
+  const std::string& s = v.get_ref<const std::string&>();
+  const std::string_view prefix = names::kChecksumPrefix;
+  if (s.size() != prefix.size() + 16 || s.compare(0, prefix.size(), prefix) != 0) return false;
+  for (std::size_t i = prefix.size(); i < s.size(); ++i)
+    if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f'))) return false;
+  return true;
+}
+
+uint64_t Unsigned(const json& c, const char* member, const std::string& what) {
+  const json& v = c.at(member);
+  if (!v.is_number_unsigned()) throw Error(ErrorCode::kCorrupt, what + ": \"" + member + "\" is not a non-negative integer");
+  return v.get<uint64_t>();
+}
+
+// The v2 members of a record (FORMAT.md §5.5, §7): its stored size, compression, checksum,
+// block digests (exactly one per block of the chunk's `n` raw bytes) and statistics.
+void ParseV2Members(const json& c, uint64_t n, ChunkMeta& m, const std::string& what) {
+  m.stored_bytes = Unsigned(c, names::kStoredBytes, what);
+  if (!IsChecksum(c.at(names::kChecksum)))
+    throw Error(ErrorCode::kCorrupt, what + ": checksum " + c.at(names::kChecksum).dump() +
+                                         " is not of the form xxh3-64:<16 hex digits>");
+  m.checksum = c.at(names::kChecksum).get<std::string>();
+  m.block_bytes = Unsigned(c, kBlockBytes, what);
+  if (m.block_bytes < kMinBlockBytes || m.block_bytes > kMaxBlockBytes || (m.block_bytes & (m.block_bytes - 1)))
+    throw Error(ErrorCode::kCorrupt, what + ": block_bytes " + std::to_string(m.block_bytes) +
+                                         " is not a power of two in [4096, 67108864]");
+  const json& blocks = c.at(kBlocks);
+  if (!blocks.is_string()) throw Error(ErrorCode::kCorrupt, what + ": \"blocks\" is not a string");
+  m.blocks = blocks.get<std::string>();
+  const uint64_t count = BlockCount(n, m.block_bytes);
+  if (m.blocks.size() != count * 16)
+    throw Error(ErrorCode::kCorrupt, what + ": \"blocks\" holds " + std::to_string(m.blocks.size()) +
+                                         " hex digits, its " + std::to_string(n) + " bytes in blocks of " +
+                                         std::to_string(m.block_bytes) + " need " + std::to_string(count * 16));
+  for (char ch : m.blocks)
+    if (!((ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f')))
+      throw Error(ErrorCode::kCorrupt, what + ": \"blocks\" is not lowercase hex");
+  if (c.contains(names::kCompression) && !c[names::kCompression].is_null()) {
+    const json& z = c[names::kCompression];
+    if (!z.is_object() || z.value(names::kCodec, "") != names::kZstd)
+      throw Error(ErrorCode::kUnsupported, what + ": unknown compression " + z.dump());
+    m.compression.codec = Compression::Codec::kZstd;
+    if (z.contains(names::kLevel)) {
+      if (!z[names::kLevel].is_number_integer() || z[names::kLevel].get<int64_t>() < -131072 ||
+          z[names::kLevel].get<int64_t>() > 22)
+        throw Error(ErrorCode::kCorrupt, what + ": zstd level " + z[names::kLevel].dump() + " is out of range");
+      m.compression.level = z[names::kLevel].get<int>();
+    }
+  }
+  if (c.contains(names::kStats) && !c[names::kStats].is_null()) {
+    const json& o = c[names::kStats];
+    if (!o.is_object()) throw Error(ErrorCode::kCorrupt, what + ": \"stats\" is not an object");
+    ChunkStats st;
+    double* real[] = {&st.min, &st.max, &st.mean, &st.l2};
+    int64_t* count_of[] = {&st.nan_count, &st.inf_count, &st.finite_count};
+    for (int i = 0; i < 4; ++i) {
+      const json& v = o.at(kStatReal[i]);
+      if (!v.is_null() && !v.is_number())
+        throw Error(ErrorCode::kCorrupt, what + ": stats \"" + kStatReal[i] + "\" is not a number");
+      *real[i] = v.is_null() ? std::numeric_limits<double>::quiet_NaN() : v.get<double>();
+    }
+    for (int i = 0; i < 3; ++i) {
+      const uint64_t v = Unsigned(o, kStatCount[i], what + ": stats");
+      if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+        throw Error(ErrorCode::kCorrupt, what + ": stats \"" + kStatCount[i] + "\" is too large");
+      *count_of[i] = static_cast<int64_t>(v);
+    }
+    m.stats = st;
+  }
+}
+
+}  // namespace
+
+ShardIndex ParseShardIndex(std::string_view text, const std::string& where) {
+  ShardIndex out;
   try {
     const json j = json::parse(text);
     if (!j.is_object() || j.value(names::kFormat, "") != names::kShardIndexFormat)
       throw Error(ErrorCode::kCorrupt, where + ": not a ckpt-shard index");
-    const int version = j.value(names::kFormatVersion, 0);
+    const json& v = j.at(names::kFormatVersion);
+    if (!v.is_number_integer()) throw Error(ErrorCode::kCorrupt, where + ": format_version is not an integer");
+    const int64_t version = v.get<int64_t>();
     if (version > kFormatVersion)
       throw Error(ErrorCode::kUnsupported, where + ": format_version " + std::to_string(version) +
                                                " is newer than this reader supports (" +
                                                std::to_string(kFormatVersion) + ")");
+    if (version < kOldestFormatVersion)
+      throw Error(ErrorCode::kCorrupt, where + ": format_version " + std::to_string(version) + " is not a version");
+    out.format_version = static_cast<int>(version);
+    const bool v2 = version >= 2;
     const json& chunks = j.at(names::kChunks);
     if (!chunks.is_array()) throw Error(ErrorCode::kCorrupt, where + ": \"chunks\" is not an array");
-    out.reserve(chunks.size());
+    out.entries.reserve(chunks.size());
     for (const auto& c : chunks) {
+      if (!c.is_object()) throw Error(ErrorCode::kCorrupt, where + ": a chunk record is not an object");
       ShardIndexEntry e;
+      ChunkMeta& m = e.chunk;
       e.key = c.at(kKey).get<std::string>();
       const std::string dtype = c.at(names::kDType).get<std::string>();
-      e.dataset = c.at(names::kDataset).get<std::string>();
+      m.dataset = c.at(names::kDataset).get<std::string>();
       if (c.contains(kOffset)) {
         if (!c[kOffset].is_number_unsigned())
           throw Error(ErrorCode::kCorrupt, where + ": key '" + e.key + "': \"offset\" is not a byte offset");
-        e.offset = c[kOffset].get<uint64_t>();
+        m.offset = c[kOffset].get<uint64_t>();
       }
       if (dtype == kBytesDType) {
         const json& size = c.at(names::kSize);
@@ -88,26 +201,31 @@ std::vector<ShardIndexEntry> ParseShardIndex(std::string_view text, const std::s
           throw Error(ErrorCode::kCorrupt, where + ": bytes entry '" + e.key + "': bad size " + size.dump());
         e.bytes = true;
         e.shape = {size.get<int64_t>()};
-        e.box = Box::Full(e.shape);
-        out.push_back(std::move(e));
+        m.box = Box::Full(e.shape);
+        if (v2) ParseV2Members(c, size.get<uint64_t>(), m, where + ": bytes entry '" + e.key + "'");
+        out.entries.push_back(std::move(e));
         continue;
       }
       const auto parsed = DTypeFromName(dtype);
       if (!parsed)
         throw Error(ErrorCode::kUnsupported, where + ": tensor '" + e.key + "': unknown dtype " + c.at(names::kDType).dump());
       e.dtype = *parsed;
-      e.box.offsets = c.at(names::kOffsets).get<Shape>();
-      e.box.sizes = c.at(names::kSizes).get<Shape>();
+      m.box.offsets = c.at(names::kOffsets).get<Shape>();
+      m.box.sizes = c.at(names::kSizes).get<Shape>();
       e.shape = c.at(names::kShape).get<Shape>();
       const Shape& shape = e.shape;
-      if (shape.size() > 32 || e.box.offsets.size() != shape.size() || e.box.sizes.size() != shape.size())
+      if (shape.size() > 32 || m.box.offsets.size() != shape.size() || m.box.sizes.size() != shape.size())
         throw Error(ErrorCode::kCorrupt, where + ": tensor '" + e.key + "': bad rank");
       CheckExtent(shape, DTypeSize(e.dtype), where + ": tensor '" + e.key + "'");
       for (std::size_t d = 0; d < shape.size(); ++d)
-        if (e.box.offsets[d] < 0 || e.box.sizes[d] < 0 || e.box.offsets[d] > shape[d] - e.box.sizes[d])
-          throw Error(ErrorCode::kCorrupt, where + ": tensor '" + e.key + "' chunk " + e.box.ToString() +
+        if (m.box.offsets[d] < 0 || m.box.sizes[d] < 0 || m.box.offsets[d] > shape[d] - m.box.sizes[d])
+          throw Error(ErrorCode::kCorrupt, where + ": tensor '" + e.key + "' chunk " + m.box.ToString() +
                                                " lies outside shape " + ShapeText(shape));
-      out.push_back(std::move(e));
+      if (v2) {
+        const uint64_t n = static_cast<uint64_t>(m.box.NumElements()) * DTypeSize(e.dtype);
+        ParseV2Members(c, n, m, where + ": tensor '" + e.key + "' chunk " + m.box.ToString());
+      }
+      out.entries.push_back(std::move(e));
     }
   } catch (const json::exception& e) {
     throw Error(ErrorCode::kCorrupt, where + ": " + e.what());

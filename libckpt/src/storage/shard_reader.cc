@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <future>
+#include <map>
 #include <unordered_map>
 #include <vector>
 
@@ -33,16 +35,198 @@ std::string DimsString(const std::vector<hsize_t>& d) {
   return s + "]";
 }
 
+// A contiguous byte run of a region: `len` bytes at byte `src` of the chunk, to `to`.
+struct ByteRun {
+  uint64_t src;
+  uint64_t len;
+  unsigned char* to;
+};
+
+// Reads byte ranges of a v2 chunk and hands them out only after every block they touch
+// hashed to its digest (FORMAT.md §7). Runs are taken in increasing order: small ones
+// share windows of whole blocks (read once, however many runs meet them, but never a
+// block no run touches); a large one is read straight into the destination, its
+// interior blocks hashed there (the next piece read on a helper thread meanwhile), and
+// only its partial first and last blocks go through the window.
+class BlockReader {
+ public:
+  // fetch(from, n, to): the chunk's raw bytes [from, from + n) into `to`. `pipelined`: a
+  // fetch may run on a helper thread while this thread hashes.
+  using Fetch = std::function<void(uint64_t, uint64_t, unsigned char*)>;
+  BlockReader(std::string what, const ChunkMeta& chunk, uint64_t n, Fetch fetch, bool pipelined, int fd,
+              uint64_t base, std::vector<unsigned char>& window)
+      : what_(std::move(what)), chunk_(chunk), b_(chunk.block_bytes), n_(n), fetch_(std::move(fetch)),
+        pipelined_(pipelined), fd_(fd), base_(base), window_(window) {}
+
+  void Read(const std::vector<ByteRun>& runs) {
+    for (std::size_t i = 0; i < runs.size();) {
+      const ByteRun& r = runs[i];
+      const uint64_t b0 = r.src / b_, b1 = (r.src + r.len - 1) / b_ + 1;
+      if (b0 >= wb_ && b1 <= we_) {  // inside the window already read
+        std::memcpy(r.to, window_.data() + (r.src - wb_ * b_), r.len);
+        ++i;
+        continue;
+      }
+      if (r.len >= kDirectRunBytes && Interior(r).first < Interior(r).second) {
+        Direct(r);
+        ++i;
+        continue;
+      }
+      // One window over this run and the following small ones, as long as each starts at
+      // most in the block after the window (no untouched block read) and it stays bounded.
+      uint64_t end = b1;
+      std::size_t j = i + 1;
+      for (; j < runs.size() && runs[j].len < kDirectRunBytes; ++j) {
+        const uint64_t c0 = runs[j].src / b_, c1 = (runs[j].src + runs[j].len - 1) / b_ + 1;
+        if (c0 > end || (std::max(end, c1) - b0) * b_ > kBounceBytes) break;
+        end = std::max(end, c1);
+      }
+      Load(b0, end);
+      for (std::size_t k = i; k < j; ++k)
+        std::memcpy(runs[k].to, window_.data() + (runs[k].src - wb_ * b_), runs[k].len);
+      i = j;
+    }
+  }
+
+  uint64_t bytes_read() const { return bytes_read_; }
+
+ private:
+  // The block-aligned interior [a, z) of a run: whole blocks (the chunk's last block counts
+  // whole where the run ends with the chunk).
+  std::pair<uint64_t, uint64_t> Interior(const ByteRun& r) const {
+    const uint64_t e = r.src + r.len;
+    const uint64_t a = (r.src + b_ - 1) / b_ * b_;
+    const uint64_t z = e == n_ ? n_ : e / b_ * b_;
+    return {a, std::max(a, z)};
+  }
+
+  void Check(uint64_t block, const unsigned char* p) const {
+    const uint64_t len = std::min(b_, n_ - block * b_);
+    const uint64_t got = HashBlock(p, static_cast<std::size_t>(len));
+    const uint64_t want = BlockDigestAt(chunk_.blocks, static_cast<std::size_t>(block));
+    if (got != want) throw BlockMismatch(what_, block, b_, n_, want, got);
+  }
+
+  // Reads blocks [b0, b1) into the window and checks each.
+  void Load(uint64_t b0, uint64_t b1) {
+    const uint64_t from = b0 * b_, to = std::min(n_, b1 * b_);
+    window_.resize(static_cast<std::size_t>(to - from));
+    wb_ = we_ = 0;  // nothing valid while it is refilled
+    fetch_(from, to - from, window_.data());
+    bytes_read_ += to - from;
+    for (uint64_t b = b0; b < b1; ++b) Check(b, window_.data() + (b - b0) * b_);
+    wb_ = b0;
+    we_ = b1;
+  }
+
+  void FromWindow(uint64_t block, uint64_t from, uint64_t len, unsigned char* to) {
+    if (block < wb_ || block >= we_) Load(block, block + 1);
+    std::memcpy(to, window_.data() + (from - wb_ * b_), static_cast<std::size_t>(len));
+  }
+
+  void Direct(const ByteRun& r) {
+    const uint64_t e = r.src + r.len;
+    const auto [a, z] = Interior(r);
+    if (r.src < a) FromWindow(r.src / b_, r.src, a - r.src, r.to);
+    // Pieces of whole blocks, about kDigestBlock each: piece i+1 is fetched on a helper
+    // thread while piece i is hashed here; the kernel is asked to fetch further ahead.
+    const uint64_t piece = std::max<uint64_t>(b_, kDigestBlock / b_ * b_);
+    unsigned char* out = r.to + (a - r.src);
+    auto fetch = [this, out, a, z, piece](uint64_t pos) {
+      fetch_(a + pos, std::min(piece, z - a - pos), out + pos);
+    };
+    const uint64_t len = z - a;
+    uint64_t advised = 0;
+    std::future<void> reading;
+    if (pipelined_ && len > piece) reading = std::async(std::launch::async, fetch, 0);
+    for (uint64_t pos = 0; pos < len; pos += piece) {
+      const uint64_t k = std::min(piece, len - pos);
+      if (fd_ >= 0 && advised < std::min<uint64_t>(len, pos + kReadAhead)) {
+        const uint64_t until = std::min<uint64_t>(len, pos + 2 * kReadAhead);
+        ::posix_fadvise(fd_, static_cast<off_t>(base_ + a + advised), static_cast<off_t>(until - advised),
+                        POSIX_FADV_WILLNEED);
+        advised = until;
+      }
+      if (reading.valid()) {
+        reading.get();
+        if (pos + k < len) reading = std::async(std::launch::async, fetch, pos + k);
+      } else {
+        fetch(pos);
+      }
+      for (uint64_t b = 0; b < k; b += b_) Check((a + pos + b) / b_, out + pos + b);
+    }
+    bytes_read_ += len;
+    if (z < e) FromWindow(z / b_, z, e - z, r.to + (z - r.src));
+  }
+
+  const std::string what_;
+  const ChunkMeta& chunk_;
+  const uint64_t b_, n_;
+  const Fetch fetch_;
+  const bool pipelined_;
+  const int fd_;
+  const uint64_t base_;
+  std::vector<unsigned char>& window_;
+  uint64_t wb_ = 0, we_ = 0;  // blocks [wb_, we_) are in the window, checked
+  uint64_t bytes_read_ = 0;
+};
+
+// Selects the elements [e0, e1) of a row-major `dims` box in `space` (at most two
+// hyperslabs per dimension, in order), so HDF5 reads a linear range of a chunk.
+void SelectLinear(hid_t space, const std::vector<hsize_t>& dims, hsize_t e0, hsize_t e1) {
+  const std::size_t rank = dims.size();
+  std::vector<hsize_t> inner(rank, 1);
+  for (std::size_t d = rank - 1; d > 0; --d) inner[d - 1] = inner[d] * dims[d];
+  bool first = true;
+  std::vector<hsize_t> start(rank), count(rank);
+  auto add = [&](std::size_t d, hsize_t from, hsize_t rows) {  // prefix start[0..d) fixed, count 1
+    for (std::size_t k = 0; k < d; ++k) count[k] = 1;
+    start[d] = from;
+    count[d] = rows;
+    for (std::size_t k = d + 1; k < rank; ++k) {
+      start[k] = 0;
+      count[k] = dims[k];
+    }
+    h5::Check(H5Sselect_hyperslab(space, first ? H5S_SELECT_SET : H5S_SELECT_OR, start.data(), nullptr,
+                                  count.data(), nullptr),
+              "H5Sselect_hyperslab");
+    first = false;
+  };
+  // [lo, hi) within the sub-box of dims d.., under the fixed prefix start[0..d).
+  std::function<void(std::size_t, hsize_t, hsize_t)> range = [&](std::size_t d, hsize_t lo, hsize_t hi) {
+    if (lo >= hi) return;
+    const hsize_t i0 = lo / inner[d], i1 = hi / inner[d];
+    if (d + 1 == rank) return add(d, lo, hi - lo);
+    if (i0 == i1) {
+      start[d] = i0;
+      return range(d + 1, lo - i0 * inner[d], hi - i0 * inner[d]);
+    }
+    hsize_t whole0 = i0;
+    if (lo % inner[d]) {
+      start[d] = i0;
+      range(d + 1, lo % inner[d], inner[d]);
+      ++whole0;
+    }
+    if (i1 > whole0) add(d, whole0, i1 - whole0);
+    if (hi % inner[d]) {
+      start[d] = i1;
+      range(d + 1, 0, hi % inner[d]);
+    }
+  };
+  range(0, e0, e1);
+}
+
 }  // namespace
 
 struct ShardReader::Impl {
   std::filesystem::path path;
   bool index_loaded = false;
   bool locate_by_index = true;  // chunks located through the index (else through HDF5)
-  std::vector<ShardIndexEntry> entries;  // the shard index, when it parsed
+  std::string index_text;                // the attribute as stored
+  ShardIndex parsed;                     // the shard index, when it parsed
   std::string index_error;               // why not, else
   ErrorCode index_error_code = ErrorCode::kCorrupt;
-  std::unordered_map<std::string, const ShardIndexEntry*> index;  // by dataset, for the fast path
+  std::unordered_map<std::string, const ShardIndexEntry*> index;    // by dataset, for the fast path
   Fd fd;
   uint64_t size = 0;
   h5::Handle file;
@@ -52,6 +236,10 @@ struct ShardReader::Impl {
   std::string Where(const std::string& key, const ChunkMeta& c) const {
     return path.filename().string() + ": tensor '" + key + "' chunk " + c.box.ToString() +
            " (dataset '" + c.dataset + "')";
+  }
+  // How a block error names the chunk (FORMAT.md §7).
+  std::string Chunk(const std::string& key, const ChunkMeta& c) const {
+    return path.filename().string() + ": tensor '" + key + "' chunk " + c.box.ToString();
   }
 };
 
@@ -77,32 +265,37 @@ void ShardReader::LoadIndex() {
   m.index_loaded = true;
   const std::string where = m.path.string() + ": " + names::kShardIndexAttr;
   try {
-    const std::string text = h5::ReadStringAttr(m.file.get(), names::kShardIndexAttr);
-    if (text.empty()) {
+    m.index_text = h5::ReadStringAttr(m.file.get(), names::kShardIndexAttr);
+    if (m.index_text.empty()) {
       m.index_error = m.path.string() + ": HDF5 file without a " + names::kShardIndexAttr +
                       " attribute; not a ckpt shard";
       return;
     }
-    m.entries = ParseShardIndex(text, where);
+    m.parsed = ParseShardIndex(m.index_text, where);
   } catch (const Error& e) {
     // A damaged or foreign index only disables the fast path (FORMAT.md §5.5).
     m.index_error = e.what();
     m.index_error_code = e.code();
-    m.entries.clear();
+    m.parsed = {};
     return;
   }
   // The index is trusted only in a shard whose root holds nothing but its own datasets: a
   // soft or external link (which the index cannot show) sends every read through HDF5,
   // where the dataset it names is checked and refused.
   if (!m.locate_by_index || !h5::ForeignLinks(m.file.get(), 1).empty()) return;
-  for (const auto& e : m.entries)
-    if (e.offset) m.index.emplace(e.dataset, &e);
+  for (const auto& e : m.parsed.entries)
+    if (e.chunk.offset) m.index.emplace(e.chunk.dataset, &e);
 }
 
-const std::vector<ShardIndexEntry>& ShardReader::Index() {
+const ShardIndex& ShardReader::Index() {
   LoadIndex();
   if (!impl_->index_error.empty()) throw Error(impl_->index_error_code, impl_->index_error);
-  return impl_->entries;
+  return impl_->parsed;
+}
+
+const std::string& ShardReader::IndexText() {
+  LoadIndex();
+  return impl_->index_text;
 }
 
 std::vector<std::pair<std::string, std::string>> ShardReader::ForeignLinks(std::size_t limit) {
@@ -132,13 +325,25 @@ ShardReader::Located ShardReader::Find(const std::string& key, DType dtype, cons
   Located at;
   at.chunk_bytes = static_cast<uint64_t>(
       internal::CheckedMul(chunk.box.NumElements(), static_cast<int64_t>(item), m.Where(key, chunk)));
+  // A v2 chunk located by its (digest-checked) index record: no dataset opened.
+  if (chunk.block_bytes && chunk.offset && m.locate_by_index && chunk.compression.codec == Compression::Codec::kNone) {
+    if (*chunk.offset > m.size || at.chunk_bytes > m.size - *chunk.offset) {
+      throw Error(ErrorCode::kCorrupt, m.Where(key, chunk) + ": data at offset " + std::to_string(*chunk.offset) +
+                                           " lies past the end of the file (" + std::to_string(m.size) +
+                                           " bytes): truncated");
+    }
+    at.contiguous = true;
+    at.base = *chunk.offset;
+    return at;
+  }
   if (auto it = m.index.find(chunk.dataset); it != m.index.end() && chunk.compression.codec == Compression::Codec::kNone) {
     const ShardIndexEntry& d = *it->second;
     const bool same_type = d.bytes ? dtype == DType::kUInt8 : d.dtype == dtype;
-    if (same_type && d.box.sizes == chunk.box.sizes && at.chunk_bytes > 0 && *d.offset <= m.size &&
-        at.chunk_bytes <= m.size - *d.offset) {
+    const uint64_t offset = *d.chunk.offset;
+    if (same_type && d.chunk.box.sizes == chunk.box.sizes && at.chunk_bytes > 0 && offset <= m.size &&
+        at.chunk_bytes <= m.size - offset) {
       at.contiguous = true;
-      at.base = *d.offset;
+      at.base = offset;
       return at;
     }
   }
@@ -186,22 +391,68 @@ std::optional<uint64_t> ShardReader::Locate(const std::string& key, DType dtype,
   return at.base;
 }
 
-void ShardReader::Hash(uint64_t offset, uint64_t n, Digest& digest) {
+uint64_t ShardReader::Read(const std::string& key, DType dtype, const ChunkMeta& chunk, const Box& region,
+                           void* dst, const Box& dst_box, bool verify) {
   Impl& m = *impl_;
-  if (offset > m.size || n > m.size - offset) {
-    throw Error(ErrorCode::kCorrupt, m.path.string() + ": " + std::to_string(n) + " bytes at offset " +
-                                         std::to_string(offset) + " lie past the end of the file (" +
-                                         std::to_string(m.size) + " bytes): truncated");
+  const Located at = Find(key, dtype, chunk);
+  const bool whole = region == chunk.box;
+  if (!verify) return ReadRaw(at, key, dtype, chunk, region, dst, dst_box, nullptr);
+  if (chunk.block_bytes) {
+    if (chunk.blocks.size() != BlockCount(at.chunk_bytes, chunk.block_bytes) * 16) {
+      throw Error(ErrorCode::kCorrupt, m.Chunk(key, chunk) + ": the index lists " +
+                                           std::to_string(chunk.blocks.size() / 16) + " block digests for its " +
+                                           std::to_string(at.chunk_bytes) + " bytes in blocks of " +
+                                           std::to_string(chunk.block_bytes));
+    }
+    if (whole && ChecksumOfBlocks(chunk.blocks) != chunk.checksum) {
+      throw Error(ErrorCode::kCorrupt, m.Chunk(key, chunk) + ": checksum mismatch: metadata says " +
+                                           chunk.checksum + ", the block digests hash to " +
+                                           ChecksumOfBlocks(chunk.blocks));
+    }
+    if (at.chunk_bytes == 0 || region.NumElements() == 0) return 0;
+    return ReadBlocks(at, key, dtype, chunk, region, dst, dst_box);
   }
-  if (!m.hasher) m.hasher = std::make_unique<FileHasher>(m.fd.get(), m.path);
-  m.hasher->Hash(offset, n, digest);
+  // v1: the chunk's checksum covers its bytes only as a whole, so a part is read whole.
+  Digest digest(dtype, false);
+  if (whole) {
+    const uint64_t n = ReadRaw(at, key, dtype, chunk, region, dst, dst_box, &digest);
+    CheckDigest(digest, chunk, at.chunk_bytes, m.Where(key, chunk));
+    return n;
+  }
+  if (at.chunk_bytes == 0 || region.NumElements() == 0) return 0;
+  const std::size_t item = DTypeSize(dtype);
+  std::vector<unsigned char> tmp(static_cast<std::size_t>(at.chunk_bytes));
+  const uint64_t n = ReadRaw(at, key, dtype, chunk, chunk.box, tmp.data(), chunk.box, &digest);
+  CheckDigest(digest, chunk, at.chunk_bytes, m.Where(key, chunk));
+  layout::ForEachRun(chunk.box, dst_box, region, [&](const layout::Run& run) {
+    std::memcpy(static_cast<unsigned char*>(dst) + run.dst * item, tmp.data() + run.src * item,
+                static_cast<std::size_t>(run.count) * item);
+  });
+  return n;
 }
 
-uint64_t ShardReader::Read(const std::string& key, DType dtype, const ChunkMeta& chunk, const Box& region,
-                           void* dst, const Box& dst_box, Digest* digest) {
+uint64_t ShardReader::Verify(const std::string& key, DType dtype, const ChunkMeta& chunk) {
+  Impl& m = *impl_;
+  const Located at = Find(key, dtype, chunk);
+  const uint64_t n = at.chunk_bytes;
+  Digest digest(dtype, false, chunk.block_bytes);
+  uint64_t read = 0;
+  if (n > 0 && at.contiguous) {
+    if (!m.hasher) m.hasher = std::make_unique<FileHasher>(m.fd.get(), m.path);
+    m.hasher->Hash(at.base, n, digest, {}, m.Where(key, chunk));
+    read = n;
+  } else if (n > 0) {  // compressed: decompressed whole
+    std::vector<unsigned char> tmp(static_cast<std::size_t>(n));
+    read = ReadRaw(at, key, dtype, chunk, chunk.box, tmp.data(), chunk.box, &digest);
+  }
+  CheckDigest(digest, chunk, n, chunk.block_bytes ? m.Chunk(key, chunk) : m.Where(key, chunk));
+  return read;
+}
+
+uint64_t ShardReader::ReadRaw(const Located& at, const std::string& key, DType dtype, const ChunkMeta& chunk,
+                              const Box& region, void* dst, const Box& dst_box, Digest* digest) {
   Impl& m = *impl_;
   const std::size_t item = DTypeSize(dtype);
-  const Located at = Find(key, dtype, chunk);
   if (at.chunk_bytes == 0 || region.NumElements() == 0) return 0;
   if (at.contiguous) return ReadContiguous(chunk, at.base, at.chunk_bytes, item, region, dst, dst_box, digest);
 
@@ -231,6 +482,41 @@ uint64_t ShardReader::Read(const std::string& key, DType dtype, const ChunkMeta&
     });
   }
   return H5Dget_storage_size(at.ds.get());
+}
+
+uint64_t ShardReader::ReadBlocks(const Located& at, const std::string& key, DType dtype, const ChunkMeta& chunk,
+                                 const Box& region, void* dst, const Box& dst_box) {
+  Impl& m = *impl_;
+  const std::size_t item = DTypeSize(dtype);
+  const uint64_t n = at.chunk_bytes;
+  auto* out = static_cast<unsigned char*>(dst);
+  std::vector<ByteRun> runs;
+  runs.reserve(static_cast<std::size_t>(std::min<int64_t>(layout::CountRuns(chunk.box, dst_box, region), 1 << 20)));
+  layout::ForEachRun(chunk.box, dst_box, region, [&](const layout::Run& run) {
+    runs.push_back({static_cast<uint64_t>(run.src) * item, static_cast<uint64_t>(run.count) * item, out + run.dst * item});
+  });
+  BlockReader::Fetch fetch;
+  if (at.contiguous) {
+    fetch = [&m, base = at.base](uint64_t from, uint64_t len, unsigned char* to) {
+      ReadExact(m.fd.get(), to, static_cast<std::size_t>(len), base + from, m.path);
+    };
+  } else {
+    // Through HDF5: exactly the elements of the byte range (blocks end on elements: a block
+    // is a power of two of at least 4 KiB, an element 1..8 bytes).
+    const std::vector<hsize_t> dims(chunk.box.sizes.begin(), chunk.box.sizes.end());
+    fetch = [&, dims](uint64_t from, uint64_t len, unsigned char* to) {
+      h5::Handle fspace = h5::Space(H5Scopy(at.space.get()));
+      SelectLinear(fspace.get(), dims, from / item, (from + len) / item);
+      h5::Handle mspace = h5::MakeSpace({static_cast<hsize_t>(len / item)});
+      if (H5Dread(at.ds.get(), at.type.get(), mspace.get(), fspace.get(), H5P_DEFAULT, to) < 0)
+        throw Error(ErrorCode::kCorrupt, m.Where(key, chunk) + ": cannot read data" + h5::ErrorStack());
+    };
+  }
+  BlockReader reader(m.Chunk(key, chunk), chunk, n, fetch, at.contiguous, at.contiguous ? m.fd.get() : -1,
+                     at.base, m.bounce);
+  reader.Read(runs);
+  if (m.bounce.capacity() > kBounceBytes * 2) std::vector<unsigned char>().swap(m.bounce);
+  return reader.bytes_read();
 }
 
 uint64_t ShardReader::ReadContiguous(const ChunkMeta& chunk, uint64_t base,

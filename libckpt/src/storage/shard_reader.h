@@ -1,9 +1,12 @@
 // storage/shard_reader.h: reads regions of chunks from one shard file (FORMAT.md §5).
 //
 // Every dataset is checked against what metadata says before a byte is read: its type,
-// its shape, and (for contiguous datasets) that it lies inside the file. Contiguous,
-// unfiltered datasets are then read with pread straight into the destination; others
-// through HDF5 hyperslab selections (which run the zstd filter).
+// its shape, and (for contiguous datasets) that it lies inside the file; a v2 chunk whose
+// (digest-checked) index record gives its data offset is read there, checked to lie inside
+// the file. Contiguous, unfiltered datasets are then read with pread straight into the
+// destination; others through HDF5 hyperslab selections (which run the zstd filter).
+// Verified v2 reads fetch the blocks a region touches (FORMAT.md §7), hash each and
+// compare it with the chunk's block digests before any byte is handed out.
 //
 // Threading: one ShardReader per thread.
 #pragma once
@@ -83,11 +86,18 @@ class ShardReader {
   struct Located;
   Located Find(const std::string& key, DType dtype, const ChunkMeta& chunk);
   void LoadIndex();
+  // Unverified reads (or v1 ones fed to `digest`), contiguous or through HDF5.
+  uint64_t ReadRaw(const Located& at, const std::string& key, DType dtype, const ChunkMeta& chunk,
+                   const Box& region, void* dst, const Box& dst_box, Digest* digest);
   uint64_t ReadContiguous(const ChunkMeta& chunk, uint64_t base, uint64_t chunk_bytes,
                           std::size_t item, const Box& region, void* dst, const Box& dst_box, Digest* digest);
+  // A v2 chunk's region, every block it touches read, hashed and compared first.
+  uint64_t ReadBlocks(const Located& at, const std::string& key, DType dtype, const ChunkMeta& chunk,
+                      const Box& region, void* dst, const Box& dst_box);
 
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
 
 }  // namespace ckpt::storage

@@ -159,15 +159,20 @@ struct ShardWriter::Impl {
     return *copier;
   }
 
-  void RecordChunk(const std::string& key, DType dtype, const Shape& shape, const ChunkMeta& meta,
-                   uint64_t data_offset) {
+  // Fills in the chunk's digests (v2: blocked) and data offset, and adds its index record.
+  void RecordChunk(const std::string& key, bool bytes, DType dtype, const Shape& shape, ChunkMeta& meta,
+                   const Digest& digest, uint64_t data_offset) {
+    meta.checksum = digest.Checksum();
+    meta.block_bytes = digest.block_bytes();
+    meta.blocks = digest.Blocks();
+    if (data_offset) meta.offset = data_offset;
     ShardIndexEntry e;
     e.key = key;
+    e.bytes = bytes;
     e.dtype = dtype;
     e.shape = shape;
-    e.box = meta.box;
-    e.dataset = meta.dataset;
-    if (data_offset) e.offset = data_offset;
+    e.chunk = meta;
+    e.chunk.file.clear();  // the record is inside its file
     index.Add(e);
   }
 
@@ -271,7 +276,7 @@ ChunkMeta ShardWriter::WriteChunk(const std::string& key, DType dtype, const Sha
   meta.file = file_name_;
   meta.dataset = h5::DatasetName(key, box.offsets, whole);
   h5::Handle ds = impl_->CreateDataset(meta.dataset, dtype, box.sizes, compress, key);
-  Digest digest(dtype, /*with_stats=*/true);
+  Digest digest(dtype, /*with_stats=*/true, kDefaultBlockBytes);
   uint64_t data_offset = 0;
   if (compress) {
     digest.Update(data, nbytes);
@@ -283,9 +288,8 @@ ChunkMeta ShardWriter::WriteChunk(const std::string& key, DType dtype, const Sha
     data_offset = impl_->StreamContiguous(ds.get(), data, nbytes, digest, key);
     meta.stored_bytes = nbytes;
   }
-  meta.checksum = digest.Checksum();
   meta.stats = digest.Stats();
-  impl_->RecordChunk(key, dtype, shape, meta, data_offset);
+  impl_->RecordChunk(key, false, dtype, shape, meta, digest, data_offset);
   return meta;
 }
 
@@ -326,7 +330,7 @@ std::unique_ptr<ShardWriter::Stream> ShardWriter::Begin(const std::string& key, 
   st->meta.stored_bytes = st->total;
   st->ds = impl_->CreateDataset(st->meta.dataset, dtype, box.sizes, /*compress=*/false, key);
   if (st->total > 0) st->offset = impl_->DataOffset(st->ds.get(), key);
-  st->digest = std::make_unique<Digest>(dtype, /*with_stats=*/!stats);
+  st->digest = std::make_unique<Digest>(dtype, /*with_stats=*/!stats, kDefaultBlockBytes);
   st->meta.stats = stats;
   return std::unique_ptr<Stream>(new Stream(std::move(st)));
 }
@@ -342,11 +346,13 @@ void ShardWriter::Stream::Write(const void* data, std::size_t n) {
 }
 
 void ShardWriter::Stream::Copy(int fd, uint64_t offset, std::size_t n, const std::filesystem::path& path,
-                               std::string_view expected, std::string_view what) {
+                               const ChunkMeta* expected, std::string_view what) {
   State& s = *state_;
   s.Reserve(n);
-  std::optional<Digest> own;  // the range's own checksum, when it is a whole stored chunk
-  if (!expected.empty()) own.emplace(DType::kUInt8, false);
+  // The range's own digest, when it is a whole stored chunk: v1 over its bytes, v2 in the
+  // blocks that chunk was written with.
+  std::optional<Digest> own;
+  if (expected) own.emplace(DType::kUInt8, false, expected->block_bytes);
   // Each piece is hashed here as the FileHasher hands it over (a large range from the
   // page cache's own pages, a small one through a cache-sized buffer), then copied inside
   // the kernel by the shard's copier thread while the next piece is hashed. The copies
@@ -359,10 +365,7 @@ void ShardWriter::Stream::Copy(int fd, uint64_t offset, std::size_t n, const std
     copier.Push({fd, offset + done, s.offset + s.pos + done, len, path});
   });
   s.pos += n;
-  if (own && own->Checksum() != expected) {
-    throw Error(ErrorCode::kCorrupt, std::string(what) + ": checksum mismatch: metadata says " +
-                                         std::string(expected) + ", the data hashes to " + own->Checksum());
-  }
+  if (own) CheckDigest(*own, *expected, n, what);
 }
 
 ChunkMeta ShardWriter::Stream::Finish() {
@@ -372,9 +375,8 @@ ChunkMeta ShardWriter::Stream::Finish() {
                                                  s.meta.box.ToString() + ": " + std::to_string(s.pos) + " of its " +
                                                  std::to_string(s.total) + " bytes given");
   }
-  s.meta.checksum = s.digest->Checksum();
   if (!s.meta.stats) s.meta.stats = s.digest->Stats();
-  s.shard->RecordChunk(s.key, s.dtype, s.shape, s.meta, s.total ? s.offset : 0);
+  s.shard->RecordChunk(s.key, false, s.dtype, s.shape, s.meta, *s.digest, s.total ? s.offset : 0);
   return std::move(s.meta);
 }
 
@@ -384,30 +386,26 @@ ChunkMeta ShardWriter::WriteBytes(const std::string& key, const void* data, std:
   meta.file = file_name_;
   meta.dataset = h5::EscapeKey(key);
   h5::Handle ds = impl_->CreateDataset(meta.dataset, DType::kUInt8, meta.box.sizes, false, key);
-  Digest digest(DType::kUInt8, false);
+  Digest digest(DType::kUInt8, false, kDefaultBlockBytes);
   const uint64_t data_offset = impl_->StreamContiguous(ds.get(), data, n, digest, key);
-  meta.checksum = digest.Checksum();
   meta.stored_bytes = n;
-  ShardIndexEntry e;
-  e.key = key;
-  e.bytes = true;
-  e.box = meta.box;
-  e.dataset = meta.dataset;
-  if (data_offset) e.offset = data_offset;
-  impl_->index.Add(e);
+  impl_->RecordChunk(key, true, DType::kUInt8, {static_cast<int64_t>(n)}, meta, digest, data_offset);
   return meta;
 }
 
-uint64_t ShardWriter::Finish() {
+ShardWriter::Written ShardWriter::Finish() {
   if (impl_->copier) impl_->copier->Drain();
-  h5::WriteStringAttr(impl_->file.get(), names::kShardIndexAttr, impl_->index.Finish());
+  Written out;
+  const std::string index = impl_->index.Finish();
+  out.index = IndexDigest(index);
+  h5::WriteStringAttr(impl_->file.get(), names::kShardIndexAttr, index);
   if (impl_->file.Close() < 0) {
     throw Error(ErrorCode::kIO, impl_->path.string() + ": closing HDF5 file" + h5::ErrorStack());
   }
   FsyncFd(impl_->fd.get(), impl_->path);
-  const uint64_t size = FileSize(impl_->fd.get(), impl_->path);
+  out.bytes = FileSize(impl_->fd.get(), impl_->path);
   impl_->fd.Close(impl_->path);
-  return size;
+  return out;
 }
 
 }  // namespace ckpt::storage

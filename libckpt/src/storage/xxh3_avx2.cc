@@ -14,4 +14,6 @@ void Xxh3UpdateAvx2(void* state, const void* data, std::size_t n) {
   XXH3_64bits_update(static_cast<XXH3_state_t*>(state), data, n);
 }
 
+uint64_t Xxh3Avx2(const void* data, std::size_t n) { return XXH3_64bits(data, n); }
+
 }  // namespace ckpt::storage::internal

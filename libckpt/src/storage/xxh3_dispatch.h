@@ -3,10 +3,13 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 namespace ckpt::storage::internal {
 
 // `state` is an XXH3_state_t*.
 void Xxh3UpdateAvx2(void* state, const void* data, std::size_t n);
+// One-shot XXH3_64bits.
+uint64_t Xxh3Avx2(const void* data, std::size_t n);
 
 }  // namespace ckpt::storage::internal

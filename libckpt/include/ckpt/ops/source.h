@@ -30,7 +30,10 @@ class CKPT_API Source {
   // only. Throws kNotFound / kIO / kCorrupt / kUnsupported naming the path.
   // `skip_unsupported`: a safetensors tensor of a dtype ckpt lacks is left out (and listed
   // in skipped()) instead of refusing the file.
-  static std::unique_ptr<Source> Open(const std::filesystem::path& path, bool skip_unsupported = false);
+  // `resolve` false: a v2 checkpoint's metadata() is metadata.json alone (layouts and
+  // aggregate stats, EntryMeta::chunks empty: Metadata::resolved false), no shard opened.
+  static std::unique_ptr<Source> Open(const std::filesystem::path& path, bool skip_unsupported = false,
+                                      bool resolve = true);
   virtual ~Source() = default;
 
   virtual SourceKind kind() const = 0;

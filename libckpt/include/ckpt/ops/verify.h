@@ -1,10 +1,15 @@
 // ckpt/ops/verify.h: the CI gate behind ckpt-verify. Checks a checkpoint directory (or a
 // lone shard) and reports every problem found, each naming its file and key:
-//   metadata   metadata.json parses and validates against schemas/metadata.schema.json
+//   metadata   metadata.json parses, its digest matches (v2), and it validates against
+//              schemas/metadata.schema.json
 //   files      every listed file exists, is a regular file of the recorded size, is HDF5
+//   index      (v2) every shard index hashes to the digest metadata.json records and holds
+//              exactly the chunks the layouts place in its file
 //   tiling     every tensor's chunks tile its shape: no gap, overlap or out-of-bounds chunk
-//   datasets   every chunk's dataset exists with the dtype and extent the metadata says
-//   checksums  every chunk's xxh3-64 recomputed from the data (skipped with `quick`)
+//   datasets   every chunk's dataset exists with the dtype and extent the metadata says, and
+//              (v2) its HDF5 header agrees with the index on where its data lies
+//   checksums  every chunk's checksum and (v2) block digests recomputed from the data
+//              (skipped with `quick`)
 //   finite     no NaN/Inf in floating tensors (with `check_finite`)
 //   expect     key set, dtypes and shapes equal those of a reference (with `expect`)
 //

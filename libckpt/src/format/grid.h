@@ -1,4 +1,4 @@
-// layout/grid.h: a tensor's layout as a rule (FORMAT.md §3.3), so that metadata grows with
+// format/grid.h: a tensor's layout as a rule (FORMAT.md §3.3), so that metadata grows with
 // keys and files, not with chunks. Pure functions: no files, no HDF5.
 //
 //   DescribeLayout(shape, chunks)   the compact layout of a tensor's stored chunks: a grid
@@ -18,7 +18,7 @@
 
 #include "ckpt/metadata.h"
 
-namespace ckpt::layout {
+namespace ckpt::grid {
 
 // A chunk as the layout sees it: its box and the position of its file in Metadata::files.
 struct PlacedBox {
@@ -53,4 +53,4 @@ void ForEachChunk(const TensorLayout& layout, const Shape& shape,
 std::vector<std::string> CheckLayout(const std::string& key, const TensorLayout& layout, const Shape& shape,
                                      std::size_t num_files);
 
-}  // namespace ckpt::layout
+}  // namespace ckpt::grid

@@ -1,0 +1,315 @@
+// format/grid.cc
+#include "format/grid.h"
+
+#include <algorithm>
+#include <limits>
+
+
+
+namespace ckpt::grid {
+namespace {
+
+// Cells a grid may have (FORMAT.md §8.4): far more than any job writes of one tensor
+// (16,384 ranks x 1,024 chunks), few enough that walking them cannot hang a reader.
+constexpr int64_t kMaxCells = int64_t{1} << 24;
+
+bool Overlaps(const Box& a, const Box& b) {
+  for (std::size_t d = 0; d < a.offsets.size(); ++d)
+    if (a.offsets[d] >= b.offsets[d] + b.sizes[d] || b.offsets[d] >= a.offsets[d] + a.sizes[d]) return false;
+  return true;
+}
+
+bool ZeroVolume(const Shape& shape) {
+  return std::any_of(shape.begin(), shape.end(), [](int64_t s) { return s == 0; });
+}
+
+int64_t Parts(const DimSplit& split, int64_t extent) {
+  if (!split.sizes.empty()) return static_cast<int64_t>(split.sizes.size());
+  if (split.step <= 0) return 1;  // extent 0: one empty part
+  return (extent + split.step - 1) / split.step;
+}
+
+int64_t PartBegin(const DimSplit& split, int64_t part, const std::vector<int64_t>& prefix) {
+  return split.sizes.empty() ? part * split.step : prefix[static_cast<std::size_t>(part)];
+}
+
+int64_t PartSize(const DimSplit& split, int64_t part, int64_t extent) {
+  if (!split.sizes.empty()) return split.sizes[static_cast<std::size_t>(part)];
+  if (split.step <= 0) return 0;
+  return std::min(split.step, extent - part * split.step);
+}
+
+// The split a dimension's sorted distinct offsets make: the step rule when every part but
+// the last has one size (the last no larger), else the explicit sizes.
+DimSplit SplitOf(const std::vector<int64_t>& starts, int64_t extent) {
+  DimSplit split;
+  std::vector<int64_t> sizes(starts.size());
+  for (std::size_t i = 0; i < starts.size(); ++i) sizes[i] = (i + 1 < starts.size() ? starts[i + 1] : extent) - starts[i];
+  const int64_t step = sizes[0];
+  bool regular = step > 0 || extent == 0;
+  for (std::size_t i = 0; regular && i < sizes.size(); ++i) {
+    regular = i + 1 < sizes.size() ? sizes[i] == step : sizes[i] > 0 && sizes[i] <= step;
+  }
+  if (extent == 0) regular = sizes.size() == 1;
+  if (regular) {
+    split.step = step;
+  } else {
+    split.sizes = std::move(sizes);
+  }
+  return split;
+}
+
+TensorLayout Explicit(const std::vector<PlacedBox>& chunks) {
+  TensorLayout l;
+  l.kind = TensorLayout::Kind::kChunks;
+  l.pieces.reserve(chunks.size());
+  for (const PlacedBox& c : chunks) l.pieces.push_back({c.box, c.file});
+  return l;
+}
+
+std::vector<int64_t> Prefix(const DimSplit& split) {
+  std::vector<int64_t> p;
+  if (split.sizes.empty()) return p;
+  p.resize(split.sizes.size());
+  int64_t at = 0;
+  for (std::size_t i = 0; i < split.sizes.size(); ++i) {
+    p[i] = at;
+    at += split.sizes[i];
+  }
+  return p;
+}
+
+// Parts [lo, hi) of dimension d meeting [begin, end).
+std::pair<int64_t, int64_t> PartsMeeting(const DimSplit& split, const std::vector<int64_t>& prefix, int64_t begin,
+                                         int64_t end) {
+  if (begin >= end) return {0, 0};
+  if (split.sizes.empty()) {
+    if (split.step <= 0) return {0, 0};
+    return {begin / split.step, (end + split.step - 1) / split.step};
+  }
+  const auto lo = std::upper_bound(prefix.begin(), prefix.end(), begin) - prefix.begin() - 1;
+  const auto hi = std::lower_bound(prefix.begin(), prefix.end(), end) - prefix.begin();
+  return {std::max<int64_t>(lo, 0), hi};
+}
+
+int32_t CellFile(const TensorLayout& l, int64_t cell, const std::vector<int64_t>& idx) {
+  if (!l.cell_files.empty()) return l.cell_files[static_cast<std::size_t>(cell)];
+  int64_t f = l.file_base;
+  for (std::size_t d = 0; d < idx.size(); ++d) f += idx[d] * l.file_strides[d];
+  return static_cast<int32_t>(f);
+}
+
+// Walks the cells [lo_d, hi_d) of a grid row-major, calling fn(box, file).
+void WalkCells(const TensorLayout& l, const Shape& shape, const std::vector<std::pair<int64_t, int64_t>>& ranges,
+               const std::function<void(const Box&, int32_t)>& fn) {
+  const std::size_t rank = shape.size();
+  for (const auto& [lo, hi] : ranges)
+    if (lo >= hi) return;
+  std::vector<std::vector<int64_t>> prefix(rank);
+  std::vector<int64_t> parts(rank);
+  for (std::size_t d = 0; d < rank; ++d) {
+    prefix[d] = Prefix(l.grid[d]);
+    parts[d] = Parts(l.grid[d], shape[d]);
+  }
+  std::vector<int64_t> idx(rank);
+  for (std::size_t d = 0; d < rank; ++d) idx[d] = ranges[d].first;
+  Box box{Shape(rank), Shape(rank)};
+  for (;;) {
+    int64_t cell = 0;
+    for (std::size_t d = 0; d < rank; ++d) {
+      cell = cell * parts[d] + idx[d];
+      box.offsets[d] = PartBegin(l.grid[d], idx[d], prefix[d]);
+      box.sizes[d] = PartSize(l.grid[d], idx[d], shape[d]);
+    }
+    fn(box, CellFile(l, cell, idx));
+    std::size_t d = rank;
+    while (d > 0) {
+      --d;
+      if (++idx[d] < ranges[d].second) break;
+      idx[d] = ranges[d].first;
+      if (d == 0) return;
+    }
+    if (rank == 0) return;
+  }
+}
+
+}  // namespace
+
+TensorLayout DescribeLayout(const Shape& shape, const std::vector<PlacedBox>& chunks) {
+  const std::size_t rank = shape.size();
+  if (chunks.empty()) return Explicit(chunks);
+  const bool zero = ZeroVolume(shape);
+  if (zero && chunks.size() != 1) return Explicit(chunks);
+  for (const PlacedBox& c : chunks) {
+    if (c.box.offsets.size() != rank || c.box.sizes.size() != rank) return Explicit(chunks);
+    if (!zero && c.box.NumElements() == 0) return Explicit(chunks);
+  }
+  TensorLayout l;
+  l.kind = TensorLayout::Kind::kGrid;
+  std::vector<std::vector<int64_t>> starts(rank);
+  int64_t cells = 1;
+  for (std::size_t d = 0; d < rank; ++d) {
+    auto& s = starts[d];
+    s.reserve(chunks.size());
+    for (const PlacedBox& c : chunks) s.push_back(c.box.offsets[d]);
+    std::sort(s.begin(), s.end());
+    s.erase(std::unique(s.begin(), s.end()), s.end());
+    if (s.front() != 0) return Explicit(chunks);
+    if (__builtin_mul_overflow(cells, static_cast<int64_t>(s.size()), &cells) ||
+        cells > static_cast<int64_t>(chunks.size())) {
+      return Explicit(chunks);
+    }
+    l.grid.push_back(SplitOf(s, shape[d]));
+  }
+  if (cells != static_cast<int64_t>(chunks.size())) return Explicit(chunks);
+  // Every chunk is exactly the cell at its offsets, each cell once.
+  std::vector<int32_t> files(static_cast<std::size_t>(cells), -1);
+  for (const PlacedBox& c : chunks) {
+    int64_t cell = 0;
+    for (std::size_t d = 0; d < rank; ++d) {
+      const auto& s = starts[d];
+      const int64_t i = std::lower_bound(s.begin(), s.end(), c.box.offsets[d]) - s.begin();
+      const int64_t size = (i + 1 < static_cast<int64_t>(s.size()) ? s[i + 1] : shape[d]) - s[i];
+      if (c.box.sizes[d] != size) return Explicit(chunks);
+      cell = cell * static_cast<int64_t>(s.size()) + i;
+    }
+    if (files[static_cast<std::size_t>(cell)] != -1 || c.file < 0) return Explicit(chunks);
+    files[static_cast<std::size_t>(cell)] = c.file;
+  }
+  // An affine cell -> file map when one fits every cell.
+  l.file_base = files[0];
+  l.file_strides.assign(rank, 0);
+  int64_t unit = 1;
+  for (std::size_t d = rank; d-- > 0;) {
+    if (starts[d].size() > 1) l.file_strides[d] = files[static_cast<std::size_t>(unit)] - l.file_base;
+    unit *= static_cast<int64_t>(starts[d].size());
+  }
+  bool affine = true;
+  std::vector<int64_t> idx(rank, 0);
+  for (int64_t cell = 0; affine && cell < cells; ++cell) {
+    int64_t rest = cell, f = l.file_base;
+    for (std::size_t d = rank; d-- > 0;) {
+      const int64_t n = static_cast<int64_t>(starts[d].size());
+      f += (rest % n) * l.file_strides[d];
+      rest /= n;
+    }
+    affine = f == files[static_cast<std::size_t>(cell)];
+  }
+  if (!affine) {
+    l.file_base = 0;
+    l.file_strides.clear();
+    l.cell_files = std::move(files);
+  }
+  return l;
+}
+
+int64_t ChunkCount(const TensorLayout& l, const Shape& shape) {
+  if (l.kind == TensorLayout::Kind::kChunks) return static_cast<int64_t>(l.pieces.size());
+  if (ZeroVolume(shape)) return 1;
+  int64_t n = 1;
+  for (std::size_t d = 0; d < shape.size(); ++d) n *= Parts(l.grid[d], shape[d]);
+  return n;
+}
+
+void ForEachCell(const TensorLayout& l, const Shape& shape, const Box& region,
+                 const std::function<void(const Box&, int32_t)>& fn) {
+  if (l.kind == TensorLayout::Kind::kChunks) {
+    for (const TensorLayout::Piece& p : l.pieces)
+      if (p.box.offsets.size() == region.offsets.size() && Overlaps(p.box, region)) fn(p.box, p.file);
+    return;
+  }
+  if (ZeroVolume(shape)) return;  // nothing to read
+  std::vector<std::pair<int64_t, int64_t>> ranges(shape.size());
+  for (std::size_t d = 0; d < shape.size(); ++d) {
+    ranges[d] = PartsMeeting(l.grid[d], Prefix(l.grid[d]), region.offsets[d],
+                             region.offsets[d] + region.sizes[d]);
+  }
+  WalkCells(l, shape, ranges, fn);
+}
+
+void ForEachChunk(const TensorLayout& l, const Shape& shape, const std::function<void(const Box&, int32_t)>& fn) {
+  if (l.kind == TensorLayout::Kind::kChunks) {
+    for (const TensorLayout::Piece& p : l.pieces) fn(p.box, p.file);
+    return;
+  }
+  std::vector<std::pair<int64_t, int64_t>> ranges(shape.size());
+  for (std::size_t d = 0; d < shape.size(); ++d) ranges[d] = {0, Parts(l.grid[d], shape[d])};
+  WalkCells(l, shape, ranges, fn);
+}
+
+std::vector<std::string> CheckLayout(const std::string& key, const TensorLayout& l, const Shape& shape,
+                                     std::size_t num_files) {
+  std::vector<std::string> problems;
+  const auto bad = [&](const std::string& why) { problems.push_back("entry '" + key + "': layout: " + why); };
+  const auto file_ok = [&](int64_t f) { return f >= 0 && static_cast<uint64_t>(f) < num_files; };
+  if (l.kind == TensorLayout::Kind::kChunks) {
+    for (const TensorLayout::Piece& p : l.pieces) {
+      if (!file_ok(p.file)) {
+        bad("chunk " + p.box.ToString() + " names file " + std::to_string(p.file) + " of " + std::to_string(num_files));
+        break;
+      }
+    }
+    return problems;
+  }
+  if (l.grid.size() != shape.size()) {
+    bad("a grid of " + std::to_string(l.grid.size()) + " dimensions for a tensor of " + std::to_string(shape.size()));
+    return problems;
+  }
+  int64_t cells = 1;
+  for (std::size_t d = 0; d < shape.size(); ++d) {
+    const DimSplit& s = l.grid[d];
+    const std::string dim = "dimension " + std::to_string(d) + " (extent " + std::to_string(shape[d]) + ")";
+    if (s.sizes.empty()) {
+      if (shape[d] == 0 ? s.step != 0 : s.step <= 0) {
+        bad(dim + ": step " + std::to_string(s.step) + " is invalid");
+        return problems;
+      }
+    } else {
+      int64_t sum = 0;
+      bool ok = true;
+      for (int64_t v : s.sizes) ok = ok && v > 0 && !__builtin_add_overflow(sum, v, &sum);
+      if (shape[d] == 0) ok = s.sizes.size() == 1 && s.sizes[0] == 0;
+      if (!ok || (shape[d] != 0 && sum != shape[d])) {
+        bad(dim + ": part sizes must be positive and sum to the extent");
+        return problems;
+      }
+    }
+    if (__builtin_mul_overflow(cells, Parts(s, shape[d]), &cells) || cells > kMaxCells) {
+      bad("more than " + std::to_string(kMaxCells) + " cells");
+      return problems;
+    }
+  }
+  if (!l.cell_files.empty()) {
+    if (static_cast<int64_t>(l.cell_files.size()) != cells) {
+      bad(std::to_string(l.cell_files.size()) + " cell files for " + std::to_string(cells) + " cells");
+      return problems;
+    }
+    for (int32_t f : l.cell_files) {
+      if (!file_ok(f)) {
+        bad("a cell names file " + std::to_string(f) + " of " + std::to_string(num_files));
+        return problems;
+      }
+    }
+    return problems;
+  }
+  if (l.file_strides.size() != shape.size()) {
+    bad("'strides' has " + std::to_string(l.file_strides.size()) + " elements for " + std::to_string(shape.size()) +
+        " dimensions");
+    return problems;
+  }
+  // The map is affine: its smallest and largest values are at corners of the grid.
+  int64_t lo = l.file_base, hi = l.file_base;
+  bool overflow = false;
+  for (std::size_t d = 0; d < shape.size(); ++d) {
+    int64_t reach = 0;
+    const int64_t parts = Parts(l.grid[d], shape[d]);
+    overflow |= __builtin_mul_overflow(parts - 1, l.file_strides[d], &reach);
+    overflow |= __builtin_add_overflow(reach < 0 ? lo : hi, reach, reach < 0 ? &lo : &hi);
+  }
+  if (overflow || !file_ok(lo) || !file_ok(hi)) {
+    bad("cells name files outside the " + std::to_string(num_files) + " listed");
+  }
+  return problems;
+}
+
+}  // namespace ckpt::grid
