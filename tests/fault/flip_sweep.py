@@ -319,6 +319,7 @@ def main():
     ap.add_argument("--seed", type=int, default=9)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--kinds", default="fsdp2,fsdp4,tp2x2,zstd,misc")
+    ap.add_argument("--verify-args", default="", help="extra arguments for ckpt-verify (split at spaces)")
     ap.add_argument("--show", type=int, default=20, help="problem flips printed in full, at most")
     ap.add_argument("--list", action="append", default=[], metavar="CLASS",
                     help="also list every flip of CLASS with what it hit (repeatable), e.g. harmless")
@@ -341,7 +342,7 @@ def main():
         if rc != 0:
             raise SystemExit("flip_sweep: the intact %s does not load: %s" % (kind, err))
         reference[kind] = out
-        rc, vout, err = run([args.verify, d])
+        rc, vout, err = run([args.verify, *args.verify_args.split(), d])
         if rc != 0:
             raise SystemExit("flip_sweep: the intact %s does not verify: %s" % (kind, vout + err))
         names = files_of(d)
@@ -380,7 +381,7 @@ def main():
             p = os.path.join(d, name)
             flip_bit(p, byte, bit)
             try:
-                vrc, vout, verr = run([args.verify, d])
+                vrc, vout, verr = run([args.verify, *args.verify_args.split(), d])
                 verr = vout + verr
                 lrc, lout, lerr = run(load_cmd(args.driver, kind, d))
             finally:
