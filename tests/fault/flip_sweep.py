@@ -158,6 +158,33 @@ def object_header_end(raw, addr):
     return addr + 16 + int.from_bytes(raw[addr + 8:addr + 12], "little")
 
 
+def chunk_btree_regions(raw, chunk_offsets):
+    """The version-1 B-tree nodes indexing chunked (compressed) datasets ("TREE", type 1):
+    the part in use (header, entries_used keys and children, one more key) and the unused
+    slots HDF5 allocates for a full node (2K+1 keys, 2K children, K = 32) and never reads.
+    The key size follows from the dataset rank, found as the rank whose first child is the
+    address of a stored chunk."""
+    out = []
+    at = raw.find(b"TREE")
+    while at >= 0:
+        if raw[at + 4] == 1:
+            used = int.from_bytes(raw[at + 6:at + 8], "little")
+            for rank in range(1, 33):
+                key = 8 + 8 * (rank + 1)
+                child = int.from_bytes(raw[at + 24 + key:at + 32 + key], "little")
+                if child in chunk_offsets:
+                    end_used = at + 24 + used * (key + 8) + key
+                    end_alloc = at + 24 + 65 * key + 64 * 8
+                    out.append((at, at + 8, "hdf5: chunk B-tree node header"))
+                    out.append((at + 8, at + 24, "hdf5: chunk B-tree node sibling addresses"))
+                    out.append((at + 24, end_used - key, "hdf5: chunk B-tree node keys and children"))
+                    out.append((end_used - key, end_used, "hdf5: chunk B-tree node right-most key"))
+                    out.append((end_used, end_alloc, "hdf5: unused slots of a chunk B-tree node"))
+                    break
+        at = raw.find(b"TREE", at + 1)
+    return out
+
+
 def shard_regions(path):
     """Sorted (begin, end, label) of what we can name in an HDF5 shard; the rest is labelled
     later as zero padding or other HDF5 structure."""
@@ -191,8 +218,11 @@ def shard_regions(path):
             elif obj.chunks is not None:
                 for i in range(obj.id.get_num_chunks()):
                     ci = obj.id.get_chunk_info(i)
+                    chunk_offsets.add(ci.byte_offset)
                     regions.append((ci.byte_offset, ci.byte_offset + ci.size, "shard: compressed " + what))
+        chunk_offsets = set()
         f.visititems(visit)
+        regions += chunk_btree_regions(raw, chunk_offsets)
     idx_labels = None
     if index is not None:
         at = raw.find(text)
@@ -244,7 +274,7 @@ def shard_labels(path):
                     z += 1
                 if z - k >= 8:
                     for m in range(k, z):
-                        labels[m] = "hdf5: zero padding / unused"
+                        labels[m] = "hdf5: zero padding (alignment gap, unreferenced)"
                 k = z
             else:
                 k += 1
