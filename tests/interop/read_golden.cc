@@ -1,15 +1,22 @@
-// read_golden: libckpt reads checkpoints that an independent writer (write_golden.py: h5py
-// and numpy, per schemas/FORMAT.md) produced, and must get back exactly what that writer
-// meant. For every case under <dir> (a <case>/ checkpoint beside <case>.expected/):
-//   - CheckpointReader: every tensor read whole (ReadRegion, checksums verified) and every
-//     chunk (ReadChunk); every bytes entry; equal to the expected raw files;
-//   - ckpt::Load on 3 thread ranks into another layout (uneven dim-0 rows), and on 1 rank
-//     into full tensors, with scalars, bytes and JSON entries; values equal, report clean.
+// read_golden: libckpt reads checkpoints it did not write in this build, and must get back
+// exactly what their writer meant: those an independent writer (write_golden.py: h5py and
+// numpy, per schemas/FORMAT.md) produced, and the v1 golden checkpoints of tests/golden/v1
+// (written by the v1 library). For every case under <dir> (a <case>/ checkpoint beside
+// <case>.expected/, the manifest format of write_corpus.cc), or only the named cases:
+//   - CheckpointReader: every tensor read whole (ReadRegion, checksums verified), a column
+//     slice of it (a partial read of every chunk), and every chunk (ReadChunk); every bytes
+//     entry; equal to the expected raw files;
+//   - ckpt::Load on (saved world size + 1) thread ranks into another layout (uneven dim-0
+//     rows), and on 1 rank into full tensors, with scalars, bytes and JSON entries; values
+//     equal, report clean. A LOCAL checkpoint (FORMAT.md §8.6) loads as LOCAL on its own
+//     world size into the layout that saved it (uneven dim-0 rows), and a load on another
+//     world size must fail with kMismatch.
 // Exit 0 when everything matched, 1 with one line per problem otherwise.
 //
-// Usage: ckpt-interop-read-golden <dir>
+// Usage: ckpt-interop-read-golden <dir> [<case>...]
 #include <ckpt/ckpt.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
@@ -42,6 +49,8 @@ struct Expected {
 };
 
 struct Manifest {
+  int world_size = 1;
+  bool local = false;  // state_dict_type LOCAL
   std::vector<Expected> tensors;
   std::vector<std::pair<std::string, std::vector<uint8_t>>> blobs;
   nlohmann::json scalars, jsons;
@@ -51,6 +60,8 @@ Manifest ReadManifest(const fs::path& exp) {
   const auto text = ReadFile(exp / "manifest.json");
   const auto m = nlohmann::json::parse(text.begin(), text.end());
   Manifest out;
+  out.world_size = m.at("world_size").get<int>();
+  out.local = m.at("state_dict_type").get<std::string>() == "LOCAL";
   for (const auto& t : m.at("tensors")) {
     auto dtype = ckpt::DTypeFromName(t.at("dtype").get<std::string>());
     if (!dtype) throw std::runtime_error("manifest: unknown dtype " + t.at("dtype").dump());
@@ -74,22 +85,34 @@ void CheckReader(const std::string& name, const fs::path& dir, const Manifest& m
       Problem(where + ": not in the metadata as written");
       continue;
     }
-    std::vector<uint8_t> whole(t.data.size() + 1);
-    reader->ReadRegion(t.key, ckpt::Box::Full(t.shape), whole.data());
-    whole.pop_back();
-    if (whole != t.data) Problem(where + ": ReadRegion of the whole tensor differs from what h5py wrote");
-    for (std::size_t c = 0; c < e->chunks.size(); ++c) {
-      const ckpt::Box& box = e->chunks[c].box;
-      const std::size_t item = ckpt::DTypeSize(t.dtype);
-      std::vector<uint8_t> piece(static_cast<std::size_t>(box.NumElements()) * item + 1);
-      reader->ReadChunk(t.key, c, piece.data());
-      piece.pop_back();
-      if (piece != ExtractBox(t.data, t.shape, box, item))
-        Problem(where + ": ReadChunk " + box.ToString() + " differs from what h5py wrote");
+    if (e->chunks.empty()) {
+      Problem(where + ": the reader lists no chunk (every tensor has at least one)");
+      continue;
     }
+    const std::size_t item = ckpt::DTypeSize(t.dtype);
+    // Reads `box` (one byte past it must stay untouched) by `read`, compares it with the expected values.
+    auto check = [&](const ckpt::Box& box, const std::string& what, auto read) {
+      std::vector<uint8_t> got(static_cast<std::size_t>(box.NumElements()) * item + 1, 0xA5);
+      read(got.data());
+      if (got.back() != 0xA5) Problem(where + ": " + what + " writes past its region");
+      got.pop_back();
+      if (got != ExtractBox(t.data, t.shape, box, item)) Problem(where + ": " + what + " differs from the expected values");
+    };
+    const ckpt::Box full = ckpt::Box::Full(t.shape);
+    check(full, "ReadRegion of the whole tensor", [&](void* out) { reader->ReadRegion(t.key, full, out); });
+    if (t.shape.size() >= 2 && t.shape.back() > 2) {
+      // A strided column slice: a partial, verified read of every chunk it meets.
+      ckpt::Box cols = full;
+      cols.offsets.back() = 1;
+      cols.sizes.back() = t.shape.back() - 2;
+      check(cols, "ReadRegion " + cols.ToString(), [&](void* out) { reader->ReadRegion(t.key, cols, out); });
+    }
+    for (std::size_t c = 0; c < e->chunks.size(); ++c)
+      check(e->chunks[c].box, "ReadChunk " + e->chunks[c].box.ToString(),
+            [&](void* out) { reader->ReadChunk(t.key, c, out); });
   }
   for (const auto& [key, blob] : man.blobs) {
-    if (reader->ReadBytes(key) != blob) Problem(name + ": bytes '" + key + "' differ from what h5py wrote");
+    if (reader->ReadBytes(key) != blob) Problem(name + ": bytes '" + key + "' differ from the expected values");
   }
 }
 
@@ -123,7 +146,9 @@ void CheckLoad(const std::string& name, const fs::path& dir, const Manifest& man
     for (const auto& [key, blob] : man.blobs) state.Add(key, ckpt::Bytes{});
     for (const auto& j : man.jsons) state.Add(j.at("key"), ckpt::Json{});
 
-    const ckpt::LoadReport report = ckpt::Load(dir, state, comm);
+    ckpt::LoadOptions options;
+    if (man.local) options.state_dict_type = ckpt::StateDictType::kLocal;
+    const ckpt::LoadReport report = ckpt::Load(dir, state, comm, options);
     const std::string where = name + " (Load on " + std::to_string(world) + " ranks, rank " + std::to_string(rank) + ")";
     if (!report.ok()) Problem(where + ": the load report lists missing, unexpected or mismatched keys");
     std::size_t b = 0;
@@ -131,7 +156,7 @@ void CheckLoad(const std::string& name, const fs::path& dir, const Manifest& man
       std::vector<uint8_t>& got = buffers[b++];
       got.pop_back();
       if (got != ExtractBox(t->data, t->shape, box, ckpt::DTypeSize(t->dtype)))
-        Problem(where + ": tensor '" + t->key + "' region " + box.ToString() + " differs from what h5py wrote");
+        Problem(where + ": tensor '" + t->key + "' region " + box.ToString() + " differs from the expected values");
     }
     for (const auto& s : man.scalars) {
       const auto& v = std::get<ckpt::Scalar>(state.At(s.at("key").get<std::string>()));
@@ -149,17 +174,43 @@ void CheckLoad(const std::string& name, const fs::path& dir, const Manifest& man
   });
 }
 
+// A LOCAL checkpoint loaded on another world size is refused (FORMAT.md §8.6).
+void CheckLocalRefused(const std::string& name, const fs::path& dir, const Manifest& man, int world) {
+  bool refused = true;
+  std::mutex mu;
+  ckpt::RunThreads(world, [&](ckpt::Comm& comm) {
+    ckpt::StateDict state;
+    for (const Expected& t : man.tensors) state.Add(t.key, ckpt::Tensor::Sharded(t.dtype, t.shape, {}));
+    ckpt::LoadOptions options;
+    options.state_dict_type = ckpt::StateDictType::kLocal;
+    options.strict = false;
+    try {
+      ckpt::Load(dir, state, comm, options);
+    } catch (const ckpt::Error& e) {
+      if (e.code() == ckpt::ErrorCode::kMismatch) return;
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    refused = false;
+  });
+  if (!refused)
+    Problem(name + ": a LOCAL checkpoint saved by " + std::to_string(man.world_size) + " ranks loaded on " +
+            std::to_string(world) + " without a kMismatch error");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s <dir written by write_golden.py>\n", argv[0]);
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: %s <dir of cases> [<case>...]\n", argv[0]);
     return 2;
   }
   int cases = 0;
   std::vector<fs::path> dirs;
-  for (const auto& e : fs::directory_iterator(argv[1]))
-    if (e.path().extension() == ".expected") dirs.push_back(e.path());
+  if (argc == 2) {
+    for (const auto& e : fs::directory_iterator(argv[1]))
+      if (e.path().extension() == ".expected") dirs.push_back(e.path());
+  }
+  for (int i = 2; i < argc; ++i) dirs.push_back(fs::path(argv[1]) / (std::string(argv[i]) + ".expected"));
   std::sort(dirs.begin(), dirs.end());
   for (const fs::path& exp : dirs) {
     const std::string name = exp.stem().string();
@@ -168,8 +219,13 @@ int main(int argc, char** argv) {
     try {
       const Manifest man = ReadManifest(exp);
       CheckReader(name, dir, man);
-      CheckLoad(name, dir, man, 3);
-      CheckLoad(name, dir, man, 1);
+      if (man.local) {
+        CheckLoad(name, dir, man, man.world_size);
+        CheckLocalRefused(name, dir, man, man.world_size + 1);
+      } else {
+        CheckLoad(name, dir, man, man.world_size + 1);
+        CheckLoad(name, dir, man, 1);
+      }
       std::printf("read %s\n", name.c_str());
     } catch (const std::exception& e) {
       Problem(name + ": " + e.what());

@@ -2,7 +2,9 @@
 // the expected full tensors as raw files plus a manifest, for check_corpus.py (h5py,
 // jsonschema) to read back with no ckpt code.
 //
-// Usage: ckpt-interop-write-corpus <out-dir>
+// Usage: ckpt-interop-write-corpus [--golden] <out-dir>
+//   --golden: the corpus sized to be committed (tests/golden/v1): zstd_w2's model.big is
+//             300 x 70 (one HDF5 chunk) instead of 1201 x 520 (several, 2.5 MB).
 //   <out-dir>/<case>/            the checkpoint
 //   <out-dir>/<case>.expected/   manifest.json and <n>.raw (global tensor, row-major LE bytes)
 //
@@ -149,6 +151,39 @@ Layout Grid2D() {
   };
 }
 
+// The torch.chunk / FSDP rule along `dim`: parts of ceil(n / world) elements, the last one
+// shorter; ranks past the end hold nothing.
+Layout StepDim(int dim) {
+  return [dim](int rank, int world, const Shape& shape) {
+    const int64_t n = shape[static_cast<std::size_t>(dim)];
+    const int64_t step = (n + world - 1) / world;
+    const int64_t begin = std::min<int64_t>(n, step * rank);
+    const int64_t count = std::min<int64_t>(step, n - begin);
+    if (count <= 0) return std::vector<Box>{};
+    Box box = Box::Full(shape);
+    box.offsets[static_cast<std::size_t>(dim)] = begin;
+    box.sizes[static_cast<std::size_t>(dim)] = count;
+    return std::vector<Box>{box};
+  };
+}
+
+// 2 x (world/2) grid over dims 0 and 1 by the step rule both ways (FSDP x TP).
+Layout StepGrid2D() {
+  return [](int rank, int world, const Shape& shape) {
+    const int cols = world / 2;
+    Box box = Box::Full(shape);
+    const int64_t parts[2] = {2, cols};
+    const int64_t idx[2] = {rank / cols, rank % cols};
+    for (std::size_t d = 0; d < 2; ++d) {
+      const int64_t step = (shape[d] + parts[d] - 1) / parts[d];
+      box.offsets[d] = std::min<int64_t>(shape[d], step * idx[d]);
+      box.sizes[d] = std::min<int64_t>(step, shape[d] - box.offsets[d]);
+    }
+    if (box.NumElements() == 0) return std::vector<Box>{};
+    return std::vector<Box>{box};
+  };
+}
+
 // Rank r holds two separate pieces along dim 0 (rows interleaved in blocks of 2 by rank).
 Layout Interleaved() {
   return [](int rank, int world, const Shape& shape) {
@@ -218,7 +253,7 @@ void AddNonTensors(Case& c) {
   c.jsons.emplace_back("note", R"("just a string")");
 }
 
-std::vector<Case> MakeCases() {
+std::vector<Case> MakeCases(bool golden) {
   std::vector<Case> cases;
   const Shape shapes[] = {{}, {7}, {5, 3}, {3, 4, 5}, {2, 3, 4, 3}};
 
@@ -272,12 +307,25 @@ std::vector<Case> MakeCases() {
     AddNonTensors(c);
     cases.push_back(std::move(c));
   }
+  {  // Four ranks as a 2x2 mesh, regular splits (torch.chunk rule): what a grid layout with
+     // steps and an affine file map describes (FORMAT.md §3.3); chunks of several blocks.
+    Case c = NewCase("fsdp_w4", 4);
+    AddTensor(c, "model.embed.weight", DType::kFloat32, {4099, 64}, StepDim(0));  // 1025 rows, 256 KiB
+    AddTensor(c, "model.w", DType::kBFloat16, {10, 3}, StepDim(0));                 // 3, 3, 3, 1
+    AddTensor(c, "model.tiny", DType::kInt32, {2, 5}, StepDim(0));                  // ranks 2, 3 empty
+    AddTensor(c, "model.tp.weight", DType::kFloat32, {8, 6}, StepGrid2D());
+    AddTensor(c, "model.tp.odd", DType::kFloat16, {7, 5}, StepGrid2D());            // 4+3 x 3+2
+    AddTensor(c, "model.cols", DType::kInt64, {3, 9}, StepDim(1));                   // 3 columns each
+    AddTensor(c, "optimizer.state.model.w.exp_avg", DType::kFloat32, {10, 3}, StepDim(0), Fill::kSpecials);
+    AddNonTensors(c);
+    cases.push_back(std::move(c));
+  }
   {  // zstd-compressed, two ranks.
     Case c = NewCase("zstd_w2", 2);
     c.compression = ckpt::Compression{ckpt::Compression::Codec::kZstd, 5};
     AddTensor(c, "model.w", DType::kFloat32, {64, 33}, SplitDim(0));
     // Over 1 MiB per rank: several HDF5 chunks per dataset, the last one partial.
-    AddTensor(c, "model.big", DType::kFloat32, {1201, 520}, SplitDim(0));
+    AddTensor(c, "model.big", DType::kFloat32, golden ? Shape{300, 70} : Shape{1201, 520}, SplitDim(0));
     AddTensor(c, "model.b", DType::kBFloat16, {40}, SplitDim(0));
     AddTensor(c, "model.i", DType::kInt64, {3, 5, 7}, SplitDim(1));
     AddTensor(c, "model.r", DType::kFloat16, {12}, Replicated(), Fill::kNormal, true);
@@ -405,11 +453,12 @@ void WriteExpected(const Case& c, const fs::path& dir) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s <out-dir>\n", argv[0]);
+  const bool golden = argc == 3 && std::string(argv[1]) == "--golden";
+  if (argc != 2 && !golden) {
+    std::fprintf(stderr, "usage: %s [--golden] <out-dir>\n", argv[0]);
     return 2;
   }
-  const fs::path out = argv[1];
+  const fs::path out = argv[argc - 1];
   int failures = 0;
   try {
     fs::create_directories(out);
@@ -418,7 +467,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   nlohmann::json index = nlohmann::json::array();
-  for (const Case& c : MakeCases()) {
+  for (const Case& c : MakeCases(golden)) {
     try {
       WriteExpected(c, out / (c.name + ".expected"));
       SaveCase(c, out / c.name);

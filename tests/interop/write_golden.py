@@ -4,13 +4,16 @@ independent writer whose output libckpt must read (read_golden.cc). Beside each 
 <case>.expected/ holds manifest.json and the expected global tensors as raw files, in the
 format write_corpus.cc uses.
 
-Usage: write_golden.py <out-dir>
+Usage: write_golden.py [--v2] <out-dir>
+  (default) version 1 (FORMAT.md appendix): golden_w2, golden_w3_zstd. libckpt reading them
+            proves it reads v1 written by another implementation.
+  --v2      version 2 (FORMAT.md §3, §5.5, §7): v2_grid_w3 (every layout form: step and sizes
+            grids, affine and listed cell->file maps, a negative stride, an
+            explicit layout, 0-D and empty tensors, chunks of several blocks) and v2_zstd_w2.
 
-Needs Debian's python3-h5py and python3-numpy, libxxhash (checksums) and libzstd (the
-compressed case), the last two through ctypes: both are build dependencies of ckpt.
+Needs Debian's python3-h5py, python3-numpy and python3-xxhash, and libzstd (the compressed
+cases) through ctypes: a build dependency of ckpt.
 """
-import ctypes
-import ctypes.util
 import json
 import os
 import sys
@@ -19,50 +22,14 @@ import h5py
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from check_corpus import FLOATING, STORAGE, XXH3, escape_key, expected_dataset, to_float64  # noqa: E402
+import ckpt_format as F  # noqa: E402
 
 ZSTD_LEVEL = 7
 
 
-def _zstd_compress():
-    for name in ("zstd", "libzstd.so.1"):
-        try:
-            lib = ctypes.CDLL(ctypes.util.find_library(name) or name)
-        except OSError:
-            continue
-        lib.ZSTD_compress.restype = ctypes.c_size_t
-        lib.ZSTD_compress.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int]
-        lib.ZSTD_compressBound.restype = ctypes.c_size_t
-        lib.ZSTD_compressBound.argtypes = [ctypes.c_size_t]
-
-        def compress(data, level):
-            cap = lib.ZSTD_compressBound(len(data))
-            dst = ctypes.create_string_buffer(cap)
-            n = lib.ZSTD_compress(dst, cap, data, len(data), level)
-            return dst.raw[:n]
-        return compress
-    return None
-
-
-ZSTD = _zstd_compress()
-
-
-def stats_of(dtype, raw):
-    """FORMAT.md §7.3."""
-    v = to_float64(dtype, raw)
-    fin = v[np.isfinite(v)]
-    s = {"nan_count": int(np.isnan(v).sum()), "inf_count": int(np.isinf(v).sum()), "finite_count": int(fin.size)}
-    if fin.size:
-        s.update(min=float(fin.min()), max=float(fin.max()), mean=float(fin.mean()),
-                 l2=float(np.sqrt(np.sum(fin * fin))))
-    else:
-        s.update(min=None, max=None, mean=None, l2=0.0)
-    return s
-
-
 def random_tensor(rng, dtype, shape):
     """Values of the storage dtype; floating ones finite and of moderate size."""
-    storage = STORAGE[dtype][0]
+    storage = F.STORAGE[dtype][0]
     n = int(np.prod(shape)) if shape else 1
     if dtype == "bool":
         a = rng.integers(0, 2, n).astype("u1")
@@ -93,85 +60,102 @@ def split_rows(n, parts):
     return out
 
 
+def create_dataset(f, name, sub, dtype, compressed):
+    """A chunk's dataset: contiguous, or (compressed, non-empty, not 0-D) chunked with
+    byte-shuffle then zstd (FORMAT.md §6) in HDF5 chunks of at most 64 rows, written raw, so
+    h5py needs no zstd plugin. Returns (dataset, compression record or None)."""
+    storage, attr = F.STORAGE[dtype]
+    if compressed and sub.ndim > 0 and sub.size > 0:
+        cshape = (min(64, sub.shape[0]),) + sub.shape[1:]
+        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        dcpl.set_chunk(cshape)
+        dcpl.set_shuffle()
+        dcpl.set_filter(F.ZSTD_FILTER, h5py.h5z.FLAG_OPTIONAL, (ZSTD_LEVEL,))
+        space = h5py.h5s.create_simple(sub.shape)
+        dsid = h5py.h5d.create(f.id, name.encode(), h5py.h5t.py_create(np.dtype(storage)), space, dcpl=dcpl)
+        item = np.dtype(storage).itemsize
+        for start in range(0, sub.shape[0], cshape[0]):
+            block = np.zeros(cshape, dtype=storage)  # edge chunks are stored whole
+            rows = min(cshape[0], sub.shape[0] - start)
+            block[:rows] = sub[start:start + rows]
+            shuffled = block.view("u1").reshape(-1, item).T.tobytes()
+            dsid.write_direct_chunk((start,) + (0,) * (sub.ndim - 1), F.zstd_compress(shuffled, ZSTD_LEVEL))
+        ds = f[name]
+        compression = {"codec": "zstd", "level": ZSTD_LEVEL, "shuffle": True}
+    else:
+        ds = f.create_dataset(name, data=sub)  # contiguous; a 0-D array gets a scalar dataspace
+        compression = None
+    if attr:
+        ds.attrs["dtype"] = np.bytes_(attr)  # a fixed-length string (FORMAT.md §4.2)
+    return ds, compression
+
+
 class Writer:
+    """Version 1 (FORMAT.md appendix): chunks listed in metadata.json."""
+    version = 1
+
     def __init__(self, out, name, world, compressed=False):
         self.name, self.world, self.compressed = name, world, compressed
         self.dir = os.path.join(out, name)
         self.exp = self.dir + ".expected"
         os.makedirs(self.dir)
         os.makedirs(self.exp)
-        self.files = {r: "shard-%05d-of-%05d.h5" % (r, world) for r in range(world)}
-        self.h5 = {r: h5py.File(os.path.join(self.dir, f), "w", libver="earliest") for r, f in self.files.items()}
-        self.index = {r: [] for r in range(world)}
+        self.files = ["shard-%05d-of-%05d.h5" % (r, world) for r in range(world)]
+        self.h5 = [h5py.File(os.path.join(self.dir, f), "w", libver="earliest") for f in self.files]
+        self.index = [[] for _ in range(world)]
         self.entries = {}
         self.man = {"case": name, "world_size": world, "state_dict_type": "SHARDED", "compressed": compressed,
                     "compression_level": ZSTD_LEVEL, "writer": "h5py", "tensors": [], "scalars": [],
                     "bytes": [], "json": []}
 
-    def _dataset(self, f, name, sub, dtype):
-        storage, attr = STORAGE[dtype]
-        nel = sub.size
-        if self.compressed and sub.ndim > 0 and nel > 0:
-            # Byte-shuffle then zstd (FORMAT.md §6), HDF5 chunks of at most 64 rows, written
-            # raw: h5py needs no zstd plugin to write them.
-            cshape = (min(64, sub.shape[0]),) + sub.shape[1:]
-            dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
-            dcpl.set_chunk(cshape)
-            dcpl.set_shuffle()
-            dcpl.set_filter(32015, h5py.h5z.FLAG_OPTIONAL, (ZSTD_LEVEL,))
-            space = h5py.h5s.create_simple(sub.shape)
-            dsid = h5py.h5d.create(f.id, name.encode(), h5py.h5t.py_create(np.dtype(storage)), space, dcpl=dcpl)
-            item = np.dtype(storage).itemsize
-            for start in range(0, sub.shape[0], cshape[0]):
-                block = np.zeros(cshape, dtype=storage)  # edge chunks are stored whole
-                rows = min(cshape[0], sub.shape[0] - start)
-                block[:rows] = sub[start:start + rows]
-                shuffled = block.view("u1").reshape(-1, item).T.tobytes()
-                dsid.write_direct_chunk((start,) + (0,) * (sub.ndim - 1), ZSTD(shuffled, ZSTD_LEVEL))
-            ds = f[name]
-            compression = {"codec": "zstd", "level": ZSTD_LEVEL, "shuffle": True}
-        else:
-            ds = f.create_dataset(name, data=sub)  # contiguous; a 0-D array gets a scalar dataspace
-            compression = None
-        if attr:
-            ds.attrs["dtype"] = attr
-        return ds, compression
-
-    def tensor(self, key, dtype, shape, boxes, data):
-        """boxes: [(rank, offsets, sizes)]"""
+    def _expect_tensor(self, key, dtype, shape, data):
         n = len(self.man["tensors"])
         with open(os.path.join(self.exp, f"{n}.raw"), "wb") as f:
             f.write(np.ascontiguousarray(data).tobytes())
         self.man["tensors"].append({"key": key, "dtype": dtype, "shape": list(shape), "raw": f"{n}.raw",
                                     "replicated": False})
-        chunks = []
-        for rank, offs, sizes in boxes:
-            c = {"offsets": list(offs), "sizes": list(sizes), "file": self.files[rank]}
-            c["dataset"] = expected_dataset(key, shape, c)
-            sub = np.array(data[tuple(slice(o, o + s) for o, s in zip(offs, sizes))], order="C")
-            raw = sub.tobytes()
-            ds, compression = self._dataset(self.h5[rank], c["dataset"], sub, dtype)
-            c["checksum"] = "xxh3-64:%016x" % XXH3(raw)
-            c["stored_bytes"] = int(ds.id.get_storage_size())
-            if compression:
-                c["compression"] = compression
-            if dtype in FLOATING:
-                c["stats"] = stats_of(dtype, raw)
-            chunks.append(c)
-            self.index[rank].append({"key": key, "dtype": dtype, "shape": list(shape), "offsets": list(offs),
-                                     "sizes": list(sizes), "dataset": c["dataset"]})
-        self.entries[key] = {"type": "tensor", "dtype": dtype, "shape": list(shape), "chunks": chunks}
 
-    def blob(self, key, rank, data):
+    def _expect_blob(self, key, data):
         n = len(self.man["tensors"]) + len(self.man["bytes"]) + 1000
         with open(os.path.join(self.exp, f"{n}.raw"), "wb") as f:
             f.write(data)
         self.man["bytes"].append({"key": key, "raw": f"{n}.raw"})
-        name = escape_key(key)
+
+    def _chunk(self, rank, key, dtype, shape, offs, sizes, data):
+        """Writes one chunk's dataset; returns (record fields common to both versions, raw bytes)."""
+        dataset = F.dataset_name(key, shape, offs, sizes)
+        sub = np.array(data[tuple(slice(o, o + s) for o, s in zip(offs, sizes))], order="C")
+        ds, compression = create_dataset(self.h5[rank], dataset, sub, dtype, self.compressed)
+        rec = {"dataset": dataset, "stored_bytes": int(ds.id.get_storage_size())}
+        if compression:
+            rec["compression"] = compression
+        if dtype in F.FLOATING:
+            rec["stats"] = F.stats_of(dtype, sub.tobytes())
+        return rec, ds, sub.tobytes()
+
+    def tensor(self, key, dtype, shape, boxes, data):
+        """boxes: [(rank, offsets, sizes)]"""
+        self._expect_tensor(key, dtype, shape, data)
+        chunks = []
+        for rank, offs, sizes in boxes:
+            rec, ds, raw = self._chunk(rank, key, dtype, shape, offs, sizes, data)
+            c = {"offsets": list(offs), "sizes": list(sizes), "file": self.files[rank], "dataset": rec["dataset"],
+                 "checksum": F.tag(raw), "stored_bytes": rec["stored_bytes"]}
+            for k in ("compression", "stats"):
+                if k in rec:
+                    c[k] = rec[k]
+            chunks.append(c)
+            self.index[rank].append({"key": key, "dtype": dtype, "shape": list(shape), "offsets": list(offs),
+                                     "sizes": list(sizes), "dataset": rec["dataset"]})
+        self.entries[key] = {"type": "tensor", "dtype": dtype, "shape": list(shape), "chunks": chunks}
+
+    def blob(self, key, rank, data):
+        self._expect_blob(key, data)
+        name = F.escape_key(key)
         ds = self.h5[rank].create_dataset(name, data=np.frombuffer(data, "u1"), shape=(len(data),), dtype="u1")
         self.index[rank].append({"key": key, "dtype": "bytes", "size": len(data), "dataset": name})
         self.entries[key] = {"type": "bytes", "size": len(data), "file": self.files[rank], "dataset": name,
-                             "checksum": "xxh3-64:%016x" % XXH3(data), "stored_bytes": int(ds.id.get_storage_size())}
+                             "checksum": F.tag(data), "stored_bytes": int(ds.id.get_storage_size())}
 
     def scalar(self, key, dtype, value):
         self.man["scalars"].append({"key": key, "dtype": dtype, "value": value})
@@ -181,29 +165,108 @@ class Writer:
         self.man["json"].append({"key": key, "value": value})
         self.entries[key] = {"type": "json", "value": value}
 
-    def close(self):
+    def _finish_files(self):
+        """Writes each shard's index attribute, closes it; returns the files list of metadata."""
         files = []
-        for r, f in self.h5.items():
-            f.attrs["ckpt_shard_index"] = json.dumps(
-                {"format": "ckpt-shard", "format_version": 1, "chunks": self.index[r]})
+        for r, f in enumerate(self.h5):
+            text = json.dumps({"format": "ckpt-shard", "format_version": self.version, "chunks": self.index[r]},
+                              separators=(",", ":")).encode()
+            f.attrs.create(F.INDEX_ATTR, np.bytes_(text))  # a fixed-length string (FORMAT.md §5.5)
             f.close()
             files.append({"name": self.files[r], "rank": r,
                           "bytes": os.path.getsize(os.path.join(self.dir, self.files[r]))})
-        meta = {"format": "ckpt", "format_version": 1, "state_dict_type": "SHARDED", "world_size": self.world,
-                "library_version": "h5py-golden", "created": "2026-01-01T00:00:00Z",
+            if self.version == 2:
+                files[-1]["index"] = F.tag(text)
+        return files
+
+    def _meta(self, files):
+        return {"format": "ckpt", "format_version": self.version, "state_dict_type": "SHARDED",
+                "world_size": self.world, "library_version": "h5py-golden", "created": "2026-01-01T00:00:00Z",
                 "mesh": {"dims": ["dp"], "shape": [self.world]}, "user": {"case": self.name},
                 "files": files, "entries": self.entries}
+
+    def close(self):
+        meta = self._meta(self._finish_files())
         with open(os.path.join(self.dir, "metadata.json"), "w") as f:
             json.dump(meta, f, indent=1)
+        self._close_manifest()
+
+    def _close_manifest(self):
         with open(os.path.join(self.exp, "manifest.json"), "w") as f:
             json.dump(self.man, f, indent=1)
+
+
+def metadata_body(meta):
+    """A version-2 metadata.json up to the opening quote of "digest" (FORMAT.md §3.6): one
+    member per line, one entry per line."""
+    dump = lambda v: json.dumps(v, ensure_ascii=False)  # noqa: E731
+    lines = [f" {dump(k)}: {dump(v)}," for k, v in meta.items() if k not in ("entries", "digest")]
+    entries = [f"  {dump(k)}: {dump(v)}" for k, v in meta["entries"].items()]
+    text = "{\n" + "\n".join(lines) + '\n "entries": {\n' + ",\n".join(entries) + "\n },\n "
+    return text.encode("utf-8")
+
+
+def file_position(case_dir, name):
+    with open(os.path.join(case_dir, "metadata.json")) as f:
+        return [x["name"] for x in json.load(f)["files"]].index(name)
+
+
+class WriterV2(Writer):
+    """Version 2: layouts in metadata.json, the chunks' records in the shard indexes, blocked
+    checksums, digests of every index and of metadata.json."""
+    version = 2
+
+    def tensor_v2(self, key, dtype, shape, layout, data, block_bytes=4096):
+        """Writes the chunks `layout` names (FORMAT.md §3.3) from the global `data`."""
+        self._expect_tensor(key, dtype, shape, data)
+        stats, stored, compressions = [], 0, []
+        for offs, sizes, fi in F.layout_chunks(layout, list(shape), self.world):
+            rec, ds, raw = self._chunk(fi, key, dtype, shape, offs, sizes, data)
+            digests = F.block_digests(raw, block_bytes)
+            r = {"key": key, "dtype": dtype, "shape": list(shape), "offsets": offs, "sizes": sizes,
+                 "dataset": rec["dataset"], "stored_bytes": rec["stored_bytes"]}
+            if "compression" not in rec and rec["stored_bytes"] > 0:
+                r["offset"] = int(ds.id.get_offset())
+            for k in ("compression", "stats"):
+                if k in rec:
+                    r[k] = rec[k]
+            r.update(checksum=F.blocked_checksum(digests), block_bytes=block_bytes, blocks=F.blocks_hex(digests))
+            self.index[fi].insert(0, r)  # records in any order (§5.5): newest first
+            stats.append(rec.get("stats"))
+            stored += rec["stored_bytes"]
+            compressions += [rec["compression"]] if "compression" in rec else []
+        e = {"type": "tensor", "dtype": dtype, "shape": list(shape), "layout": layout, "stored_bytes": stored}
+        if compressions:
+            e["compression"] = compressions[0]
+        if dtype in F.FLOATING and all(stats):
+            e["stats"] = F.aggregate_stats(stats)
+        self.entries[key] = e
+
+    def blob(self, key, rank, data, block_bytes=4096):
+        self._expect_blob(key, data)
+        name = F.escape_key(key)
+        ds = self.h5[rank].create_dataset(name, data=np.frombuffer(data, "u1"), shape=(len(data),), dtype="u1")
+        digests = F.block_digests(data, block_bytes)
+        r = {"key": key, "dtype": "bytes", "size": len(data), "dataset": name,
+             "stored_bytes": int(ds.id.get_storage_size())}
+        if data:
+            r["offset"] = int(ds.id.get_offset())
+        r.update(checksum=F.blocked_checksum(digests), block_bytes=block_bytes, blocks=F.blocks_hex(digests))
+        self.index[rank].append(r)
+        self.entries[key] = {"type": "bytes", "size": len(data), "file": rank, "stored_bytes": r["stored_bytes"]}
+
+    def close(self):
+        meta = self._meta(self._finish_files())
+        with open(os.path.join(self.dir, "metadata.json"), "wb") as f:
+            f.write(F.with_digest(metadata_body(meta)))
+        self._close_manifest()
 
 
 def write_case(out, name, world, compressed, seed):
     rng = np.random.default_rng(seed)
     w = Writer(out, name, world, compressed)
     shapes = [(), (9,), (7, 5), (6, 3, 4), (5, 2, 3, 2)]
-    for dtype in STORAGE:
+    for dtype in F.STORAGE:
         for shape in shapes:
             key = f"golden.{dtype}.r{len(shape)}"
             data = random_tensor(rng, dtype, shape)
@@ -230,17 +293,75 @@ def write_case(out, name, world, compressed, seed):
     w.close()
 
 
+def affine(base, *strides):
+    return {"base": base, "strides": list(strides)}
+
+
+def write_v2_cases(out):
+    """Hand-made version-2 checkpoints (FORMAT.md §3.3 layouts in every form)."""
+    os.makedirs(out, exist_ok=True)
+    rng = np.random.default_rng(3)
+    w = WriterV2(out, "v2_grid_w3", 3)
+    t = lambda key, dtype, shape, grid, files, **kw: w.tensor_v2(  # noqa: E731
+        key, dtype, shape, {"grid": grid, "files": files}, random_tensor(rng, dtype, shape), **kw)
+    # 3 parts of 23 rows, 5888 bytes each: two blocks of 4 KiB per chunk.
+    t("grid.step.rows", "float32", (69, 64), [{"step": 23}, {"step": 64}], affine(0, 1, 0))
+    t("grid.step.uneven", "bfloat16", (10, 6), [{"step": 4}, {"step": 6}], affine(2, -1, 0))  # parts 4, 4, 2
+    t("grid.sizes.cols", "int32", (4, 10), [{"step": 4}, {"sizes": [1, 4, 5]}], [2, 0, 1])
+    t("grid.2d", "float16", (9, 7), [{"step": 5}, {"step": 3}], affine(0, 0, 1))  # 2 x 3 cells
+    t("grid.list", "float32", (5, 3), [{"sizes": [2, 1, 2]}, {"step": 3}], [1, 1, 0])  # not affine
+    t("grid.fp8", "float8_e4m3fn", (16,), [{"step": 8}], affine(1, 1))
+    t("grid.mask", "bool", (5,), [{"step": 5}], affine(2, 0))
+    t("grid.e5m2", "float8_e5m2", (3, 4), [{"step": 3}, {"step": 1}], [0, 2, 2, 1])
+    t("big.blocks", "uint8", (9000,), [{"step": 9000}], affine(1, 0))  # blocks of 4096, 4096, 808
+    t("big.blocks.64k", "int16", (12000,), [{"step": 6000}], affine(0, 2), block_bytes=65536)
+    t("scalar0d", "float64", (), [], affine(1))
+    t("empty.tensor", "float32", (4, 0, 3), [{"step": 4}, {"step": 0}, {"step": 3}], affine(2, 0, 0, 0))
+    t("odd/key%name@0,0", "int8", (3, 2), [{"step": 2}, {"step": 2}], affine(0, 1, 0))
+    w.tensor_v2("explicit.L", "int64", (7, 3),  # no grid: the lower part is not cut at column 2
+                {"chunks": [{"offsets": [0, 0], "sizes": [3, 2], "file": 1},
+                            {"offsets": [0, 2], "sizes": [3, 1], "file": 0},
+                            {"offsets": [3, 0], "sizes": [4, 3], "file": 2}]},
+                random_tensor(rng, "int64", (7, 3)))
+    w.blob("rng.state", 0, bytes(rng.integers(0, 256, 5000, dtype=np.uint8)))  # two blocks
+    w.blob("empty.blob", 2, b"")
+    w.scalar("step", "int64", 4242)
+    w.scalar("lr", "float64", 0.000125)
+    w.scalar("flag", "bool", 1)
+    w.json("config", {"layers": 2, "names": ["a", "b"], "nested": {"x": None}})
+    w.close()
+
+    w = WriterV2(out, "v2_zstd_w2", 2, compressed=True)
+    w.tensor_v2("z.big", "float32", (200, 70), {"grid": [{"step": 100}, {"step": 70}], "files": affine(0, 1, 0)},
+                random_tensor(rng, "float32", (200, 70)), block_bytes=16384)  # HDF5 chunks of 64 rows
+    w.tensor_v2("z.i", "int64", (3, 5, 7), {"grid": [{"step": 3}, {"step": 2}, {"step": 7}], "files": [0, 1, 0]},
+                random_tensor(rng, "int64", (3, 5, 7)))
+    w.tensor_v2("z.b", "bfloat16", (40,), {"grid": [{"sizes": [15, 25]}], "files": affine(1, -1)},
+                random_tensor(rng, "bfloat16", (40,)))
+    w.tensor_v2("z.s", "float32", (), {"grid": [], "files": affine(0)}, random_tensor(rng, "float32", ()))
+    w.blob("z.blob", 1, bytes(rng.integers(0, 256, 100, dtype=np.uint8)))
+    w.scalar("step", "int64", 7)
+    w.close()
+
+
 def main(argv):
-    if len(argv) != 2:
+    args = argv[1:]
+    v2 = "--v2" in args
+    args = [a for a in args if a != "--v2"]
+    if len(args) != 1:
         print(__doc__, file=sys.stderr)
         return 2
-    if XXH3 is None or ZSTD is None:
-        print("write_golden: needs libxxhash and libzstd (apt-get install libxxhash-dev libzstd-dev)", file=sys.stderr)
+    if F.ZSTD_LIB is None:
+        print("write_golden: needs libzstd (apt-get install libzstd-dev)", file=sys.stderr)
         return 2
-    os.makedirs(argv[1], exist_ok=True)
-    write_case(argv[1], "golden_w2", 2, False, 1)
-    write_case(argv[1], "golden_w3_zstd", 3, True, 2)
-    print(f"wrote golden_w2, golden_w3_zstd under {argv[1]}")
+    os.makedirs(args[0], exist_ok=True)
+    if v2:
+        write_v2_cases(args[0])
+        print(f"wrote v2_grid_w3, v2_zstd_w2 under {args[0]}")
+        return 0
+    write_case(args[0], "golden_w2", 2, False, 1)
+    write_case(args[0], "golden_w3_zstd", 3, True, 2)
+    print(f"wrote golden_w2, golden_w3_zstd under {args[0]}")
     return 0
 
 

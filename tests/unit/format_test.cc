@@ -45,7 +45,7 @@ TEST_CASE("metadata v1 serializes and parses back identically, keeping key order
   m.state_dict_type = StateDictType::kSharded;
   m.world_size = 2;
   m.user = R"({"run":"a"})";
-  m.files = {{"shard-00000-of-00002.h5", 0, 100}, {"shard-00001-of-00002.h5", 1, 90}};
+  m.files = {{"shard-00000-of-00002.h5", 0, 100, ""}, {"shard-00001-of-00002.h5", 1, 90, ""}};
   EntryMeta t;
   t.kind = EntryKind::kTensor;
   t.dtype = DType::kBFloat16;

@@ -1152,7 +1152,7 @@ std::string SerializeV2(const Metadata& m) {
   }
   out += first ? "},\n  " : "\n  },\n  ";
   const std::string digest = DigestText(out);
-  out += "\"" + std::string(n::kDigest) + "\": \"" + digest + "\"\n}\n";
+  out += "\"" + std::string(n::kDigest) + "\": \"" + digest + "\"}\n";  // FORMAT.md §3.6: exactly this ending
   return out;
 }
 

@@ -67,6 +67,34 @@ struct DataJob {
   std::string problem_check, problem;
 };
 
+// The chunk's size in bytes; 0 when it overflows (the dataset check reports that).
+uint64_t ChunkBytes(const DataJob& j) {
+  try {
+    return static_cast<uint64_t>(
+        internal::CheckedMul(j.chunk.box.NumElements(), static_cast<int64_t>(DTypeSize(j.dtype)), j.key));
+  } catch (const Error&) {
+    return 0;
+  }
+}
+
+std::string TensorWhere(const std::string& file, const std::string& key, const ChunkMeta* c) {
+  std::string s = file.empty() ? "" : file + ": ";
+  s += "tensor '" + key + "'";
+  if (c) s += " chunk " + c->box.ToString();
+  return s;
+}
+
+class Collector {
+ public:
+  explicit Collector(VerifyReport& r) : r_(r) {}
+  void Add(std::string check, std::string file, std::string key, std::string message) {
+    r_.problems.push_back({std::move(check), std::move(file), std::move(key), std::move(message)});
+  }
+
+ private:
+  VerifyReport& r_;
+};
+
 // Format v2: the chunk records come from the shard indexes, each checked against its
 // digest in metadata.json; problems are reported under "index" and the chunks found are
 // filled into `md` (which is then resolved).
@@ -114,34 +142,6 @@ void ResolveIndexes(const fs::path& path, Metadata& md, Collector& c) {
   }
   md.resolved = true;
 }
-
-// The chunk's size in bytes; 0 when it overflows (the dataset check reports that).
-uint64_t ChunkBytes(const DataJob& j) {
-  try {
-    return static_cast<uint64_t>(
-        internal::CheckedMul(j.chunk.box.NumElements(), static_cast<int64_t>(DTypeSize(j.dtype)), j.key));
-  } catch (const Error&) {
-    return 0;
-  }
-}
-
-std::string TensorWhere(const std::string& file, const std::string& key, const ChunkMeta* c) {
-  std::string s = file.empty() ? "" : file + ": ";
-  s += "tensor '" + key + "'";
-  if (c) s += " chunk " + c->box.ToString();
-  return s;
-}
-
-class Collector {
- public:
-  explicit Collector(VerifyReport& r) : r_(r) {}
-  void Add(std::string check, std::string file, std::string key, std::string message) {
-    r_.problems.push_back({std::move(check), std::move(file), std::move(key), std::move(message)});
-  }
-
- private:
-  VerifyReport& r_;
-};
 
 // Builds the tree of metadata.json except the members of its top-level "entries" object:
 // each is handed to `on_entry(key, value)` as soon as it is complete, then dropped. (The
@@ -716,6 +716,7 @@ VerifyReport Verify(const fs::path& path, const VerifyOptions& o) {
     schema_problems();
     return finish();
   }
+  r.format_version = md.format_version;
   if (!md.resolved) ResolveIndexes(path, md, c);
   md.BuildIndex();
   r.keys = md.entries.size();
@@ -826,7 +827,7 @@ std::string Summary(const VerifyReport& r) {
   char buf[160];
   std::snprintf(buf, sizeof buf, "%zu keys, %zu chunks, %zu files; %s read in %.2f s", r.keys, r.chunks,
                 r.files, detail::FormatBytes(static_cast<double>(r.bytes_read)).c_str(), r.seconds);
-  return buf;
+  return (r.format_version ? "format v" + std::to_string(r.format_version) + ", " : std::string()) + buf;
 }
 
 std::string XmlEscape(const std::string& s) {
@@ -863,6 +864,7 @@ std::string RenderVerifyJson(const VerifyReport& r) {
   j["path"] = r.path;
   j["ok"] = r.ok();
   j["quick"] = r.quick;
+  j["format_version"] = r.format_version ? nlohmann::ordered_json(r.format_version) : nlohmann::ordered_json(nullptr);
   j["keys"] = r.keys;
   j["chunks"] = r.chunks;
   j["files"] = r.files;

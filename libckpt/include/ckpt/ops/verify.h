@@ -49,6 +49,7 @@ struct VerifyReport {
   std::string path;
   std::vector<VerifyProblem> problems;
   std::size_t keys = 0, chunks = 0, files = 0;
+  int format_version = 0;  // of the metadata.json read (0: not read)
   uint64_t bytes_read = 0;
   double seconds = 0;
   bool quick = false;
