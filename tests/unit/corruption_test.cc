@@ -1,17 +1,25 @@
 // Bad input on load: each kind of damage gets a clear ckpt::Error naming the file and
 // key, never a crash or a silent wrong answer.
+//
+// Format v2 puts a digest on metadata.json and on every shard index. A lie in one of them
+// alone is a digest mismatch; the cases that make metadata lie about the data recompute the
+// digests (tests/ckpt_edit.h), as a buggy writer would, so that the check behind the digest
+// (file names, tiling, dataset shape and type, checksums) is what they test.
 #include <doctest/doctest.h>
 
+#include <array>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <sys/stat.h>
 
 #include "ckpt/ckpt.h"
+#include "ckpt_edit.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
 using namespace ckpt;
+using ckpt_test::Digests;
 using ckpt_test::TempDir;
 using json = nlohmann::json;
 
@@ -36,12 +44,31 @@ struct Fixture {
     });
   }
 
-  json Meta() const {
-    std::ifstream in(dir / "metadata.json");
-    return json::parse(in);
+  json Meta() const { return ckpt_test::ReadMetaJson(dir); }
+  // Digest recomputed unless told otherwise.
+  void WriteMeta(const json& j, Digests d = Digests::kRecompute) const { ckpt_test::WriteMetaJson(dir, j, d); }
+  void WriteMetaText(const std::string& s) const { ckpt_test::WriteMetaText(dir, s); }
+  std::string Shard(int i) const { return "shard-0000" + std::to_string(i) + "-of-00002.h5"; }
+  json Index(int i) const { return ckpt_test::ReadIndexJson(dir / Shard(i)); }
+  // `edit` applied to the index record of model.w in each shard, digests recomputed.
+  template <typename Edit>
+  void EditRecords(Edit edit, Digests d = Digests::kRecompute) const {
+    for (int i = 0; i < 2; ++i) {
+      json index = Index(i);
+      for (auto& r : index["chunks"]) {
+        if (r["key"] == "model.w") edit(r);
+      }
+      ckpt_test::WriteIndexJson(dir, i, index, d);
+    }
   }
-  void WriteMeta(const json& j) const { std::ofstream(dir / "metadata.json") << j.dump(); }
-  void WriteMetaText(const std::string& s) const { std::ofstream(dir / "metadata.json") << s; }
+  // model.w's layout replaced by an explicit chunk list of (row offset, rows, file).
+  void ExplicitRows(const std::vector<std::array<int, 3>>& rows) const {
+    json m = Meta();
+    json chunks = json::array();
+    for (const auto& r : rows) chunks.push_back({{"offsets", {r[0], 0}}, {"sizes", {r[1], 16}}, {"file", r[2]}});
+    m["entries"]["model.w"]["layout"] = {{"chunks", chunks}};
+    WriteMeta(m);
+  }
 
   // Loads the whole tensor into one rank; returns the error message ("" if it loaded).
   std::string LoadError(ErrorCode* code = nullptr) const {
@@ -134,11 +161,7 @@ TEST_CASE("file names that escape the directory are rejected") {
   for (const std::string bad : {"../outside.h5", "/etc/passwd", "sub/dir.h5", ".."}) {
     Fixture f;
     json m = f.Meta();
-    const std::string old = m["files"][0]["name"];
-    m["files"][0]["name"] = bad;
-    for (auto& c : m["entries"]["model.w"]["chunks"]) {
-      if (c["file"] == old) c["file"] = bad;
-    }
+    m["files"][0]["name"] = bad;  // v2 layouts refer to files by position
     f.WriteMeta(m);
     ErrorCode code{};
     const std::string e = f.LoadError(&code);
@@ -148,19 +171,61 @@ TEST_CASE("file names that escape the directory are rejected") {
   }
 }
 
-TEST_CASE("overlapping, gapped and out-of-bounds chunks in metadata are rejected") {
-  SUBCASE("overlap") {
+TEST_CASE("a change to metadata.json or a shard index alone is a digest mismatch") {
+  SUBCASE("metadata.json: a file name") {
     Fixture f;
     json m = f.Meta();
-    m["entries"]["model.w"]["chunks"][1]["offsets"] = {2, 0};
-    f.WriteMeta(m);
+    m["files"][0]["name"] = "../outside.h5";
+    f.WriteMeta(m, Digests::kKeepStale);
+    ErrorCode code{};
+    const std::string e = f.LoadError(&code);
+    CHECK(code == ErrorCode::kCorrupt);
+    CHECK(Has(e, "digest mismatch"));
+    CHECK(Has(e, "metadata.json"));
+  }
+  SUBCASE("metadata.json: the scalar's value") {
+    Fixture f;
+    json m = f.Meta();
+    m["entries"]["step"]["value"] = 4;
+    f.WriteMeta(m, Digests::kKeepStale);
+    CHECK(Has(f.LoadError(), "digest mismatch"));
+  }
+  SUBCASE("a shard index: a chunk's offset") {
+    Fixture f;
+    f.EditRecords([](json& r) { r["offset"] = r["offset"].get<uint64_t>() + 4; }, Digests::kKeepStale);
+    ErrorCode code{};
+    const std::string e = f.LoadError(&code);
+    CHECK(code == ErrorCode::kCorrupt);
+    CHECK(Has(e, "digest"));
+    CHECK(Has(e, "shard-0000"));
+  }
+}
+
+TEST_CASE("a shard index that lies about where a chunk's bytes are, digests recomputed") {
+  Fixture f;
+  f.EditRecords([](json& r) { r["offset"] = r["offset"].get<uint64_t>() + 4; });
+  ErrorCode code{};
+  const std::string e = f.LoadError(&code);
+  CHECK(code == ErrorCode::kCorrupt);
+  CHECK(Has(e, "model.w"));
+  CHECK(Has(e, "block"));
+}
+
+TEST_CASE("overlapping, gapped and out-of-bounds chunks in metadata are rejected") {
+  // A grid cannot overlap or leave a gap: an explicit layout can.
+  SUBCASE("the intact layout as an explicit list loads") {
+    Fixture f;
+    f.ExplicitRows({{0, 4, 0}, {4, 4, 1}});
+    CHECK(f.LoadError() == "");
+  }
+  SUBCASE("overlap") {
+    Fixture f;
+    f.ExplicitRows({{0, 4, 0}, {2, 4, 1}});
     CHECK(Has(f.LoadError(), "overlap"));
   }
   SUBCASE("gap") {
     Fixture f;
-    json m = f.Meta();
-    m["entries"]["model.w"]["chunks"].erase(1);
-    f.WriteMeta(m);
+    f.ExplicitRows({{0, 4, 0}});
     const std::string e = f.LoadError();
     CHECK(Has(e, "gap"));
     CHECK(Has(e, "model.w"));
@@ -169,18 +234,30 @@ TEST_CASE("overlapping, gapped and out-of-bounds chunks in metadata are rejected
   }
   SUBCASE("out of bounds") {
     Fixture f;
-    json m = f.Meta();
-    m["entries"]["model.w"]["chunks"][1]["offsets"] = {6, 0};
-    f.WriteMeta(m);
+    f.ExplicitRows({{0, 4, 0}, {6, 4, 1}});
     CHECK(Has(f.LoadError(), "outside shape"));
   }
+  SUBCASE("a chunk in a file the index of which does not hold it") {
+    Fixture f;
+    f.ExplicitRows({{0, 4, 0}, {4, 4, 0}});
+    const std::string e = f.LoadError();
+    CHECK(Has(e, "model.w"));
+    CHECK(Has(e, "shard-00000-of-00002.h5"));
+  }
   SUBCASE("sizes that lie about the dataset") {
+    // The layout and both index records say [4, 32]; the datasets hold [4, 16]. Read by
+    // offset, the chunk's bytes fail their block digests; read through HDF5 (no offset
+    // recorded), the dataset's shape is checked.
     Fixture f;
     json m = f.Meta();
     m["entries"]["model.w"]["shape"] = {8, 32};
-    m["entries"]["model.w"]["chunks"][0]["sizes"] = {4, 32};
-    m["entries"]["model.w"]["chunks"][1]["sizes"] = {4, 32};
+    m["entries"]["model.w"]["layout"]["grid"][1] = {{"step", 32}};
     f.WriteMeta(m);
+    f.EditRecords([](json& r) {
+      r["shape"] = {8, 32};
+      r["sizes"] = {4, 32};
+      r.erase("offset");
+    });
     std::vector<float> out(256);
     StateDict sd;
     sd.Add("model.w", Tensor::Full(DType::kFloat32, {8, 32}, out.data()));
@@ -191,10 +268,16 @@ TEST_CASE("overlapping, gapped and out-of-bounds chunks in metadata are rejected
                          Error);
   }
   SUBCASE("a dtype lie") {
+    // As above: the HDF5 dataset's type is what the lie contradicts.
     Fixture f;
     json m = f.Meta();
     m["entries"]["model.w"]["dtype"] = "int32";
+    m["entries"]["model.w"].erase("stats");
     f.WriteMeta(m);
+    f.EditRecords([](json& r) {
+      r["dtype"] = "int32";
+      r.erase("offset");
+    });
     std::vector<int32_t> out(128);
     StateDict sd;
     sd.Add("model.w", Tensor::Full(DType::kInt32, {8, 16}, out.data()));
@@ -217,11 +300,11 @@ TEST_CASE("absurd shapes overflow-checked, never allocated") {
 
 TEST_CASE("metadata that is not valid: duplicate keys, deep nesting, newer version, garbage") {
   Fixture f;
-  const std::string good = f.Meta().dump();
+  const std::string good = ckpt_test::ReadText(f.dir / "metadata.json");
   SUBCASE("duplicate key") {
     std::string dup = good;
     dup.insert(1, R"("format": "ckpt",)");
-    f.WriteMetaText(dup);
+    f.WriteMetaText(ckpt_test::Redigest(dup));
     CHECK(Has(f.LoadError(), "duplicate key 'format'"));
   }
   SUBCASE("deep nesting") {
@@ -234,12 +317,12 @@ TEST_CASE("metadata that is not valid: duplicate keys, deep nesting, newer versi
   }
   SUBCASE("newer format version") {
     json m = f.Meta();
-    m["format_version"] = 2;
+    m["format_version"] = 3;
     f.WriteMeta(m);
     ErrorCode code{};
     const std::string e = f.LoadError(&code);
     CHECK(code == ErrorCode::kUnsupported);
-    CHECK(Has(e, "format_version 2 is newer than this library supports (1)"));
+    CHECK(Has(e, "format_version 3 is newer than this library supports (2)"));
   }
   SUBCASE("not JSON") {
     f.WriteMetaText("{\"format\": \"ckpt\", ");
