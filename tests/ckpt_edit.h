@@ -61,12 +61,23 @@ inline void WriteMetaJson(const std::filesystem::path& dir, nlohmann::json m, Di
   WriteMetaText(dir, d == Digests::kRecompute ? Redigest(text) : text);
 }
 
-// The shard's index attribute, parsed.
-inline nlohmann::json ReadIndexJson(const std::filesystem::path& shard) {
+// The shard's index attribute: its text exactly, or parsed.
+inline std::string ReadIndexText(const std::filesystem::path& shard) {
   ckpt::h5::Init();
   auto f = ckpt::h5::File(H5Fopen(shard.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
   if (!f) throw std::runtime_error("ckpt_edit: cannot open " + shard.string());
-  return nlohmann::json::parse(ckpt::h5::ReadStringAttr(f.get(), ckpt::names::kShardIndexAttr));
+  return ckpt::h5::ReadStringAttr(f.get(), ckpt::names::kShardIndexAttr);
+}
+inline nlohmann::json ReadIndexJson(const std::filesystem::path& shard) {
+  return nlohmann::json::parse(ReadIndexText(shard));
+}
+
+// The position of file `name` in metadata.json's files.
+inline int FileIndexOf(const std::filesystem::path& dir, const std::string& name) {
+  const nlohmann::json m = ReadMetaJson(dir);
+  for (std::size_t i = 0; i < m["files"].size(); ++i)
+    if (m["files"][i]["name"] == name) return static_cast<int>(i);
+  throw std::runtime_error("ckpt_edit: no file " + name);
 }
 
 // Replaces the index of files[file] by `text` (exact bytes) and, with kRecompute, records
