@@ -303,18 +303,18 @@ class Corpus:
 
     # --- format v2: layouts and shard index records, digests recomputed ---------------------
 
-    def v2_case(self, name, md_fn=None, index_fn=None, token=None, redigest=True, fatal=True, inspect_lenient=False,
-                timeout=None, bad=True):
-        """A copy of the v2 base with metadata.json edited by md_fn(document) and/or each index
-        record of w by index_fn(record, file index) (or, when index_fn takes one argument,
-        shard 0's whole index document), the digests recomputed unless redigest is False."""
+    def v2_case(self, name, md_fn=None, record_fn=None, index_fn=None, token=None, redigest=True, fatal=True,
+                inspect_lenient=False, timeout=None, bad=True):
+        """A copy of the v2 base with metadata.json edited by md_fn(document), each index
+        record of w by record_fn(record, file index), shard 0's whole index document by
+        index_fn(document); the digests recomputed unless redigest is False."""
         d = self.new_ckpt(name)
         if md_fn:
             ckpt_edit.edit_metadata(d, md_fn, redigest)
-        if index_fn and index_fn.__code__.co_argcount == 1:
+        if record_fn:
+            ckpt_edit.edit_records(d, "w", record_fn, redigest)
+        if index_fn:
             ckpt_edit.edit_index(d, 0, index_fn, redigest)
-        elif index_fn:
-            ckpt_edit.edit_records(d, "w", index_fn, redigest)
         self.add(Case(name, d, "ckpt", bad=bad, token=token, fatal=fatal, inspect_lenient=inspect_lenient,
                       timeout=timeout))
 
@@ -337,7 +337,7 @@ class Corpus:
                      token=("metadata.json", "digest mismatch"), redigest=False)
         self.v2_case("v2-md-digest-missing", lambda m: m.pop("digest"), token=("metadata.json", "digest"),
                      redigest=False)
-        self.v2_case("v2-index-lie-alone", index_fn=lambda r, _: r.__setitem__("offset", r["offset"] + 4),
+        self.v2_case("v2-index-lie-alone", record_fn=lambda r, _: r.__setitem__("offset", r["offset"] + 4),
                      token=(shard0, "digest"), redigest=False, inspect_lenient=True)
         self.v2_case("v2-index-digest-wrong", lambda m: m["files"][1].__setitem__(
             "index", ckpt_edit.tag(b"other")), token=(shard1, "digest"), inspect_lenient=True)
@@ -404,30 +404,30 @@ class Corpus:
             return lambda r, _: r.__setitem__(field, value)
         for vname, v in [("huge", 2 ** 62), ("not-pow2", 12288), ("small", 512), ("zero", 0), ("neg", -4096),
                          ("str", "4096")]:
-            self.v2_case(f"v2-record-block-bytes-{vname}", index_fn=rec("block_bytes", v), token=qw, **lenient)
-        self.v2_case("v2-record-blocks-long", index_fn=lambda r, _: r.__setitem__("blocks", r["blocks"] + "0" * 16),
+            self.v2_case(f"v2-record-block-bytes-{vname}", record_fn=rec("block_bytes", v), token=qw, **lenient)
+        self.v2_case("v2-record-blocks-long", record_fn=lambda r, _: r.__setitem__("blocks", r["blocks"] + "0" * 16),
                      token=qw, **lenient)
-        self.v2_case("v2-record-blocks-short", index_fn=lambda r, _: r.__setitem__("blocks", r["blocks"][:-1]),
+        self.v2_case("v2-record-blocks-short", record_fn=lambda r, _: r.__setitem__("blocks", r["blocks"][:-1]),
                      token=qw, **lenient)
-        self.v2_case("v2-record-blocks-not-hex", index_fn=lambda r, _: r.__setitem__(
+        self.v2_case("v2-record-blocks-not-hex", record_fn=lambda r, _: r.__setitem__(
             "blocks", "z" * len(r["blocks"])), token=qw, **lenient)
-        self.v2_case("v2-record-blocks-huge", index_fn=rec("blocks", "0" * (16 << 20)), token=qw, **lenient)
-        self.v2_case("v2-record-offset-past-file", index_fn=rec("offset", 1 << 40), token=qw, **lenient)
-        self.v2_case("v2-record-offset-wraps", index_fn=rec("offset", 2 ** 64 - 8), token=qw, **lenient)
-        self.v2_case("v2-record-offset-neg", index_fn=rec("offset", -1), token=qw, **lenient)
-        self.v2_case("v2-record-offset-shifted", index_fn=lambda r, _: r.__setitem__("offset", r["offset"] + 4),
+        self.v2_case("v2-record-blocks-huge", record_fn=rec("blocks", "0" * (16 << 20)), token=qw, **lenient)
+        self.v2_case("v2-record-offset-past-file", record_fn=rec("offset", 1 << 40), token=qw, **lenient)
+        self.v2_case("v2-record-offset-wraps", record_fn=rec("offset", 2 ** 64 - 8), token=qw, **lenient)
+        self.v2_case("v2-record-offset-neg", record_fn=rec("offset", -1), token=qw, **lenient)
+        self.v2_case("v2-record-offset-shifted", record_fn=lambda r, _: r.__setitem__("offset", r["offset"] + 4),
                      token=qw, **lenient)
-        self.v2_case("v2-record-checksum", index_fn=lambda r, _: r.__setitem__(
+        self.v2_case("v2-record-checksum", record_fn=lambda r, _: r.__setitem__(
             "checksum", ckpt_edit.tag(b"other")), token=qw, **lenient)
-        self.v2_case("v2-record-sizes", index_fn=rec("sizes", [4, 5]), token=qw, **lenient)
-        self.v2_case("v2-record-offsets", index_fn=rec("offsets", [2, 0]), token=qw, **lenient)
-        self.v2_case("v2-record-shape", index_fn=rec("shape", [8, 5]), token=qw, **lenient)
-        self.v2_case("v2-record-dtype", index_fn=rec("dtype", "int32"), token=qw, **lenient)
-        self.v2_case("v2-record-dataset-missing", index_fn=lambda r, _: (r.pop("offset"), r.__setitem__(
+        self.v2_case("v2-record-sizes", record_fn=rec("sizes", [4, 5]), token=qw, **lenient)
+        self.v2_case("v2-record-offsets", record_fn=rec("offsets", [2, 0]), token=qw, **lenient)
+        self.v2_case("v2-record-shape", record_fn=rec("shape", [8, 5]), token=qw, **lenient)
+        self.v2_case("v2-record-dtype", record_fn=rec("dtype", "int32"), token=qw, **lenient)
+        self.v2_case("v2-record-dataset-missing", record_fn=lambda r, _: (r.pop("offset"), r.__setitem__(
             "dataset", "nothing")), token=qw, **lenient)
-        self.v2_case("v2-record-dataset-other", index_fn=lambda r, _: (r.pop("offset"), r.__setitem__(
+        self.v2_case("v2-record-dataset-other", record_fn=lambda r, _: (r.pop("offset"), r.__setitem__(
             "dataset", r["dataset"].replace("w", "v", 1))), token=qw, **lenient)
-        self.v2_case("v2-record-stored-bytes-huge", index_fn=rec("stored_bytes", 2 ** 63), token=qw, **lenient)
+        self.v2_case("v2-record-stored-bytes-huge", record_fn=rec("stored_bytes", 2 ** 63), token=qw, **lenient)
         self.v2_case("v2-record-dropped", index_fn=lambda ix: ix.__setitem__(
             "chunks", [r for r in ix["chunks"] if r["key"] != "w"]), token=(qw, shard0), **lenient)
 

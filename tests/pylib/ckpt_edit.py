@@ -120,6 +120,12 @@ def write_index(ckpt, file_index, index, redigest=True):
     save_metadata(ckpt, md)
 
 
+def record_index(ckpt, file_index):
+    """After something else rewrote shard file_index's index (tests/tools/hostile_shard):
+    metadata.json records the digest of what the shard now holds."""
+    write_index(ckpt, file_index, read_index_text(shard_path(ckpt, file_index)))
+
+
 def edit_index(ckpt, file_index, fn, redigest=True):
     """fn(index document) edits one shard's index in place."""
     index = read_index(ckpt, file_index)
