@@ -126,6 +126,19 @@ def record_index(ckpt, file_index):
     write_index(ckpt, file_index, read_index_text(shard_path(ckpt, file_index)))
 
 
+def edit_index_text(ckpt, file_index, fn, redigest=True):
+    """fn(bytes) -> bytes over one shard index's exact text (for a lie alone: re-encoding
+    the document could change more than the lie)."""
+    write_index(ckpt, file_index, fn(read_index_text(shard_path(ckpt, file_index))), redigest)
+
+
+def replace_once(text, old, new):
+    """`text` with the one occurrence of `old` replaced (bytes or str alike)."""
+    if text.count(old) != 1:
+        raise ValueError("ckpt_edit: %r occurs %d times" % (old, text.count(old)))
+    return text.replace(old, new)
+
+
 def edit_index(ckpt, file_index, fn, redigest=True):
     """fn(index document) edits one shard's index in place."""
     index = read_index(ckpt, file_index)

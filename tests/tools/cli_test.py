@@ -398,14 +398,19 @@ def test_verify_corpus(tools, tmp):
     def flip_checksum(r, _):
         r["checksum"] = r["checksum"][:-1] + ("0" if r["checksum"][-1] != "0" else "1")
 
-    def flip_record_alone(d):
-        ckpt_edit.edit_records(d, "v", flip_checksum, redigest=False)
+    def flip_record_alone(d):  # in the index's exact text
+        c = ckpt_edit.chunks(d)["v"][0]
+        flipped = dict(c)
+        flip_checksum(flipped, None)
+        ckpt_edit.edit_index_text(d, c["file_index"], lambda t: ckpt_edit.replace_once(
+            t, c["checksum"].encode(), flipped["checksum"].encode()), redigest=False)
 
     def flip_record(d):
         ckpt_edit.edit_records(d, "v", flip_checksum)
 
-    def flip_scalar_alone(d):
-        edit_metadata(d, lambda m: m["files"][0].__setitem__("rank", 1), redigest=False)
+    def flip_scalar_alone(d):  # in metadata.json's exact text
+        ckpt_edit.edit_metadata_text(d, lambda t: ckpt_edit.replace_once(t, b'"rank": 0', b'"rank": 1'),
+                                     redigest=False)
 
     # w's layout as an explicit chunk list of (row offset, rows, file index): a grid cannot
     # overlap or leave a gap.

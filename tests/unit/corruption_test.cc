@@ -104,8 +104,11 @@ bool Has(const std::string& s, const std::string& part) { return s.find(part) !=
 
 }  // namespace
 
-TEST_CASE("an intact checkpoint loads") {
+TEST_CASE("an intact checkpoint loads, also after ckpt_edit rewrote it with the digests recomputed") {
   Fixture f;
+  CHECK(f.LoadError() == "");
+  f.WriteMeta(f.Meta());
+  f.EditRecords([](json&) {});
   CHECK(f.LoadError() == "");
 }
 
@@ -172,11 +175,16 @@ TEST_CASE("file names that escape the directory are rejected") {
 }
 
 TEST_CASE("a change to metadata.json or a shard index alone is a digest mismatch") {
+  // Edits of the exact text (a rewrite by a JSON library would change more than the lie).
+  auto edit_text = [](const Fixture& f, const std::string& from, const std::string& to) {
+    std::string text = ckpt_test::ReadText(f.dir / "metadata.json");
+    const auto at = text.find(from);
+    REQUIRE(at != std::string::npos);
+    f.WriteMetaText(text.replace(at, from.size(), to));
+  };
   SUBCASE("metadata.json: a file name") {
     Fixture f;
-    json m = f.Meta();
-    m["files"][0]["name"] = "../outside.h5";
-    f.WriteMeta(m, Digests::kKeepStale);
+    edit_text(f, "\"shard-00000-of-00002.h5\"", "\"../outside.h5\"");
     ErrorCode code{};
     const std::string e = f.LoadError(&code);
     CHECK(code == ErrorCode::kCorrupt);
@@ -185,14 +193,18 @@ TEST_CASE("a change to metadata.json or a shard index alone is a digest mismatch
   }
   SUBCASE("metadata.json: the scalar's value") {
     Fixture f;
-    json m = f.Meta();
-    m["entries"]["step"]["value"] = 4;
-    f.WriteMeta(m, Digests::kKeepStale);
+    edit_text(f, "\"value\": 5", "\"value\": 4");
     CHECK(Has(f.LoadError(), "digest mismatch"));
   }
-  SUBCASE("a shard index: a chunk's offset") {
+  SUBCASE("a shard index: a chunk's offset, edited in the exact text") {
     Fixture f;
-    f.EditRecords([](json& r) { r["offset"] = r["offset"].get<uint64_t>() + 4; }, Digests::kKeepStale);
+    std::string text = ckpt_test::ReadIndexText(f.dir / f.Shard(1));
+    const auto at = text.find("\"offset\":");
+    REQUIRE(at != std::string::npos);
+    const auto end = text.find_first_not_of("0123456789", at + 9);
+    const uint64_t offset = std::stoull(text.substr(at + 9, end - at - 9));
+    text.replace(at + 9, end - at - 9, std::to_string(offset + 4));
+    ckpt_test::WriteIndexText(f.dir, 1, text, Digests::kKeepStale);
     ErrorCode code{};
     const std::string e = f.LoadError(&code);
     CHECK(code == ErrorCode::kCorrupt);
@@ -203,7 +215,10 @@ TEST_CASE("a change to metadata.json or a shard index alone is a digest mismatch
 
 TEST_CASE("a shard index that lies about where a chunk's bytes are, digests recomputed") {
   Fixture f;
+  MESSAGE(ckpt_test::ReadIndexText(f.dir / f.Shard(1)));
   f.EditRecords([](json& r) { r["offset"] = r["offset"].get<uint64_t>() + 4; });
+  MESSAGE(ckpt_test::ReadIndexText(f.dir / f.Shard(1)));
+  MESSAGE(ckpt_test::ReadText(f.dir / "metadata.json"));
   ErrorCode code{};
   const std::string e = f.LoadError(&code);
   CHECK(code == ErrorCode::kCorrupt);
