@@ -334,14 +334,14 @@ class Corpus:
 
         # The lie alone: the digest catches it, naming metadata.json (or the shard).
         self.v2_case("v2-md-lie-alone", token=("metadata.json", "digest mismatch"))
-        ckpt_edit.edit_metadata_text(self.cases[-1].path, lambda t: ckpt_edit.replace_once(
-            t, b'"shape": [8, 4]', b'"shape": [8, 5]'), redigest=False)
+        ckpt_edit.edit_metadata_text(self.cases[-1].path, lambda t: ckpt_edit.sub_once(
+            t, rb'"shape": ?\[8, ?4\]', b'"shape":[8,5]'), redigest=False)
         self.v2_case("v2-md-digest-missing", lambda m: m.pop("digest"), token=("metadata.json", "digest"),
                      redigest=False)
         self.v2_case("v2-index-lie-alone", token=(shard0, "digest"), inspect_lenient=True)
         off = [c for c in ckpt_edit.chunks(self.base)["w"] if c["file_index"] == 0][0]["offset"]
-        ckpt_edit.edit_index_text(self.cases[-1].path, 0, lambda t: ckpt_edit.replace_once(
-            t, b'"offset":%d,' % off, b'"offset":%d,' % (off + 4)), redigest=False)
+        ckpt_edit.edit_index_text(self.cases[-1].path, 0, lambda t: ckpt_edit.sub_once(
+            t, b'"offset": ?%d\\b' % off, b'"offset":%d' % (off + 4)), redigest=False)
         self.v2_case("v2-index-digest-wrong", lambda m: m["files"][1].__setitem__(
             "index", ckpt_edit.tag(b"other")), token=(shard1, "digest"), inspect_lenient=True)
         # Hostile layouts (the grid-cell cap, tiling, cell->file maps).

@@ -13,6 +13,7 @@ The C++ twin is tests/ckpt_edit.h. Import with
 """
 import json
 import os
+import re
 
 import numpy as np
 import xxhash
@@ -132,11 +133,13 @@ def edit_index_text(ckpt, file_index, fn, redigest=True):
     write_index(ckpt, file_index, fn(read_index_text(shard_path(ckpt, file_index))), redigest)
 
 
-def replace_once(text, old, new):
-    """`text` with the one occurrence of `old` replaced (bytes or str alike)."""
-    if text.count(old) != 1:
-        raise ValueError("ckpt_edit: %r occurs %d times" % (old, text.count(old)))
-    return text.replace(old, new)
+def sub_once(text, pattern, repl):
+    """`text` (bytes) with the one match of regular expression `pattern` (bytes) replaced by
+    `repl`; an error unless it matches exactly once."""
+    out, n = re.subn(pattern, repl, text)
+    if n != 1:
+        raise ValueError("ckpt_edit: %r matches %d times" % (pattern, n))
+    return out
 
 
 def edit_index(ckpt, file_index, fn, redigest=True):

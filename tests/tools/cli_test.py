@@ -12,6 +12,7 @@ Refresh the golden tables after an intended change with --update-golden.
 import argparse
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -402,14 +403,14 @@ def test_verify_corpus(tools, tmp):
         c = ckpt_edit.chunks(d)["v"][0]
         flipped = dict(c)
         flip_checksum(flipped, None)
-        ckpt_edit.edit_index_text(d, c["file_index"], lambda t: ckpt_edit.replace_once(
-            t, c["checksum"].encode(), flipped["checksum"].encode()), redigest=False)
+        ckpt_edit.edit_index_text(d, c["file_index"], lambda t: ckpt_edit.sub_once(
+            t, re.escape(c["checksum"].encode()), flipped["checksum"].encode()), redigest=False)
 
     def flip_record(d):
         ckpt_edit.edit_records(d, "v", flip_checksum)
 
     def flip_scalar_alone(d):  # in metadata.json's exact text
-        ckpt_edit.edit_metadata_text(d, lambda t: ckpt_edit.replace_once(t, b'"rank": 0', b'"rank": 1'),
+        ckpt_edit.edit_metadata_text(d, lambda t: ckpt_edit.sub_once(t, rb'"world_size": ?2\b', b'"world_size":1'),
                                      redigest=False)
 
     # w's layout as an explicit chunk list of (row offset, rows, file index): a grid cannot
@@ -418,8 +419,9 @@ def test_verify_corpus(tools, tmp):
         edit_metadata(d, lambda m: m["entries"]["w"].__setitem__("layout", {"chunks": [
             {"offsets": [o, 0], "sizes": [n, 4], "file": f} for o, n, f in rows]}))
 
-    def overlap(d):
+    def overlap(d):  # the second chunk's index record moved along with the layout
         w_rows(d, [(0, 4, 0), (3, 4, 1)])
+        ckpt_edit.edit_records(d, "w", lambda r, i: r.__setitem__("offsets", [3, 0]) if i == 1 else None)
 
     def gap(d):
         w_rows(d, [(0, 4, 0)])

@@ -728,6 +728,7 @@ TEST_CASE("verify: a file that is not HDF5 is reported once; the other files are
         CHECK(p.file != victim);
       }
     }
+    INFO(Messages(r));
     CHECK(files == 1);
     CHECK(datasets == 1);
     CHECK(r.problems.size() == 2);
