@@ -351,7 +351,9 @@ class Corpus:
                                                   grid({"step": 1}, {"step": 1})(m)), token=qw, timeout=20)
         self.v2_case("v2-step-0", grid({"step": 0}, {"step": 4}), token=qw)
         self.v2_case("v2-step-neg", grid({"step": -4}, {"step": 4}), token=qw)
-        self.v2_case("v2-step-past-extent", grid({"step": 9}, {"step": 4}), token=qw)
+        # one part of 8 (the torch.chunk rule), in file 0, which holds no such chunk: only the
+        # readers of the shards can tell
+        self.v2_case("v2-step-past-extent", grid({"step": 9}, {"step": 4}), token=qw, inspect_lenient=True)
         self.v2_case("v2-step-huge", grid({"step": 2 ** 64}, {"step": 4}), token=qw)
         self.v2_case("v2-sizes-wrong-sum", grid({"sizes": [3, 3]}, {"step": 4}), token=qw)
         self.v2_case("v2-sizes-neg", grid({"sizes": [10, -2]}, {"step": 4}), token=qw)
@@ -391,10 +393,13 @@ class Corpus:
         self.v2_case("v2-grid-fewer-cells-than-records", lambda m: (m["entries"]["w"].__setitem__("shape", [4, 4]),
                                                                     grid({"step": 4}, {"step": 4})(m)),
                      token=qw, inspect_lenient=True)
-        # Explicit lists: overlapping, a million identical chunks, a chunk in the wrong file.
+        # Explicit lists: overlapping, 300,000 identical chunks, a chunk in the wrong file.
+        # (ckpt-inspect lists an explicit layout without checking its tiling, as for v1.)
         c0 = {"offsets": [0, 0], "sizes": [4, 4], "file": 0}
-        self.v2_case("v2-explicit-overlap", layout({"chunks": [c0, dict(c0, offsets=[2, 0], file=1)]}), token=qw)
-        self.v2_case("v2-explicit-identical-300k", layout({"chunks": [c0] * 300000}), token=qw, timeout=30)
+        self.v2_case("v2-explicit-overlap", layout({"chunks": [c0, dict(c0, offsets=[2, 0], file=1)]}), token=qw,
+                     inspect_lenient=True)
+        self.v2_case("v2-explicit-identical-300k", layout({"chunks": [c0] * 300000}), token=qw, timeout=30,
+                     inspect_lenient=True)
         self.v2_case("v2-explicit-wrong-file", layout({"chunks": [c0, dict(c0, offsets=[4, 0], file=0)]}),
                      token=(qw, shard0), inspect_lenient=True)
         self.v2_case("v2-explicit-file-huge", layout({"chunks": [c0, dict(c0, offsets=[4, 0], file=2 ** 63)]}),
