@@ -12,6 +12,7 @@ Refresh the golden tables after an intended change with --update-golden.
 import argparse
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -20,6 +21,10 @@ import tempfile
 
 import h5py
 import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
+import ckpt_edit  # noqa: E402
+from ckpt_edit import edit_metadata  # noqa: E402
 
 ST_DTYPES = {  # safetensors dtype -> numpy storage dtype (bf16 / fp8 as their bit patterns)
     "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16,
@@ -70,15 +75,15 @@ def read_safetensors(path):
 
 def read_ckpt_with_h5py(ckpt):
     """Assembles every tensor of a checkpoint from its shards with h5py alone."""
-    with open(os.path.join(ckpt, "metadata.json")) as f:
-        md = json.load(f)
+    md = ckpt_edit.load_metadata(ckpt)
+    where = ckpt_edit.chunks(ckpt)  # v2: the shard indexes say where each chunk is
     out = {}
     for key, e in md["entries"].items():
         if e["type"] != "tensor":
             continue
         np_dtype = ST_DTYPES[[k for k, v in CKPT_DTYPES.items() if v == e["dtype"]][0]]
         full = np.zeros(e["shape"], dtype=np_dtype)
-        for c in e["chunks"]:
+        for c in where.get(key, []):
             with h5py.File(os.path.join(ckpt, c["file"]), "r") as h:
                 ds = h[c["dataset"]]
                 if e["dtype"] in ("bfloat16", "float8_e4m3fn", "float8_e5m2", "bool"):
@@ -156,7 +161,7 @@ def test_round_trip_all_dtypes(tools, tmp):
         dt, full = got[name]
         check(dt == CKPT_DTYPES[st], f"{name}: dtype {dt}")
         check(full.shape == arr.shape and full.tobytes() == arr.tobytes(), f"{name}: h5py reads other bytes")
-    multi = [e for e in md["entries"].values() if len(e["chunks"]) == 4]
+    multi = [cs for cs in ckpt_edit.chunks(ck).values() if len(cs) == 4]
     check(len(multi) >= 3, "tensors were sharded over 4 files")
 
     back = os.path.join(tmp, "back.safetensors")
@@ -358,15 +363,6 @@ def test_malformed_safetensors(tools, tmp):
         check(not os.path.exists(os.path.join(tmp, f"out-{name}")), f"{name}: nothing written")
 
 
-def edit_metadata(ckpt, fn):
-    path = os.path.join(ckpt, "metadata.json")
-    with open(path) as f:
-        md = json.load(f)
-    fn(md)
-    with open(path, "w") as f:
-        json.dump(md, f)
-
-
 def test_verify_corpus(tools, tmp):
     rng = np.random.default_rng(3)
     t = {"w": ("F32", rng.standard_normal((8, 4)).astype(np.float32)),
@@ -377,9 +373,7 @@ def test_verify_corpus(tools, tmp):
     base = os.path.join(tmp, "corpus-base")
     tools.run("ckpt-convert", st_path, base, "--world", 2, expect=0)
     tools.run("ckpt-verify", base, expect=0)
-    with open(os.path.join(base, "metadata.json")) as f:
-        md = json.load(f)
-    w_chunks = md["entries"]["w"]["chunks"]
+    w_chunks = ckpt_edit.chunks(base)["w"]  # two, by rows, in files 0 and 1
     shard0 = w_chunks[0]["file"]
 
     def missing_file(d):
@@ -400,32 +394,48 @@ def test_verify_corpus(tools, tmp):
             f.seek(off + 5)
             f.write(bytes([b[0] ^ 0x10]))
 
-    def flip_metadata(d):
-        def fn(m):
-            c = m["entries"]["v"]["chunks"][0]
-            c["checksum"] = c["checksum"][:-1] + ("0" if c["checksum"][-1] != "0" else "1")
-        edit_metadata(d, fn)
+    # A chunk field that lies: in v2 it is in the shard index record. Alone, the index's
+    # digest in metadata.json catches it; with the digests recomputed, the checksum does.
+    def flip_checksum(r, _):
+        r["checksum"] = r["checksum"][:-1] + ("0" if r["checksum"][-1] != "0" else "1")
 
-    def overlap(d):
-        edit_metadata(d, lambda m: m["entries"]["w"]["chunks"][1]["offsets"].__setitem__(0, 3))
+    def flip_record_alone(d):  # in the index's exact text
+        c = ckpt_edit.chunks(d)["v"][0]
+        flipped = dict(c)
+        flip_checksum(flipped, None)
+        ckpt_edit.edit_index_text(d, c["file_index"], lambda t: ckpt_edit.sub_once(
+            t, re.escape(c["checksum"].encode()), flipped["checksum"].encode()), redigest=False)
+
+    def flip_record(d):
+        ckpt_edit.edit_records(d, "v", flip_checksum)
+
+    def flip_scalar_alone(d):  # in metadata.json's exact text
+        ckpt_edit.edit_metadata_text(d, lambda t: ckpt_edit.sub_once(t, rb'"world_size": ?2\b', b'"world_size":1'),
+                                     redigest=False)
+
+    # w's layout as an explicit chunk list of (row offset, rows, file index): a grid cannot
+    # overlap or leave a gap.
+    def w_rows(d, rows):
+        edit_metadata(d, lambda m: m["entries"]["w"].__setitem__("layout", {"chunks": [
+            {"offsets": [o, 0], "sizes": [n, 4], "file": f} for o, n, f in rows]}))
+
+    def overlap(d):  # the second chunk's index record moved along with the layout
+        w_rows(d, [(0, 4, 0), (3, 4, 1)])
+        ckpt_edit.edit_records(d, "w", lambda r, i: r.__setitem__("offsets", [3, 0]) if i == 1 else None)
 
     def gap(d):
-        edit_metadata(d, lambda m: m["entries"]["w"]["chunks"].pop(1))
+        w_rows(d, [(0, 4, 0)])
 
     def out_of_bounds(d):
-        edit_metadata(d, lambda m: m["entries"]["w"]["chunks"][1]["offsets"].__setitem__(0, 7))
+        w_rows(d, [(0, 4, 0), (7, 4, 1)])
 
     def dtype_lie(d):
+        # metadata.json and the index records agree; the HDF5 datasets say int32.
         edit_metadata(d, lambda m: m["entries"]["i"].__setitem__("dtype", "float32"))
+        ckpt_edit.edit_records(d, "i", lambda r, _: r.__setitem__("dtype", "float32"))
 
     def path_escape(d):
-        def fn(m):
-            m["files"][0]["name"] = "../escape.h5"
-            for e in m["entries"].values():
-                for c in e.get("chunks", []):
-                    if c["file"] == shard0:
-                        c["file"] = "../escape.h5"
-        edit_metadata(d, fn)
+        edit_metadata(d, lambda m: m["files"][0].__setitem__("name", "../escape.h5"))
 
     def absurd_shape(d):
         edit_metadata(d, lambda m: m["entries"]["v"].__setitem__("shape", [2 ** 62, 2 ** 62]))
@@ -434,7 +444,9 @@ def test_verify_corpus(tools, tmp):
         "missing file": (missing_file, "missing"),
         "truncated file": (truncated, "truncated"),
         "flipped data byte": (flip_data, "checksum mismatch"),
-        "flipped metadata field": (flip_metadata, "checksum mismatch"),
+        "flipped index record": (flip_record_alone, "digest mismatch"),
+        "flipped index record, digests recomputed": (flip_record, "checksum mismatch"),
+        "flipped metadata field": (flip_scalar_alone, "digest mismatch"),
         "overlapping chunks": (overlap, "overlap"),
         "gap": (gap, "gap"),
         "out-of-bounds chunk": (out_of_bounds, "outside"),
@@ -464,7 +476,6 @@ def test_verify_corpus(tools, tmp):
     shutil.copytree(base, d)
     flip_data(d)
     missing_file(d)
-    edit_metadata(d, lambda m: m["entries"]["w"]["chunks"].pop(1) if False else None)
     j = tools.json("ckpt-verify", d, expect=1)
     checks = {p["check"] for p in j.get("problems", [])}
     check({"files", "checksums"} <= checks, f"every problem reported: {checks}")

@@ -8,7 +8,9 @@
 //   vds       a virtual dataset whose source is dataset "x" of `outside`
 //   external  a contiguous dataset whose bytes live in the raw file `outside`
 // The shard index keeps its entry, without the data offset (the dataset has none), so
-// readers locate it through HDF5. Test-only code over the HDF5 C API.
+// readers locate it through HDF5; the caller records the index's new digest in metadata.json
+// (ckpt_edit's RecordIndexDigest / record_index), so that readers get past the digest to the
+// dataset itself. Test-only code over the HDF5 C API.
 #pragma once
 
 #include <hdf5.h>

@@ -18,6 +18,7 @@
 #include "ckpt/ops/safetensors.h"
 #include "ckpt/ops/source.h"
 #include "ckpt/ops/verify.h"
+#include "ckpt_edit.h"
 #include "ops/elements.h"
 #include "ops/json_schema.h"
 #include "ops/util.h"
@@ -377,18 +378,15 @@ std::string Messages(const ops::VerifyReport& r) {
 TEST_CASE("verify: schema violations inside entries carry the pointer of the whole document") {
   ckpt_test::TempDir tmp("sch");
   SaveSample(tmp / "ck");
-  const fs::path meta = tmp / "ck" / "metadata.json";
-  json doc = json::parse(ops::detail::ReadFileText(meta));
-  doc["entries"]["model.b"]["chunks"][0]["checksum"] = "md5:00";  // breaks the pattern only
-  doc["world_size"] = 0;                                          // below the minimum
-  {
-    std::ofstream(meta) << doc.dump();
-  }
+  json doc = ckpt_test::ReadMetaJson(tmp / "ck");
+  doc["entries"]["model.b"]["extra"] = 1;  // not in the schema of an entry, ignored by the parser
+  doc["world_size"] = 0;                   // below the minimum
+  ckpt_test::WriteMetaJson(tmp / "ck", doc);  // digest recomputed: the schema is what is tested
   // Entries are validated one at a time (no tree of them), yet pointers name the document.
   const auto r = ops::Verify(tmp / "ck", {});
   const std::string m = Messages(r);
   CAPTURE(m);
-  CHECK(m.find("schema: /entries/model.b/chunks/0/checksum") != std::string::npos);
+  CHECK(m.find("schema: /entries/model.b") != std::string::npos);
   CHECK(m.find("schema: /world_size") != std::string::npos);
   // A schema that constrains "entries" as a whole is checked over the whole tree.
   json schema = json::parse(ops::detail::EmbeddedMetadataSchema());
@@ -401,7 +399,7 @@ TEST_CASE("verify: schema violations inside entries carry the pointer of the who
   const std::string m2 = Messages(ops::Verify(tmp / "ck", o));
   CAPTURE(m2);
   CHECK(m2.find("schema: /entries: ") != std::string::npos);
-  CHECK(m2.find("schema: /entries/model.b/chunks/0/checksum") != std::string::npos);
+  CHECK(m2.find("schema: /entries/model.b") != std::string::npos);
 }
 
 TEST_CASE("merge --dtype bfloat16 casts floating tensors only") {
@@ -635,11 +633,13 @@ TEST_CASE("verify: every chunk of every file is read, whatever the thread count"
       CHECK(q.bytes_read == 0);
     }
     if (zstd) {
-      // A compressed chunk whose recorded checksum is wrong.
-      std::string text = ops::detail::ReadFileText(dir / "metadata.json");
-      const std::string sum = md.Find("mid")->chunks[0].checksum;
-      text.replace(text.find(sum), sum.size(), "xxh3-64:0123456789abcdef");
-      ops::detail::WriteFileText(dir / "metadata.json", text);
+      // A compressed chunk whose recorded checksum is wrong (in its shard's index, whose
+      // digest metadata.json records: recomputed, so the checksum is what is tested).
+      const ChunkMeta& mid = md.Find("mid")->chunks[0];
+      std::string text = ckpt_test::ReadIndexText(dir / mid.file);
+      REQUIRE(text.find(mid.checksum) != std::string::npos);
+      text.replace(text.find(mid.checksum), mid.checksum.size(), "xxh3-64:0123456789abcdef");
+      ckpt_test::WriteIndexText(dir, ckpt_test::FileIndexOf(dir, mid.file), text);
       const auto r = ops::Verify(dir, {});
       REQUIRE(r.problems.size() == 1);
       CHECK(r.problems[0].check == "checksums");
@@ -697,12 +697,20 @@ TEST_CASE("verify: a file that is not HDF5 is reported once; the other files are
     std::ofstream out(dir / victim, std::ios::binary | std::ios::trunc);
     out << std::string(size, 'x');  // same size, no HDF5 signature
   }
-  // And a dataset whose header disagrees with metadata in another file (dtype lie).
-  std::string text = ops::detail::ReadFileText(dir / "metadata.json");
-  const auto at = text.find("\"dtype\":\"float64\"");  // the first: small.0, in the first file
-  REQUIRE(at != std::string::npos);
-  text.replace(at, 17, "\"dtype\":\"float32\"");
-  ops::detail::WriteFileText(dir / "metadata.json", text);
+  // And a dataset whose header disagrees with metadata in another file (dtype lie): in
+  // metadata.json and in small.0's index record alike, the digests recomputed.
+  const ChunkMeta& small0 = md.Find("small.0")->chunks[0];
+  REQUIRE(small0.file != victim);
+  json doc = ckpt_test::ReadMetaJson(dir);
+  REQUIRE(doc["entries"]["small.0"]["dtype"] == "float64");
+  doc["entries"]["small.0"]["dtype"] = "float32";
+  doc["entries"]["small.0"].erase("stats");
+  ckpt_test::WriteMetaJson(dir, doc);
+  const int small0_file = ckpt_test::FileIndexOf(dir, small0.file);
+  json index = ckpt_test::ReadIndexJson(dir / small0.file);
+  for (auto& r : index["chunks"])
+    if (r["key"] == "small.0") r["dtype"] = "float32";
+  ckpt_test::WriteIndexJson(dir, small0_file, index);
   for (bool quick : {false, true}) {
     CAPTURE(quick);
     ops::VerifyOptions o;
@@ -720,6 +728,7 @@ TEST_CASE("verify: a file that is not HDF5 is reported once; the other files are
         CHECK(p.file != victim);
       }
     }
+    INFO(Messages(r));
     CHECK(files == 1);
     CHECK(datasets == 1);
     CHECK(r.problems.size() == 2);
@@ -824,6 +833,7 @@ TEST_CASE("every reader refuses a shard dataset that reaches outside its file or
     SaveSample(dir);
     const fs::path shard = ShardOf(dir, "model.w", "model.w@3,0");
     ckpt::testing::MakeHostileDataset(shard.string(), "model.w@3,0", kind, (tmp / (kind + ".outside")).string());
+    ckpt_test::RecordIndexDigest(dir, ckpt_test::FileIndexOf(dir, shard.filename().string()));
     auto names_all = [&](const std::string& what) {
       CHECK_MESSAGE(what.find(phrase) != std::string::npos, what);
       CHECK_MESSAGE(what.find(shard.filename().string()) != std::string::npos, what);
@@ -863,38 +873,26 @@ TEST_CASE("a lone shard: its index is parsed strictly once, bytes entries includ
     CHECK(!src->metadata().Find("rng"));  // bytes entries are read from the checkpoint directory
   }
   // A malformed index is refused naming the file and what is wrong.
-  auto rewrite = [&](const std::string& from, const std::string& to) {
-    const hid_t f = H5Fopen(shard.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
-    REQUIRE(f >= 0);
-    const hid_t a = H5Aopen(f, "ckpt_shard_index", H5P_DEFAULT);
-    const hid_t t = H5Aget_type(a);
-    std::string text(H5Tget_size(t), '\0');
-    H5Aread(a, t, text.data());
-    H5Tclose(t);
-    H5Aclose(a);
-    text = text.substr(0, text.find('\0'));
-    const auto at = text.find(from);
-    REQUIRE(at != std::string::npos);
-    text.replace(at, from.size(), to);
-    H5Adelete(f, "ckpt_shard_index");
-    const hid_t type = H5Tcopy(H5T_C_S1);
-    H5Tset_size(type, text.size());
-    const hid_t space = H5Screate(H5S_SCALAR);
-    const hid_t na = H5Acreate2(f, "ckpt_shard_index", type, space, H5P_DEFAULT, H5P_DEFAULT);
-    H5Awrite(na, type, text.data());
-    H5Aclose(na);
-    H5Sclose(space);
-    H5Tclose(type);
-    H5Fclose(f);
-  };
-  rewrite("\"offset\":", "\"offset\":-");  // a negative data offset
+  std::string text = ckpt_test::ReadIndexText(shard);
+  const auto at = text.find("\"offset\":");
+  REQUIRE(at != std::string::npos);
+  text.replace(at, 9, "\"offset\":-");  // a negative data offset
+  const int file = ckpt_test::FileIndexOf(tmp / "c", shard.filename().string());
+  ckpt_test::WriteIndexText(tmp / "c", file, text, ckpt_test::Digests::kKeepStale);
   const std::string bad = ErrorOf([&] { ops::Source::Open(shard); });
   CHECK_MESSAGE(bad.find(shard.string() + ": ckpt_shard_index") != std::string::npos, bad);
   CHECK_MESSAGE(bad.find("\"offset\" is not a byte offset") != std::string::npos, bad);
-  // ... while the checkpoint, whose metadata.json is authoritative, still reads (HDF5 path).
+  // In the checkpoint (v2: the index is the chunks' description, its digest in
+  // metadata.json) the changed index is a digest mismatch naming the shard ...
   std::vector<float> b(4);
-  CheckpointReader::Open(tmp / "c")->ReadRegion("model.b", Box::Full({4}), b.data());
-  CHECK(b[0] == -1.5f);
+  const std::string stale = ErrorOf([&] { CheckpointReader::Open(tmp / "c")->ReadRegion("model.b", Box::Full({4}), b.data()); });
+  CHECK_MESSAGE(stale.find(shard.filename().string()) != std::string::npos, stale);
+  CHECK_MESSAGE(stale.find("digest mismatch") != std::string::npos, stale);
+  // ... and with its digest recomputed, the parser behind it refuses the offset.
+  ckpt_test::WriteIndexText(tmp / "c", file, text);
+  const std::string parsed = ErrorOf([&] { CheckpointReader::Open(tmp / "c")->ReadRegion("model.b", Box::Full({4}), b.data()); });
+  CHECK_MESSAGE(parsed.find(shard.filename().string() + ": ckpt_shard_index") != std::string::npos, parsed);
+  CHECK_MESSAGE(parsed.find("\"offset\" is not a byte offset") != std::string::npos, parsed);
 }
 
 TEST_CASE("verify reports links in a shard that no chunk names and that are not datasets of its own") {

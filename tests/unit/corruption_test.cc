@@ -1,17 +1,25 @@
 // Bad input on load: each kind of damage gets a clear ckpt::Error naming the file and
 // key, never a crash or a silent wrong answer.
+//
+// Format v2 puts a digest on metadata.json and on every shard index. A lie in one of them
+// alone is a digest mismatch; the cases that make metadata lie about the data recompute the
+// digests (tests/ckpt_edit.h), as a buggy writer would, so that the check behind the digest
+// (file names, tiling, dataset shape and type, checksums) is what they test.
 #include <doctest/doctest.h>
 
+#include <array>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <sys/stat.h>
 
 #include "ckpt/ckpt.h"
+#include "ckpt_edit.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
 using namespace ckpt;
+using ckpt_test::Digests;
 using ckpt_test::TempDir;
 using json = nlohmann::json;
 
@@ -36,12 +44,31 @@ struct Fixture {
     });
   }
 
-  json Meta() const {
-    std::ifstream in(dir / "metadata.json");
-    return json::parse(in);
+  json Meta() const { return ckpt_test::ReadMetaJson(dir); }
+  // Digest recomputed unless told otherwise.
+  void WriteMeta(const json& j, Digests d = Digests::kRecompute) const { ckpt_test::WriteMetaJson(dir, j, d); }
+  void WriteMetaText(const std::string& s) const { ckpt_test::WriteMetaText(dir, s); }
+  std::string Shard(int i) const { return "shard-0000" + std::to_string(i) + "-of-00002.h5"; }
+  json Index(int i) const { return ckpt_test::ReadIndexJson(dir / Shard(i)); }
+  // `edit` applied to the index record of model.w in each shard, digests recomputed.
+  template <typename Edit>
+  void EditRecords(Edit edit, Digests d = Digests::kRecompute) const {
+    for (int i = 0; i < 2; ++i) {
+      json index = Index(i);
+      for (auto& r : index["chunks"]) {
+        if (r["key"] == "model.w") edit(r);
+      }
+      ckpt_test::WriteIndexJson(dir, i, index, d);
+    }
   }
-  void WriteMeta(const json& j) const { std::ofstream(dir / "metadata.json") << j.dump(); }
-  void WriteMetaText(const std::string& s) const { std::ofstream(dir / "metadata.json") << s; }
+  // model.w's layout replaced by an explicit chunk list of (row offset, rows, file).
+  void ExplicitRows(const std::vector<std::array<int, 3>>& rows) const {
+    json m = Meta();
+    json chunks = json::array();
+    for (const auto& r : rows) chunks.push_back({{"offsets", {r[0], 0}}, {"sizes", {r[1], 16}}, {"file", r[2]}});
+    m["entries"]["model.w"]["layout"] = {{"chunks", chunks}};
+    WriteMeta(m);
+  }
 
   // Loads the whole tensor into one rank; returns the error message ("" if it loaded).
   std::string LoadError(ErrorCode* code = nullptr) const {
@@ -77,8 +104,11 @@ bool Has(const std::string& s, const std::string& part) { return s.find(part) !=
 
 }  // namespace
 
-TEST_CASE("an intact checkpoint loads") {
+TEST_CASE("an intact checkpoint loads, also after ckpt_edit rewrote it with the digests recomputed") {
   Fixture f;
+  CHECK(f.LoadError() == "");
+  f.WriteMeta(f.Meta());
+  f.EditRecords([](json&) {});
   CHECK(f.LoadError() == "");
 }
 
@@ -134,11 +164,7 @@ TEST_CASE("file names that escape the directory are rejected") {
   for (const std::string bad : {"../outside.h5", "/etc/passwd", "sub/dir.h5", ".."}) {
     Fixture f;
     json m = f.Meta();
-    const std::string old = m["files"][0]["name"];
-    m["files"][0]["name"] = bad;
-    for (auto& c : m["entries"]["model.w"]["chunks"]) {
-      if (c["file"] == old) c["file"] = bad;
-    }
+    m["files"][0]["name"] = bad;  // v2 layouts refer to files by position
     f.WriteMeta(m);
     ErrorCode code{};
     const std::string e = f.LoadError(&code);
@@ -148,19 +174,76 @@ TEST_CASE("file names that escape the directory are rejected") {
   }
 }
 
+TEST_CASE("a change to metadata.json or a shard index alone is a digest mismatch") {
+  // Edits of the exact text (a rewrite by a JSON library would change more than the lie).
+  auto edit_text = [](const Fixture& f, const std::string& from, const std::string& to) {
+    std::string text = ckpt_test::ReadText(f.dir / "metadata.json");
+    const auto at = text.find(from);
+    REQUIRE_MESSAGE(at != std::string::npos, from << " not in " << text);
+    f.WriteMetaText(text.replace(at, from.size(), to));
+  };
+  SUBCASE("metadata.json: a file name") {
+    Fixture f;
+    edit_text(f, "\"shard-00000-of-00002.h5\"", "\"../outside.h5\"");
+    ErrorCode code{};
+    const std::string e = f.LoadError(&code);
+    CHECK(code == ErrorCode::kCorrupt);
+    CHECK(Has(e, "digest mismatch"));
+    CHECK(Has(e, "metadata.json"));
+  }
+  SUBCASE("metadata.json: the scalar's value") {
+    Fixture f;
+    edit_text(f, "\"value\":5", "\"value\":4");
+    CHECK(Has(f.LoadError(), "digest mismatch"));
+  }
+  SUBCASE("a shard index: a chunk's offset, edited in the exact text") {
+    Fixture f;
+    std::string text = ckpt_test::ReadIndexText(f.dir / f.Shard(1));
+    const auto at = text.find("\"offset\":");
+    REQUIRE(at != std::string::npos);
+    const auto end = text.find_first_not_of("0123456789", at + 9);
+    const uint64_t offset = std::stoull(text.substr(at + 9, end - at - 9));
+    text.replace(at + 9, end - at - 9, std::to_string(offset + 4));
+    ckpt_test::WriteIndexText(f.dir, 1, text, Digests::kKeepStale);
+    ErrorCode code{};
+    const std::string e = f.LoadError(&code);
+    CHECK(code == ErrorCode::kCorrupt);
+    CHECK(Has(e, "digest"));
+    CHECK(Has(e, "shard-0000"));
+  }
+}
+
+TEST_CASE("a shard index that lies about where a chunk's bytes are, digests recomputed") {
+  // 4 bytes early: still inside the file (the data ends the shard). A reader that locates
+  // the chunk by its record reads bytes that fail their block digest; one that locates it
+  // through HDF5 reads the right ones. Either is fine; a silent wrong answer is not
+  // (LoadError checks the values when the load succeeds).
+  Fixture f;
+  f.EditRecords([](json& r) { r["offset"] = r["offset"].get<uint64_t>() - 4; });
+  ErrorCode code{};
+  const std::string e = f.LoadError(&code);
+  if (!e.empty()) {
+    CHECK(code == ErrorCode::kCorrupt);
+    CHECK(Has(e, "model.w"));
+    CHECK(Has(e, "block"));
+  }
+}
+
 TEST_CASE("overlapping, gapped and out-of-bounds chunks in metadata are rejected") {
+  // A grid cannot overlap or leave a gap: an explicit layout can.
+  SUBCASE("the intact layout as an explicit list loads") {
+    Fixture f;
+    f.ExplicitRows({{0, 4, 0}, {4, 4, 1}});
+    CHECK(f.LoadError() == "");
+  }
   SUBCASE("overlap") {
     Fixture f;
-    json m = f.Meta();
-    m["entries"]["model.w"]["chunks"][1]["offsets"] = {2, 0};
-    f.WriteMeta(m);
+    f.ExplicitRows({{0, 4, 0}, {2, 4, 1}});
     CHECK(Has(f.LoadError(), "overlap"));
   }
   SUBCASE("gap") {
     Fixture f;
-    json m = f.Meta();
-    m["entries"]["model.w"]["chunks"].erase(1);
-    f.WriteMeta(m);
+    f.ExplicitRows({{0, 4, 0}});
     const std::string e = f.LoadError();
     CHECK(Has(e, "gap"));
     CHECK(Has(e, "model.w"));
@@ -169,18 +252,30 @@ TEST_CASE("overlapping, gapped and out-of-bounds chunks in metadata are rejected
   }
   SUBCASE("out of bounds") {
     Fixture f;
-    json m = f.Meta();
-    m["entries"]["model.w"]["chunks"][1]["offsets"] = {6, 0};
-    f.WriteMeta(m);
+    f.ExplicitRows({{0, 4, 0}, {6, 4, 1}});
     CHECK(Has(f.LoadError(), "outside shape"));
   }
+  SUBCASE("a chunk in a file the index of which does not hold it") {
+    Fixture f;
+    f.ExplicitRows({{0, 4, 0}, {4, 4, 0}});
+    const std::string e = f.LoadError();
+    CHECK(Has(e, "model.w"));
+    CHECK(Has(e, "shard-00000-of-00002.h5"));
+  }
   SUBCASE("sizes that lie about the dataset") {
+    // The layout and both index records say [4, 32]; the datasets hold [4, 16]. Read by
+    // offset, the chunk's bytes fail their block digests; read through HDF5 (no offset
+    // recorded), the dataset's shape is checked.
     Fixture f;
     json m = f.Meta();
     m["entries"]["model.w"]["shape"] = {8, 32};
-    m["entries"]["model.w"]["chunks"][0]["sizes"] = {4, 32};
-    m["entries"]["model.w"]["chunks"][1]["sizes"] = {4, 32};
+    m["entries"]["model.w"]["layout"]["grid"][1] = {{"step", 32}};
     f.WriteMeta(m);
+    f.EditRecords([](json& r) {
+      r["shape"] = {8, 32};
+      r["sizes"] = {4, 32};
+      r.erase("offset");
+    });
     std::vector<float> out(256);
     StateDict sd;
     sd.Add("model.w", Tensor::Full(DType::kFloat32, {8, 32}, out.data()));
@@ -191,10 +286,16 @@ TEST_CASE("overlapping, gapped and out-of-bounds chunks in metadata are rejected
                          Error);
   }
   SUBCASE("a dtype lie") {
+    // As above: the HDF5 dataset's type is what the lie contradicts.
     Fixture f;
     json m = f.Meta();
     m["entries"]["model.w"]["dtype"] = "int32";
+    m["entries"]["model.w"].erase("stats");
     f.WriteMeta(m);
+    f.EditRecords([](json& r) {
+      r["dtype"] = "int32";
+      r.erase("offset");
+    });
     std::vector<int32_t> out(128);
     StateDict sd;
     sd.Add("model.w", Tensor::Full(DType::kInt32, {8, 16}, out.data()));
@@ -217,11 +318,11 @@ TEST_CASE("absurd shapes overflow-checked, never allocated") {
 
 TEST_CASE("metadata that is not valid: duplicate keys, deep nesting, newer version, garbage") {
   Fixture f;
-  const std::string good = f.Meta().dump();
+  const std::string good = ckpt_test::ReadText(f.dir / "metadata.json");
   SUBCASE("duplicate key") {
     std::string dup = good;
     dup.insert(1, R"("format": "ckpt",)");
-    f.WriteMetaText(dup);
+    f.WriteMetaText(ckpt_test::Redigest(dup));
     CHECK(Has(f.LoadError(), "duplicate key 'format'"));
   }
   SUBCASE("deep nesting") {
@@ -234,12 +335,12 @@ TEST_CASE("metadata that is not valid: duplicate keys, deep nesting, newer versi
   }
   SUBCASE("newer format version") {
     json m = f.Meta();
-    m["format_version"] = 2;
+    m["format_version"] = 3;
     f.WriteMeta(m);
     ErrorCode code{};
     const std::string e = f.LoadError(&code);
     CHECK(code == ErrorCode::kUnsupported);
-    CHECK(Has(e, "format_version 2 is newer than this library supports (1)"));
+    CHECK(Has(e, "format_version 3 is newer than this library supports (2)"));
   }
   SUBCASE("not JSON") {
     f.WriteMetaText("{\"format\": \"ckpt\", ");

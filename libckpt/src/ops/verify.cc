@@ -97,8 +97,12 @@ class Collector {
 
 // Format v2: the chunk records come from the shard indexes, each checked against its
 // digest in metadata.json; problems are reported under "index" and the chunks found are
-// filled into `md` (which is then resolved).
-void ResolveIndexes(const fs::path& path, Metadata& md, Collector& c) {
+// filled into `md` (which is then resolved). Returns the keys some of whose chunks were not
+// found (in a file whose index is unreadable, or missing from it): their problem is
+// reported already, so their tiling (over the chunks found) is not checked, which would
+// only repeat it as a gap.
+std::set<std::string> ResolveIndexes(const fs::path& path, Metadata& md, Collector& c) {
+  std::set<std::string> incomplete;
   const auto shared = std::make_shared<const Metadata>(md);
   internal::ChunkCatalog catalog(storage::Dir::Open(path), shared);
   std::vector<char> failed(md.files.size(), 0);
@@ -118,11 +122,15 @@ void ResolveIndexes(const fs::path& path, Metadata& md, Collector& c) {
     const Shape shape = e.kind == EntryKind::kBytes ? Shape{static_cast<int64_t>(e.size)} : e.shape;
     std::size_t shown = 0;
     grid::ForEachChunk(e.layout, shape, [&](const Box& box, int32_t file) {
-      if (failed[static_cast<std::size_t>(file)]) return;
+      if (failed[static_cast<std::size_t>(file)]) {
+        incomplete.insert(key);
+        return;
+      }
       listed[static_cast<std::size_t>(file)].emplace(key, box.offsets);
       try {
         e.chunks.push_back(catalog.Find(key, e, box, file));
       } catch (const std::exception& err) {
+        incomplete.insert(key);
         if (shown++ < 20) c.Add("index", md.files[static_cast<std::size_t>(file)].name, key, err.what());
       }
     });
@@ -141,6 +149,7 @@ void ResolveIndexes(const fs::path& path, Metadata& md, Collector& c) {
     }
   }
   md.resolved = true;
+  return incomplete;
 }
 
 // Builds the tree of metadata.json except the members of its top-level "entries" object:
@@ -717,7 +726,7 @@ VerifyReport Verify(const fs::path& path, const VerifyOptions& o) {
     return finish();
   }
   r.format_version = md.format_version;
-  if (!md.resolved) ResolveIndexes(path, md, c);
+  const std::set<std::string> incomplete = md.resolved ? std::set<std::string>{} : ResolveIndexes(path, md, c);
   md.BuildIndex();
   r.keys = md.entries.size();
   r.files = md.files.size();
@@ -788,7 +797,7 @@ VerifyReport Verify(const fs::path& path, const VerifyOptions& o) {
   r.bytes_read = RunDataJobs(path, jobs, files, threads, o.progress, [&] {
     // tiling, on this thread while the data is read
     for (const auto& [key, e] : md.entries)
-      if (e.kind == EntryKind::kTensor)
+      if (e.kind == EntryKind::kTensor && !incomplete.count(key))
         for (auto& msg : CheckTiling(key, e)) tiling.emplace_back(key, std::move(msg));
   });
 
@@ -797,6 +806,10 @@ VerifyReport Verify(const fs::path& path, const VerifyOptions& o) {
     if (const auto it = file_index.find(md.files[fi].name); it != file_index.end()) {
       FileWork& fw = *files[it->second];
       if (!fw.open_problem.empty()) {
+        // A file that does not open failed its index's resolution the same way: once, here.
+        std::erase_if(r.problems, [&](const VerifyProblem& p) {
+          return p.check == "index" && p.file == fw.name && p.message == fw.open_problem;
+        });
         c.Add("files", fw.name, "", fw.open_problem);
         fw.open_problem.clear();  // a name listed twice is reported once
       }

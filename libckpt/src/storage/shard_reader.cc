@@ -356,8 +356,10 @@ ShardReader::Located ShardReader::Find(const std::string& key, DType dtype, cons
   Located at;
   at.chunk_bytes = static_cast<uint64_t>(
       internal::CheckedMul(chunk.box.NumElements(), static_cast<int64_t>(item), m.Where(key, chunk)));
-  // A v2 chunk located by its (digest-checked) index record: no dataset opened.
-  if (chunk.block_bytes && chunk.offset && m.locate_by_index && chunk.compression.codec == Compression::Codec::kNone) {
+  // A v2 chunk located by its (digest-checked) index record: no dataset opened. (Only the
+  // checkpoint reader fills `offset`, from an index it checked; a verifier clears it to
+  // check the HDF5 header, and a lone shard's chunks never carry it.)
+  if (chunk.block_bytes && chunk.offset && chunk.compression.codec == Compression::Codec::kNone) {
     if (*chunk.offset > m.size || at.chunk_bytes > m.size - *chunk.offset) {
       throw Error(ErrorCode::kCorrupt, m.Where(key, chunk) + ": data at offset " + std::to_string(*chunk.offset) +
                                            " lies past the end of the file (" + std::to_string(m.size) +
