@@ -1088,17 +1088,66 @@ std::string Head(const Metadata& m) {
   return out;
 }
 
-// Version 2 (FORMAT.md §3): layouts instead of chunk lists, index digests, and the
-// document's own digest last.
-std::string SerializeV2(const Metadata& m) {
+// The members of a tensor or bytes entry that differ between versions (the others are
+// written by Serialize).
+void TensorMembersV1(const EntryMeta& e, ojson& j) {
+  ojson chunks = ojson::array();
+  for (const ChunkMeta& c : e.chunks) chunks.push_back(ChunkJson(c, true));
+  j[n::kChunks] = std::move(chunks);
+}
+
+void BytesMembersV1(const EntryMeta& e, ojson& j) {
+  const ojson chunk = ChunkJson(e.chunks.at(0), false);
+  for (auto& [k, v] : chunk.items()) j[k] = v;
+}
+
+// Version 2 (FORMAT.md §3): a layout instead of a chunk list; resolved chunks (a save, a
+// writer) have their layout, sizes and stats derived here.
+void TensorMembersV2(const EntryMeta& e, const std::unordered_map<std::string, int32_t>& file_index, ojson& j) {
+  EntryMeta derived;
+  const EntryMeta* from = &e;
+  if (!e.chunks.empty()) {
+    derived.kind = e.kind;
+    derived.dtype = e.dtype;
+    derived.shape = e.shape;
+    derived.chunks = e.chunks;
+    DeriveLayout(derived, file_index);
+    from = &derived;
+  }
+  j[n::kLayout] = LayoutJson(from->layout);
+  j[n::kStoredBytes] = from->stored_bytes;
+  if (from->compression.codec == Compression::Codec::kZstd) {
+    j[n::kCompression] = {{n::kCodec, n::kZstd}, {n::kLevel, from->compression.level}, {n::kShuffle, true}};
+  }
+  if (from->stats) j[n::kStats] = StatsJson(*from->stats);
+}
+
+void BytesMembersV2(const std::string& key, const EntryMeta& e,
+                    const std::unordered_map<std::string, int32_t>& file_index, ojson& j) {
+  int32_t file = e.layout.pieces.empty() ? -1 : e.layout.pieces[0].file;
+  if (!e.chunks.empty()) {
+    const auto it = file_index.find(e.chunks[0].file);
+    file = it == file_index.end() ? -1 : it->second;
+  }
+  if (file < 0) throw Error(ErrorCode::kInvalidArgument, "metadata: bytes entry '" + key + "' names no listed file");
+  j[n::kFile] = file;
+  j[n::kStoredBytes] = e.chunks.empty() ? e.stored_bytes : e.chunks[0].stored_bytes;
+}
+
+// Written by hand at the top level so that entries keep their order and each takes one line
+// (a 100,000-key checkpoint stays greppable and linear to write). Version 2 lists each file's
+// index digest, describes tensors by layout, and ends with the document's digest (§3.6).
+std::string Serialize(const Metadata& m) {
+  const bool v2 = m.format_version >= 2;
   std::string out = Head(m);
   std::unordered_map<std::string, int32_t> file_index;
   out += "  \"" + std::string(n::kFiles) + "\": [";
   for (std::size_t i = 0; i < m.files.size(); ++i) {
     const FileMeta& f = m.files[i];
     file_index.emplace(f.name, static_cast<int32_t>(i));
-    out += (i ? ",\n    " : "\n    ") +
-           ojson{{n::kName, f.name}, {n::kRank, f.rank}, {n::kBytes, f.bytes}, {n::kIndex, f.index}}.dump();
+    ojson fj{{n::kName, f.name}, {n::kRank, f.rank}, {n::kBytes, f.bytes}};
+    if (v2) fj[n::kIndex] = f.index;
+    out += (i ? ",\n    " : "\n    ") + fj.dump();
   }
   out += m.files.empty() ? "],\n" : "\n  ],\n";
   out += "  \"" + std::string(n::kEntries) + "\": {";
@@ -1107,49 +1156,25 @@ std::string SerializeV2(const Metadata& m) {
     ojson j;
     j[n::kType] = EntryKindName(e.kind);
     switch (e.kind) {
-      case EntryKind::kTensor: {
+      case EntryKind::kTensor:
         j[n::kDType] = DTypeName(e.dtype);
         j[n::kShape] = e.shape;
-        // Resolved chunks (a save, a writer): layout, sizes and stats derived from them.
-        EntryMeta derived;
-        const EntryMeta* from = &e;
-        if (!e.chunks.empty()) {
-          derived.kind = e.kind;
-          derived.dtype = e.dtype;
-          derived.shape = e.shape;
-          derived.chunks = e.chunks;
-          DeriveLayout(derived, file_index);
-          from = &derived;
-        }
-        j[n::kLayout] = LayoutJson(from->layout);
-        j[n::kStoredBytes] = from->stored_bytes;
-        if (from->compression.codec == Compression::Codec::kZstd) {
-          j[n::kCompression] = {{n::kCodec, n::kZstd}, {n::kLevel, from->compression.level}, {n::kShuffle, true}};
-        }
-        if (from->stats) j[n::kStats] = StatsJson(*from->stats);
+        v2 ? TensorMembersV2(e, file_index, j) : TensorMembersV1(e, j);
         break;
-      }
       case EntryKind::kScalar:
         j[n::kDType] = DTypeName(e.dtype);
         j[n::kValue] = ojson::parse(e.value);
         break;
-      case EntryKind::kBytes: {
+      case EntryKind::kBytes:
         j[n::kSize] = e.size;
-        int32_t file = e.layout.pieces.empty() ? -1 : e.layout.pieces[0].file;
-        if (!e.chunks.empty()) {
-          const auto it = file_index.find(e.chunks[0].file);
-          file = it == file_index.end() ? -1 : it->second;
-        }
-        if (file < 0) throw Error(ErrorCode::kInvalidArgument, "metadata: bytes entry '" + key + "' names no listed file");
-        j[n::kFile] = file;
-        j[n::kStoredBytes] = e.chunks.empty() ? e.stored_bytes : e.chunks[0].stored_bytes;
+        v2 ? BytesMembersV2(key, e, file_index, j) : BytesMembersV1(e, j);
         break;
-      }
       case EntryKind::kJson: j[n::kValue] = ojson::parse(e.value); break;
     }
     out += (first ? "\n    " : ",\n    ") + ojson(key).dump() + ": " + j.dump();
     first = false;
   }
+  if (!v2) return out + (first ? "}\n}\n" : "\n  }\n}\n");
   out += first ? "},\n  " : "\n  },\n  ";
   const std::string digest = DigestText(out);
   out += "\"" + std::string(n::kDigest) + "\": \"" + digest + "\"}\n";  // FORMAT.md §3.6: exactly this ending
@@ -1158,50 +1183,6 @@ std::string SerializeV2(const Metadata& m) {
 
 }  // namespace
 
-std::string SerializeMetadata(const Metadata& m) {
-  if (m.format_version >= 2) return SerializeV2(m);
-  // Version 1, for the golden checkpoints of tests and tools that keep an old checkpoint's
-  // version. Written by hand at the top level so that entries keep their order and each
-  // takes one line (a 100,000-key checkpoint stays greppable and linear to write).
-  std::string out = Head(m);
-  out += "  \"" + std::string(n::kFiles) + "\": [";
-  for (std::size_t i = 0; i < m.files.size(); ++i) {
-    const FileMeta& f = m.files[i];
-    out += (i ? ",\n    " : "\n    ") +
-           ojson{{n::kName, f.name}, {n::kRank, f.rank}, {n::kBytes, f.bytes}}.dump();
-  }
-  out += m.files.empty() ? "],\n" : "\n  ],\n";
-  out += "  \"" + std::string(n::kEntries) + "\": {";
-  bool first = true;
-  for (const auto& [key, e] : m.entries) {
-    ojson j;
-    j[n::kType] = EntryKindName(e.kind);
-    switch (e.kind) {
-      case EntryKind::kTensor: {
-        j[n::kDType] = DTypeName(e.dtype);
-        j[n::kShape] = e.shape;
-        ojson chunks = ojson::array();
-        for (const ChunkMeta& c : e.chunks) chunks.push_back(ChunkJson(c, true));
-        j[n::kChunks] = std::move(chunks);
-        break;
-      }
-      case EntryKind::kScalar:
-        j[n::kDType] = DTypeName(e.dtype);
-        j[n::kValue] = ojson::parse(e.value);
-        break;
-      case EntryKind::kBytes: {
-        j[n::kSize] = e.size;
-        const ojson chunk = ChunkJson(e.chunks.at(0), false);
-        for (auto& [k, v] : chunk.items()) j[k] = v;
-        break;
-      }
-      case EntryKind::kJson: j[n::kValue] = ojson::parse(e.value); break;
-    }
-    out += (first ? "\n    " : ",\n    ") + ojson(key).dump() + ": " + j.dump();
-    first = false;
-  }
-  out += first ? "}\n}\n" : "\n  }\n}\n";
-  return out;
-}
+std::string SerializeMetadata(const Metadata& m) { return Serialize(m); }
 
 }  // namespace ckpt
