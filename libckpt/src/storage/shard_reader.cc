@@ -253,6 +253,7 @@ struct ShardReader::Impl {
   std::filesystem::path path;
   bool index_loaded = false;
   bool locate_by_index = true;  // chunks located through the index (else through HDF5)
+  int foreign_links = -1;       // whether the root holds links not its own (-1: not looked yet)
   std::string index_text;                // the attribute as stored
   ShardIndex parsed;                     // the shard index, when it parsed
   std::string index_error;               // why not, else
@@ -359,7 +360,11 @@ ShardReader::Located ShardReader::Find(const std::string& key, DType dtype, cons
   // A v2 chunk located by its (digest-checked) index record: no dataset opened. (Only the
   // checkpoint reader fills `offset`, from an index it checked; a verifier clears it to
   // check the HDF5 header, and a lone shard's chunks never carry it.)
-  if (chunk.block_bytes && chunk.offset && chunk.compression.codec == Compression::Codec::kNone) {
+  // Not in a shard whose root holds soft or external links (FORMAT.md §5.6): there every
+  // dataset goes through HDF5, where one that is such a link is refused.
+  const bool by_record = chunk.block_bytes && chunk.offset && chunk.compression.codec == Compression::Codec::kNone;
+  if (by_record && m.foreign_links < 0) m.foreign_links = h5::ForeignLinks(m.file.get(), 1).empty() ? 0 : 1;
+  if (by_record && m.foreign_links == 0) {
     if (*chunk.offset > m.size || at.chunk_bytes > m.size - *chunk.offset) {
       throw Error(ErrorCode::kCorrupt, m.Where(key, chunk) + ": data at offset " + std::to_string(*chunk.offset) +
                                            " lies past the end of the file (" + std::to_string(m.size) +
