@@ -100,26 +100,30 @@ const std::unordered_map<std::string, std::vector<storage::ShardIndexEntry>>& Ch
 
 const ChunkMeta& ChunkCatalog::Find(const std::string& key, const EntryMeta& e, const Box& box, int32_t file) {
   const auto& records = Load(file).records;
-  const std::string where = (dir_.path() / metadata_->files[static_cast<std::size_t>(file)].name).string() + ": " +
-                            std::string(EntryKindName(e.kind)) + " '" + key + "' chunk " + box.ToString();
+  // Called per chunk a read meets: the message is built only for an error.
+  const auto corrupt = [&](const std::string& why) {
+    return Error(ErrorCode::kCorrupt, (dir_.path() / metadata_->files[static_cast<std::size_t>(file)].name).string() +
+                                          ": " + std::string(EntryKindName(e.kind)) + " '" + key + "' chunk " +
+                                          box.ToString() + ": " + why);
+  };
   const auto it = records.find(key);
   const storage::ShardIndexEntry* found = nullptr;
   if (it != records.end()) {
     for (const storage::ShardIndexEntry& r : it->second) {
       if (r.chunk.box.offsets != box.offsets) continue;
-      if (found) throw Error(ErrorCode::kCorrupt, where + ": listed twice in the shard index");
+      if (found) throw corrupt("listed twice in the shard index");
       found = &r;
     }
   }
-  if (!found) throw Error(ErrorCode::kCorrupt, where + ": metadata.json places it in this file, its index does not hold it");
+  if (!found) throw corrupt("metadata.json places it in this file, its index does not hold it");
   if (found->chunk.box.sizes != box.sizes) {
-    throw Error(ErrorCode::kCorrupt, where + ": the shard index gives it the box " + found->chunk.box.ToString() +
-                                         ", the layout in metadata.json " + box.ToString());
+    throw corrupt("the shard index gives it the box " + found->chunk.box.ToString() + ", the layout in metadata.json " +
+                  box.ToString());
   }
   const bool bytes = e.kind == EntryKind::kBytes;
   if (found->bytes != bytes || (!bytes && (found->dtype != e.dtype || found->shape != e.shape))) {
-    throw Error(ErrorCode::kCorrupt, where + ": the shard index describes it as another " +
-                                         (bytes ? std::string("kind") : "dtype or shape") + " than metadata.json");
+    throw corrupt("the shard index describes it as another " + std::string(bytes ? "kind" : "dtype or shape") +
+                  " than metadata.json");
   }
   return found->chunk;
 }
