@@ -688,6 +688,53 @@ TEST_CASE("verify: damaged data in several files, each problem named once, same 
   }
 }
 
+TEST_CASE("verify: v2 indexes checked a group of files at a time report what one group does") {
+  ckpt_test::TempDir tmp("vg");
+  const fs::path dir = tmp / "c";
+  SaveWide(dir, false);
+  // File 0 loses the record of small.0; file 1 lists small.1 twice; file 2 lists a key
+  // metadata.json does not have; the data of big's chunk in file 1 is changed.
+  auto edit = [&](int file, const std::function<void(nlohmann::json&)>& fn) {
+    const std::string name = ckpt_test::ReadMetaJson(dir)["files"][file]["name"];
+    nlohmann::json index = ckpt_test::ReadIndexJson(dir / name);
+    fn(index["chunks"]);
+    ckpt_test::WriteIndexJson(dir, file, index);
+  };
+  auto find = [](nlohmann::json& chunks, const std::string& key) -> nlohmann::json& {
+    for (auto& c : chunks)
+      if (c["key"] == key) return c;
+    throw std::runtime_error("no record of " + key);
+  };
+  edit(0, [&](nlohmann::json& c) {
+    for (std::size_t i = 0; i < c.size(); ++i)
+      if (c[i]["key"] == "small.0") c.erase(i);
+  });
+  edit(1, [&](nlohmann::json& c) { c.push_back(find(c, "small.1")); });
+  edit(2, [&](nlohmann::json& c) {
+    nlohmann::json stray = find(c, "small.2");
+    stray["key"] = "stray";
+    c.push_back(stray);
+  });
+  std::multiset<std::string> one_group;
+  for (const int64_t group : {int64_t{1} << 15, int64_t{1}, int64_t{20}}) {
+    CAPTURE(group);
+    for (const bool quick : {false, true}) {
+      ops::VerifyOptions o;
+      o.quick = quick;
+      o.group_chunks = group;
+      const auto r = ops::Verify(dir, o);
+      std::map<std::string, std::string> by_key;  // key -> file of its index problem
+      for (const auto& p : r.problems)
+        if (p.check == "index") by_key[p.key] = p.file;
+      CHECK(by_key.count("small.0"));
+      CHECK(by_key.count("small.1"));
+      CHECK(by_key.count("stray"));
+      if (!quick && group == (int64_t{1} << 15)) one_group = Problems(r);
+      if (!quick) CHECK(Problems(r) == one_group);
+    }
+  }
+}
+
 TEST_CASE("verify: a file that is not HDF5 is reported once; the other files are still read") {
   ckpt_test::TempDir tmp("vh");
   const fs::path dir = tmp / "c";

@@ -160,12 +160,12 @@ CellLocator::CellLocator(const TensorLayout& layout, const Shape& shape) : layou
 int32_t CellLocator::FileOf(const Box& box) const {
   if (box.offsets.size() != shape_.size() || box.sizes.size() != shape_.size()) return -1;
   if (layout_.kind == TensorLayout::Kind::kChunks) {
-    const auto [lo, hi] = pieces_.equal_range(OffsetsKey(box.offsets));
-    for (auto it = lo; it != hi; ++it) {
-      const TensorLayout::Piece& p = layout_.pieces[it->second];
-      if (p.box.sizes == box.sizes) return p.file;
-    }
-    return -1;
+    // Pieces at the same offsets overlap (a tiling problem reported on its own): the
+    // first one stands for them, so a list of identical pieces costs no more than one.
+    const auto it = pieces_.find(OffsetsKey(box.offsets));
+    if (it == pieces_.end()) return -1;
+    const TensorLayout::Piece& p = layout_.pieces[it->second];
+    return p.box.sizes == box.sizes ? p.file : -1;
   }
   if (layout_.grid.size() != shape_.size()) return -1;
   if (ZeroVolume(shape_)) return box == Box::Full(shape_) ? CellFile(layout_, 0, std::vector<int64_t>(shape_.size(), 0)) : -1;

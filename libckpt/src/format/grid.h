@@ -89,7 +89,7 @@ class CellLocator {
   Shape shape_;
   std::vector<std::vector<int64_t>> prefix_;  // grid dims with explicit sizes: part starts
   std::vector<int64_t> parts_;
-  std::unordered_multimap<std::string, std::size_t> pieces_;  // offsets (bytes) -> piece
+  std::unordered_map<std::string, std::size_t> pieces_;  // offsets (bytes) -> first piece there
 };
 
 // Number of chunks the layout holds (a grid: its cells of non-zero volume; a tensor of zero

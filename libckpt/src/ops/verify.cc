@@ -107,19 +107,16 @@ struct Placed {
 using RunGroup = std::function<void(const std::vector<std::size_t>& group, const std::vector<Placed>& chunks,
                                     const std::function<void()>& meanwhile)>;
 
-// Chunks (by the layouts) per group of files whose records are held at once.
-constexpr int64_t kGroupChunks = int64_t{1} << 17;
-
 Shape ShapeOf(const EntryMeta& e) { return e.kind == EntryKind::kBytes ? Shape{static_cast<int64_t>(e.size)} : e.shape; }
 
 // Format v2: the chunk records come from the shard indexes, each checked against its
 // digest in metadata.json and against the layouts: every record must be a chunk its
 // file's layout places there, and every chunk placed there must have its record
-// (problems under "index"). Files are taken in groups of about kGroupChunks chunks: a
+// (problems under "index"). Files are taken in groups of about `group_chunks` chunks: a
 // group's indexes are read, its records checked, its datasets and data checked through
 // `run_group`, and all of it dropped before the next group, so memory is bounded by a
 // group (or by the largest file), not by the checkpoint; time is linear in the chunks.
-void VerifyIndexes(const fs::path& path, const Metadata& md, const std::vector<char>& usable,
+void VerifyIndexes(const fs::path& path, const Metadata& md, const std::vector<char>& usable, int64_t group_chunks,
                    std::vector<VerifyProblem>& problems, const std::function<void()>& meanwhile,
                    const RunGroup& run_group) {
   const std::size_t nf = md.files.size();
@@ -141,7 +138,7 @@ void VerifyIndexes(const fs::path& path, const Metadata& md, const std::vector<c
   for (std::size_t first = 0; first < nf;) {
     std::vector<std::size_t> group;
     int64_t n = 0;
-    for (std::size_t fi = first; fi < nf && (group.empty() || n + expected[fi] <= kGroupChunks); ++fi) {
+    for (std::size_t fi = first; fi < nf && (group.empty() || n + expected[fi] <= group_chunks); ++fi) {
       group.push_back(fi);
       n += expected[fi];
     }
@@ -909,7 +906,7 @@ VerifyReport Verify(const fs::path& path, const VerifyOptions& o) {
     }
     run_group(all, chunks, check_tiling);
   } else {
-    VerifyIndexes(path, md, usable, index_problems, check_tiling, run_group);
+    VerifyIndexes(path, md, usable, o.group_chunks, index_problems, check_tiling, run_group);
   }
 
   for (auto& p : index_problems) r.problems.push_back(std::move(p));

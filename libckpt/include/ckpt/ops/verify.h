@@ -36,6 +36,10 @@ struct VerifyOptions {
   std::optional<std::filesystem::path> schema;
   int threads = 4;            // data-reading threads, at most (never more than the cores)
   bool progress = false;
+  // Format v2: the shard indexes are read and checked a group of files at a time, each
+  // group holding about this many chunks (a file with more is a group of its own), so
+  // memory is bounded by a group, not by the checkpoint.
+  int64_t group_chunks = int64_t{1} << 15;
 };
 
 struct VerifyProblem {
