@@ -299,6 +299,19 @@ def test_sharded(tools, tmp):
     tools.run("ckpt-verify", out, expect=0)
     j = tools.json("ckpt-inspect", out)
     check(len(j.get("keys", [])) == len(t), f"inspect of the Hub directory: {len(j.get('keys', []))} keys")
+    check(not j.get("problems"), f"inspect of the Hub directory: problems {j.get('problems')}")
+
+    # The Hub's cache: the snapshot's files are symlinks into blobs/. Read through them.
+    snap = os.path.join(tmp, "cache", "snapshots", "0123abc")
+    blobs = os.path.join(tmp, "cache", "blobs")
+    os.makedirs(snap)
+    os.makedirs(blobs)
+    for i, f in enumerate(sorted(os.listdir(out))):
+        shutil.copy(os.path.join(out, f), os.path.join(blobs, f"blob{i}"))
+        os.symlink(os.path.join("..", "..", "blobs", f"blob{i}"), os.path.join(snap, f))
+    tools.run("ckpt-diff", ck, snap, expect=0)
+    j = tools.json("ckpt-inspect", snap)
+    check(len(j.get("keys", [])) == len(t) and not j.get("problems"), f"inspect of a cache snapshot: {j.get('problems')}")
 
     # ckpt-merge writes it too, to an index DST (an index even for one shard).
     one = os.path.join(tmp, "one")
