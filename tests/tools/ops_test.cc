@@ -1001,7 +1001,7 @@ TEST_CASE("new dtypes: names, sizes, and values decoded as FORMAT.md §4.5 says"
 }
 
 TEST_CASE("safetensors F4: the header counts values, ckpt bytes of two; odd or 0-d shapes are refused") {
-  TempDir tmp;
+  ckpt_test::TempDir tmp("hub");
   const fs::path p = tmp.path() / "f4.safetensors";
   WriteRawSafetensors(p, R"({"q":{"dtype":"F4","shape":[3,8],"data_offsets":[0,12]},)"
                          R"("s":{"dtype":"F8_E8M0","shape":[3],"data_offsets":[12,15]},)"
@@ -1051,7 +1051,7 @@ TEST_CASE("safetensors shards: planned as huggingface_hub does, named as the Hub
   CHECK(ops::SafetensorsShardName("model", 0, 3) == "model-00001-of-00003.safetensors");
   CHECK(ops::SafetensorsShardName("diffusion_pytorch_model", 11, 12) ==
         "diffusion_pytorch_model-00012-of-00012.safetensors");
-  TempDir tmp;
+  ckpt_test::TempDir tmp("hub");
   const fs::path idx = tmp.path() / "model.safetensors.index.json";
   ops::WriteSafetensorsIndex(idx, 42, {{"b", "model-00002-of-00002.safetensors"}, {"a", "model-00001-of-00002.safetensors"}});
   std::ifstream in(idx);
