@@ -57,6 +57,7 @@ def new_dtype_tensors(rng):
     t["mx.scales"] = ("F8_E8M0", scales, None)
     blocks = rng.integers(0, 256, (6, 16), dtype=np.uint8)  # 6 x 32 values
     t["mx.blocks"] = ("F4", blocks, [6, 32])
+    t["mx.big"] = ("F4", rng.integers(0, 256, (1024, 1100), dtype=np.uint8), [1024, 2200])  # copied file to file
     t["f4.vec"] = ("F4", rng.integers(0, 256, (3,), dtype=np.uint8), [6])
     t["f4.empty"] = ("F4", np.zeros((0, 4), dtype=np.uint8), [0, 8])
     t["w"] = ("F32", rng.standard_normal((4, 3)).astype(np.float32), None)
@@ -82,6 +83,10 @@ def test_new_dtypes(tools, tmp):
     t = new_dtype_tensors(rng)
     st, ck = to_ckpt(tools, tmp, "new", t, 2, {"format": "pt"})
     tools.run("ckpt-verify", ck, expect=0)
+    whole = os.path.join(tmp, "new-whole")  # FULL: each tensor one chunk, mx.big copied file to file
+    tools.run("ckpt-convert", st, whole, expect=0)
+    tools.run("ckpt-verify", whole, expect=0)
+    tools.run("ckpt-diff", st, whole, expect=0)
     tools.run("ckpt-verify", ck, "--check-finite", expect=1)  # the one NaN scale
     want_dtype = {"U16": "uint16", "U32": "uint32", "U64": "uint64", "F8_E8M0": "float8_e8m0fnu",
                   "F4": "float4_e2m1fn_x2", "F32": "float32"}
@@ -231,6 +236,9 @@ def sharded_tensors(rng):
     """Tensors of several sizes (keys in sorted order, as the checkpoint lists them)."""
     t = {}
     t["a.big"] = ("F32", rng.standard_normal((64, 40)).astype(np.float32), None)      # 10240 B: over the cap
+    # 2 MiB: over the 1 MiB under which tensors go through memory, so it is copied file to file
+    # (a whole tensor from safetensors once failed there, checked against a checksum it has not).
+    t["a.huge"] = ("F32", rng.standard_normal((512, 1024)).astype(np.float32), None)
     t["b.w"] = ("BF16", rng.integers(0, 2 ** 16, (30, 20), dtype=np.uint16), None)    # 1200 B
     t["c.w"] = ("F32", rng.standard_normal((10, 30)).astype(np.float32), None)        # 1200 B
     t["d.scales"] = ("F8_E8M0", rng.integers(0, 255, (100,), dtype=np.uint8), None)   # 100 B
@@ -321,7 +329,7 @@ def test_sharded(tools, tmp):
     check(sorted(os.listdir(one)) == ["model-00001-of-00001.safetensors", "model.safetensors.index.json"],
           f"one shard: {os.listdir(one)}")
     # A .safetensors DST whose tensors fit in one shard is that one file, no index (save_pretrained).
-    for size in ("5GB", "500MB", "20KiB"):
+    for size in ("5GB", "500MB", "3MiB"):
         d = os.path.join(tmp, "fits-" + size)
         tools.run("ckpt-convert", ck, os.path.join(d, "model.safetensors"), "--max-shard-size", size, expect=0)
         check(os.listdir(d) == ["model.safetensors"], f"{size}: {os.listdir(d)}")
@@ -336,7 +344,7 @@ def test_sharded(tools, tmp):
     check(sorted(os.listdir(out)) == before, "refused save changed the directory")
     tools.run("ckpt-convert", ck, os.path.join(out, "model.safetensors"), "--max-shard-size", 6000, "--force", expect=0)
     check_hub_layout(out, "model", t, 6000, "cap 6000 over cap 2500")
-    tools.run("ckpt-convert", ck, os.path.join(out, "model.safetensors"), "--max-shard-size", "1MB", "--force", expect=0)
+    tools.run("ckpt-convert", ck, os.path.join(out, "model.safetensors"), "--max-shard-size", "10MB", "--force", expect=0)
     check(sorted(os.listdir(out)) == ["config.json", "model.safetensors"], f"one file replaces the shards: {os.listdir(out)}")
     return ck, t
 

@@ -218,7 +218,10 @@ void StageCheckpoint(Source& src, const std::vector<Selected>& sel, const fs::pa
               for (const Piece& p : *pieces) {
                 if (!p.whole) check(p.chunk);
                 try {
-                  chunk->Copy(p.range, p.whole ? &e.chunks[p.chunk] : nullptr);
+                  // Checked against the source chunk's checksum as the bytes go, where it has one
+                  // (a safetensors file or a lone shard records none).
+                  const ChunkMeta& from = e.chunks[p.chunk];
+                  chunk->Copy(p.range, p.whole && !from.checksum.empty() ? &from : nullptr);
                 } catch (const Error& err) {
                   if (err.code() != ErrorCode::kCorrupt) throw;
                   throw Error(ErrorCode::kCorrupt, "tensor '" + key + "' chunk " + e.chunks[p.chunk].box.ToString() +
