@@ -41,6 +41,34 @@ uint64_t ParseSize(const std::string& text) {
   return static_cast<uint64_t>(v * mult);
 }
 
+uint64_t ParseShardSize(const std::string& text) {
+  auto bad = [&] { return CLI::ValidationError("--max-shard-size", "not a size: '" + text + "' (e.g. 5GB, 500MB, 1000000)"); };
+  std::size_t digits = 0;
+  while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) ++digits;
+  if (digits == 0 || digits > 18) throw bad();
+  const uint64_t n = std::stoull(text.substr(0, digits));
+  std::string unit = text.substr(digits);
+  const bool bits = !unit.empty() && unit.back() == 'b' && unit.size() >= 2;
+  for (auto& ch : unit) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  struct Unit {
+    const char* name;
+    uint64_t mult;
+  };
+  constexpr Unit kUnits[] = {{"", 1},
+                             {"KIB", uint64_t{1} << 10}, {"MIB", uint64_t{1} << 20},
+                             {"GIB", uint64_t{1} << 30}, {"TIB", uint64_t{1} << 40},
+                             {"KB", 1000}, {"MB", 1000 * 1000}, {"GB", 1000 * 1000 * 1000},
+                             {"TB", uint64_t{1000} * 1000 * 1000 * 1000}};
+  for (const Unit& u : kUnits) {
+    if (unit != u.name) continue;
+    if (n == 0) throw CLI::ValidationError("--max-shard-size", "must be positive: '" + text + "'");
+    if (n > UINT64_MAX / u.mult) throw bad();
+    const uint64_t bytes = n * u.mult;
+    return bits && unit.find('I') == std::string::npos ? bytes / 8 : bytes;
+  }
+  throw bad();
+}
+
 DType ParseDType(const std::string& text) {
   if (auto d = DTypeFromName(text)) return *d;
   if (text == "bf16") return DType::kBFloat16;

@@ -31,6 +31,10 @@ void AddCommon(CLI::App& app, Common& common, const std::string& tool, bool memo
 
 // "1GiB", "512MiB", "256M", "1000000" -> bytes; throws CLI::ValidationError.
 uint64_t ParseSize(const std::string& text);
+// --max-shard-size as transformers' save_pretrained reads it (convert_file_size_to_int):
+// "5GB" = 5e9, "500MB", "100KB" decimal; "5GiB", "500MiB", "100KiB" binary; a plain integer
+// is bytes; a unit ending in a lower-case "b" ("5Gb") is bits. Throws CLI::ValidationError.
+uint64_t ParseShardSize(const std::string& text);
 // "bfloat16"/"bf16", "float16"/"fp16"/"half", "float32"/"fp32", "float64"/"fp64".
 DType ParseDType(const std::string& text);
 // "none", "zstd", "zstd:LEVEL".

@@ -18,7 +18,8 @@ int InspectMain(int argc, char** argv) {
   std::string path;
   ops::InspectOptions o;
   bool tree = false;
-  app.add_option("PATH", path, "Checkpoint directory, shard .h5 or .safetensors file")->required();
+  app.add_option("PATH", path, "Checkpoint directory, shard .h5, .safetensors file, or the Hub's sharded safetensors\n"
+                 "(model.safetensors.index.json, or the directory holding it)")->required();
   app.add_flag("--tree", tree, "Group keys by their dotted prefixes, with subtotals");
   app.add_option("--key", o.keys, "Only keys matching this glob (repeatable)")
       ->allow_extra_args(false)->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);

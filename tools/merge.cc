@@ -8,18 +8,29 @@ namespace ckpt::tools {
 namespace {
 
 struct MergeFlags {
-  std::string src, dst, dtype, compress = "none", chunk_size = "16MiB";
+  std::string src, dst, dtype, compress = "none", chunk_size = "16MiB", max_shard_size;
   ops::MergeOptions o;
 };
 
 void AddWriteFlags(CLI::App& app, MergeFlags& f) {
-  app.add_option("SRC", f.src, "Checkpoint directory, shard .h5 holding whole tensors, or .safetensors")->required();
-  app.add_option("DST", f.dst, "Output: a checkpoint directory, or a file ending in .safetensors")->required();
+  app.add_option("SRC", f.src,
+                 "Checkpoint directory, shard .h5 holding whole tensors, .safetensors, or the Hub's sharded\n"
+                 "safetensors (model.safetensors.index.json, or the directory holding it)")->required();
+  app.add_option("DST", f.dst,
+                 "Output: a checkpoint directory, a file ending in .safetensors, or an index ending in\n"
+                 ".safetensors.index.json (the Hub's sharded layout: shards beside it)")->required();
   app.add_option("--world", f.o.world, "Write a SHARDED checkpoint of M files, as M ranks would have")
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("--dim", f.o.dim, "Dimension tensors are split along with --world")->capture_default_str()
       ->check(CLI::Range(0, 31));
-  app.add_option("--dtype", f.dtype, "Cast floating tensors (bfloat16, float16, float32, float64)");
+  app.add_option("--dtype", f.dtype,
+                 "Cast floating tensors (bfloat16, float16, float32, float64); float8_e8m0fnu scales and\n"
+                 "packed float4_e2m1fn_x2 keep their dtype");
+  app.add_option("--max-shard-size", f.max_shard_size,
+                 "Safetensors output in shards of at most this many tensor bytes, as save_pretrained\n"
+                 "(5GB = 5e9, 500MB, 2GiB, or bytes; a larger tensor gets a shard of its own):\n"
+                 "<stem>-00001-of-0000N.safetensors + <stem>.safetensors.index.json beside DST, or DST\n"
+                 "alone when it ends in .safetensors and all fits in one. Default for an index DST: 5GB");
   app.add_option("--compress", f.compress, "none, zstd or zstd:LEVEL")->capture_default_str();
   app.add_flag("--force", f.o.force, "Replace an existing DST");
   app.add_option("--chunk-size", f.chunk_size,
@@ -41,6 +52,7 @@ int RunWrite(CLI::App& app, Common& common, MergeFlags& f, int argc, char** argv
     f.o.max_memory = ParseSize(common.max_memory);
     f.o.chunk_bytes = ParseSize(f.chunk_size);
     if (!f.dtype.empty()) f.o.cast = ParseDType(f.dtype);
+    if (!f.max_shard_size.empty()) f.o.max_shard_size = ParseShardSize(f.max_shard_size);
     f.o.compression = ParseCompression(f.compress);
     f.o.progress = !common.quiet;
     const ops::MergeReport r = ops::Merge(f.src, f.dst, f.o);
@@ -63,6 +75,7 @@ int MergeMain(int argc, char** argv) {
   app.footer("Examples:\n  ckpt-merge ckpt/step-1000 full/                      # FULL, one file\n"
              "  ckpt-merge ckpt/step-1000 resharded/ --world 8       # 8 files, split along dim 0\n"
              "  ckpt-merge ckpt/step-1000 model.safetensors --exclude 'optimizer.*' --dtype bfloat16\n"
+             "  ckpt-merge ckpt/step-1000 hf/model.safetensors --max-shard-size 5GB   # the Hub's layout\n"
              "  ckpt-merge ckpt/step-1000 full.h5 --virtual          # HDF5 virtual datasets, no copy\n\n"
              "Exit codes: 0 ok, 1 the source is corrupt, 2 usage or I/O error.");
   Common common;
@@ -77,13 +90,16 @@ int MergeMain(int argc, char** argv) {
 }
 
 int ConvertMain(int argc, char** argv) {
-  CLI::App app("Convert between safetensors and ckpt: .safetensors -> checkpoint (--world N to write it\n"
-               "sharded, as N ranks would have) and checkpoint -> .safetensors (merged). Bit-exact for every\n"
+  CLI::App app("Convert between safetensors and ckpt: .safetensors, or the Hub's sharded layout (an index\n"
+               "and its shards), -> checkpoint (--world N to write it sharded, as N ranks would have) and\n"
+               "checkpoint -> .safetensors (merged, or in shards with --max-shard-size). Bit-exact for every\n"
                "dtype both have; safetensors' __metadata__ travels as the checkpoint's user metadata.",
                "ckpt-convert");
   app.footer("Examples:\n  ckpt-convert model.safetensors ckpt/model --world 4\n"
              "  ckpt-convert ckpt/step-1000 model.safetensors --exclude 'optimizer.*'\n"
-             "  ckpt-convert model.safetensors ckpt/model --skip-unsupported   # e.g. leave out F8_E8M0 tensors\n\n"
+             "  ckpt-convert hf-model/ ckpt/model                 # model.safetensors.index.json + shards\n"
+             "  ckpt-convert ckpt/step-1000 out/model.safetensors.index.json --max-shard-size 2GB\n"
+             "  ckpt-convert model.safetensors ckpt/model --skip-unsupported   # leave out tensors of unknown dtypes\n\n"
              "Exit codes: 0 ok, 1 the source is malformed, 2 usage or I/O error.");
   Common common;
   AddCommon(app, common, "ckpt-convert", true);

@@ -18,7 +18,8 @@ int VerifyMain(int argc, char** argv) {
   AddCommon(app, common, "ckpt-verify", false);
   std::string path, expect, junit, schema;
   ops::VerifyOptions o;
-  app.add_option("PATH", path, "Checkpoint directory (or a lone shard / safetensors file)")->required();
+  app.add_option("PATH", path, "Checkpoint directory (or a lone shard, a safetensors file, or the Hub's sharded safetensors:\n"
+                 "an index or the directory holding it)")->required();
   app.add_flag("--quick", o.quick, "Skip reading data: metadata, files, tiling and datasets only");
   app.add_flag("--check-finite", o.check_finite, "Fail on NaN or Inf in floating tensors");
   app.add_option("--expect", expect,

@@ -266,8 +266,11 @@ STORAGE = {
     "bfloat16": ("<u2", "bfloat16"), "float8_e4m3fn": ("u1", "float8_e4m3fn"),
     "float8_e5m2": ("u1", "float8_e5m2"), "int8": ("i1", None), "int16": ("<i2", None),
     "int32": ("<i4", None), "int64": ("<i8", None), "uint8": ("u1", None), "bool": ("u1", "bool"),
+    "uint16": ("<u2", None), "uint32": ("<u4", None), "uint64": ("<u8", None),
+    "float8_e8m0fnu": ("u1", "float8_e8m0fnu"), "float4_e2m1fn_x2": ("u1", "float4_e2m1fn_x2"),
 }
-FLOATING = {"float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"}
+FLOATING = {"float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu",
+            "float4_e2m1fn_x2"}
 
 
 def itemsize(dtype):
@@ -301,6 +304,12 @@ def _e4m3fn_table():
 
 
 E4M3FN = _e4m3fn_table()
+# float8_e8m0fnu: 2^(b - 127), 0xff NaN.
+E8M0 = np.array([math.nan if b == 0xFF else 2.0 ** (b - 127) for b in range(256)], dtype=np.float64)
+# float4 e2m1 nibble: sign, 2 exponent bits (bias 1), 1 mantissa bit.
+E2M1 = np.array([(-1.0 if n & 8 else 1.0) * ((n & 1) * 0.5 if (n >> 1) & 3 == 0 else
+                                             (1 + (n & 1) / 2.0) * 2.0 ** (((n >> 1) & 3) - 1))
+                 for n in range(16)], dtype=np.float64)
 
 
 def to_float64(dtype, raw):
@@ -313,6 +322,11 @@ def to_float64(dtype, raw):
         return (np.frombuffer(raw, "u1").astype(np.uint16) << 8).view(np.float16).astype(np.float64)
     if dtype == "float8_e4m3fn":
         return E4M3FN[np.frombuffer(raw, "u1")]
+    if dtype == "float8_e8m0fnu":
+        return E8M0[np.frombuffer(raw, "u1")]
+    if dtype == "float4_e2m1fn_x2":  # two values per byte, low nibble first (FORMAT.md §4.5)
+        b = np.frombuffer(raw, "u1")
+        return np.stack([E2M1[b & 0xF], E2M1[b >> 4]], axis=-1).reshape(-1)
     raise ValueError(dtype)
 
 

@@ -99,6 +99,11 @@ std::vector<uint8_t> MakeData(const std::string& key, DType dtype, const Shape& 
     uint64_t bits = r;
     if (dtype == DType::kBool) {
       bits = r & 1;
+    } else if (dtype == DType::kFloat8E8M0FNU) {  // 2^(b-127): any byte but 0xff (NaN); no Inf
+      bits = (r >> 8) % 255;
+      if (fill == Fill::kAllNan || (fill == Fill::kSpecials && i % 5 == 0)) bits = 0xff;
+    } else if (dtype == DType::kFloat4E2M1FNx2) {  // every byte is two finite values
+      bits = (r >> 8) & 0xff;
     } else if (ckpt::IsFloating(dtype)) {
       bits = RandomFiniteBits(dtype, r);
       if (fill == Fill::kAllNan) bits = NanBits(dtype);

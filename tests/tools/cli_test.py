@@ -30,10 +30,12 @@ ST_DTYPES = {  # safetensors dtype -> numpy storage dtype (bf16 / fp8 as their b
     "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16,
     "F8_E4M3": np.uint8, "F8_E5M2": np.uint8, "I8": np.int8, "I16": np.int16,
     "I32": np.int32, "I64": np.int64, "U8": np.uint8, "BOOL": np.bool_,
-}
+    "U16": np.uint16, "U32": np.uint32, "U64": np.uint64, "F8_E8M0": np.uint8,
+}  # F4 (shape in values, two per byte) is tested in hub_test.py
 CKPT_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
                "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "I8": "int8", "I16": "int16",
-               "I32": "int32", "I64": "int64", "U8": "uint8", "BOOL": "bool"}
+               "I32": "int32", "I64": "int64", "U8": "uint8", "BOOL": "bool",
+               "U16": "uint16", "U32": "uint32", "U64": "uint64", "F8_E8M0": "float8_e8m0fnu"}
 
 FAILURES = []
 
@@ -45,11 +47,12 @@ def check(cond, what):
 
 
 def write_safetensors(path, tensors, metadata=None):
-    """tensors: ordered dict name -> (st_dtype, ndarray). Written by hand, per the spec."""
+    """tensors: ordered dict name -> (st_dtype, ndarray[, header shape]). Written by hand, per
+    the spec. The header shape defaults to the array's (F4 counts values: give it)."""
     header, blobs, off = {}, [], 0
-    for name, (dt, arr) in tensors.items():
+    for name, (dt, arr, *shape) in tensors.items():
         b = np.ascontiguousarray(arr).tobytes()
-        header[name] = {"dtype": dt, "shape": list(arr.shape), "data_offsets": [off, off + len(b)]}
+        header[name] = {"dtype": dt, "shape": list(shape[0] if shape else arr.shape), "data_offsets": [off, off + len(b)]}
         blobs.append(b)
         off += len(b)
     if metadata:
@@ -86,7 +89,7 @@ def read_ckpt_with_h5py(ckpt):
         for c in where.get(key, []):
             with h5py.File(os.path.join(ckpt, c["file"]), "r") as h:
                 ds = h[c["dataset"]]
-                if e["dtype"] in ("bfloat16", "float8_e4m3fn", "float8_e5m2", "bool"):
+                if e["dtype"] in ("bfloat16", "float8_e4m3fn", "float8_e5m2", "bool", "float8_e8m0fnu"):
                     check(ds.attrs["dtype"] in (e["dtype"], e["dtype"].encode()),
                           f"{key}: dataset dtype attribute {ds.attrs.get('dtype')!r}")
                 data = ds[()]
@@ -136,7 +139,7 @@ def test_round_trip_all_dtypes(tools, tmp):
     shapes = [(5, 3), (7,), (), (2, 3, 4), (0, 4), (9, 2)]
     for i, (st, npd) in enumerate(ST_DTYPES.items()):
         shape = shapes[i % len(shapes)]
-        if st in ("BF16", "F8_E4M3", "F8_E5M2", "U8"):  # every bit pattern, NaN ones included
+        if st in ("BF16", "F8_E4M3", "F8_E5M2", "U8", "F8_E8M0"):  # every bit pattern, NaN ones included
             info = np.iinfo(npd)
             arr = rng.integers(info.min, info.max, size=shape, endpoint=True, dtype=npd)
         elif st == "BOOL":
@@ -505,7 +508,7 @@ def test_convert_flags(tools, tmp):
     t = {}
     t["a.w"] = ("F32", rng.standard_normal((2, 3)).astype(np.float32))
     t["b.w"] = ("F32", rng.standard_normal((4,)).astype(np.float32))
-    t["odd"] = ("F8_E8M0", np.arange(5, dtype=np.uint8))  # a dtype ckpt does not have
+    t["odd"] = ("C64", np.arange(5, dtype=np.complex64))  # a dtype ckpt does not have
     # A key spelled like a chunk name of another key: 'w' split over 4 files has a chunk at
     # offsets [0, 0], which once made the dataset name 'w@0,0' twice.
     t["w"] = ("F32", rng.standard_normal((8, 4)).astype(np.float32))
@@ -518,12 +521,12 @@ def test_convert_flags(tools, tmp):
             return sorted(json.load(f)["entries"])
 
     p = tools.run("ckpt-convert", st, os.path.join(tmp, "flags-refused"), expect=1)
-    check("'odd'" in p.stderr and "F8_E8M0" in p.stderr, f"the unsupported tensor is named: {p.stderr}")
+    check("'odd'" in p.stderr and "C64" in p.stderr, f"the unsupported tensor is named: {p.stderr}")
     check("--skip-unsupported" in tools.run("ckpt-convert", "--help", expect=0).stdout, "--help names the flag")
 
     out = os.path.join(tmp, "flags-all")
     p = tools.run("ckpt-convert", st, out, "--skip-unsupported", "--world", 4, expect=0)
-    check("warning: skipped tensor 'odd' (dtype 'F8_E8M0')" in p.stderr, f"warning names the tensor: {p.stderr}")
+    check("warning: skipped tensor 'odd' (dtype 'C64')" in p.stderr, f"warning names the tensor: {p.stderr}")
     check(keys(out) == ["a.w", "b.w", "w", "w@0,0"], f"keys: {keys(out)}")
     got, _ = read_ckpt_with_h5py(out)
     for k in ("w", "w@0,0", "a.w"):
@@ -569,13 +572,18 @@ def main():
         test_verify_corpus(tools, tmp)
         test_convert_flags(tools, tmp)
     finally:
-        if not FAILURES:
-            shutil.rmtree(tmp, ignore_errors=True)
-    if FAILURES:
-        print(f"{len(FAILURES)} failures (scratch kept in {tmp})")
-        return 1
-    print("all CLI tests passed")
-    return 0
+        status = finish(tmp, "all CLI tests passed")
+    return status
+
+
+def finish(tmp, passed):
+    """Removes the scratch `tmp` if every check passed; the exit status."""
+    if not FAILURES:
+        shutil.rmtree(tmp, ignore_errors=True)
+        print(passed)
+        return 0
+    print(f"{len(FAILURES)} failures (scratch kept in {tmp})")
+    return 1
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -22,6 +23,7 @@
 #include "ops/elements.h"
 #include "ops/json_schema.h"
 #include "ops/util.h"
+#include "storage/digest.h"
 #include "test_util.h"
 #include "tools/hostile_shard.h"
 
@@ -982,4 +984,133 @@ TEST_CASE("merge --world 4: a key spelled like another key's chunk gets a datase
   auto src = ops::Source::Open(tmp / "out");
   CHECK(ReadAll(*src, "w") == w);
   CHECK(ReadAll(*src, "w@0,0") == w00);
+}
+
+TEST_CASE("new dtypes: names, sizes, and values decoded as FORMAT.md §4.5 says") {
+  const std::pair<DType, const char*> names[] = {{DType::kUInt16, "uint16"},
+                                                 {DType::kUInt32, "uint32"},
+                                                 {DType::kUInt64, "uint64"},
+                                                 {DType::kFloat8E8M0FNU, "float8_e8m0fnu"},
+                                                 {DType::kFloat4E2M1FNx2, "float4_e2m1fn_x2"}};
+  for (const auto& [d, name] : names) {
+    CHECK(DTypeName(d) == name);
+    CHECK(DTypeFromName(name) == d);
+  }
+  CHECK(DTypeSize(DType::kUInt64) == 8);
+  CHECK(DTypeSize(DType::kFloat4E2M1FNx2) == 1);
+  CHECK(DTypeValues(DType::kFloat4E2M1FNx2) == 2);
+  CHECK(DTypeValues(DType::kFloat8E8M0FNU) == 1);
+  CHECK(IsFloating(DType::kFloat8E8M0FNU));
+  CHECK(!IsCastable(DType::kFloat8E8M0FNU));
+  CHECK(!IsCastable(DType::kFloat4E2M1FNx2));
+  CHECK(!IsFloating(DType::kUInt32));
+  CHECK(!DTypeFromName("float4_e2m1fn"));
+  // e8m0: 2^(b-127), 255 NaN.
+  for (int b = 0; b < 255; ++b) {
+    const auto byte = static_cast<uint8_t>(b);
+    REQUIRE(ElementToDouble(DType::kFloat8E8M0FNU, &byte) == std::ldexp(1.0, b - 127));
+  }
+  const uint8_t nan = 255;
+  CHECK(std::isnan(ElementToDouble(DType::kFloat8E8M0FNU, &nan)));
+  // e2m1 pairs: low nibble first.
+  const double e2m1[16] = {0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6};
+  for (int b = 0; b < 256; ++b) {
+    const auto byte = static_cast<uint8_t>(b);
+    double v[2];
+    ElementValues(DType::kFloat4E2M1FNx2, &byte, v);
+    REQUIRE(v[0] == e2m1[b & 15]);
+    REQUIRE(v[1] == e2m1[b >> 4]);
+    REQUIRE(std::signbit(v[0]) == ((b & 8) != 0));
+  }
+  const uint64_t big = 0xfffffffffffffff0ull;
+  CHECK(ElementToDouble(DType::kUInt64, &big) == static_cast<double>(big));
+  // Statistics are of the values: an F4 byte is two of them.
+  const uint8_t f4[2] = {0x71, 0xf8};  // 0.5, 6 | -0, -6
+  ops::detail::StatsAccumulator acc;
+  acc.Add(DType::kFloat4E2M1FNx2, f4, 2);
+  CHECK(acc.finite == 4);
+  CHECK(acc.min == -6);
+  CHECK(acc.max == 6);
+  CHECK(acc.sum == 0.5);
+  storage::Digest digest(DType::kFloat4E2M1FNx2, true);
+  digest.Update(f4, 2);
+  const auto s = digest.Stats();
+  REQUIRE(s);
+  CHECK(s->finite_count == 4);
+  CHECK(s->min == -6);
+  CHECK(s->max == 6);
+  CHECK(s->mean == doctest::Approx(0.125));
+  const uint8_t scales[3] = {127, 128, 255};  // 1, 2, NaN
+  storage::Digest ds(DType::kFloat8E8M0FNU, true);
+  ds.Update(scales, 3);
+  CHECK(ds.Stats()->nan_count == 1);
+  CHECK(ds.Stats()->finite_count == 2);
+  CHECK(ds.Stats()->mean == 1.5);
+}
+
+TEST_CASE("safetensors F4: the header counts values, ckpt bytes of two; odd or 0-d shapes are refused") {
+  ckpt_test::TempDir tmp("hub");
+  const fs::path p = tmp.path() / "f4.safetensors";
+  WriteRawSafetensors(p, R"({"q":{"dtype":"F4","shape":[3,8],"data_offsets":[0,12]},)"
+                         R"("s":{"dtype":"F8_E8M0","shape":[3],"data_offsets":[12,15]},)"
+                         R"("u":{"dtype":"U16","shape":[2],"data_offsets":[15,19]}})", 19);
+  auto r = ops::SafetensorsReader::Open(p);
+  REQUIRE(r->Find("q"));
+  CHECK(r->Find("q")->dtype == DType::kFloat4E2M1FNx2);
+  CHECK(r->Find("q")->shape == Shape{3, 4});
+  CHECK(r->Find("s")->dtype == DType::kFloat8E8M0FNU);
+  CHECK(r->Find("u")->dtype == DType::kUInt16);
+  // Written back: [3, 8] again.
+  const fs::path back = tmp.path() / "back.safetensors";
+  {
+    ops::SafetensorsWriter w(back, {{"q", DType::kFloat4E2M1FNx2, {3, 4}}}, {});
+    std::vector<uint8_t> data(12, 0x21);
+    w.Append(data.data(), data.size());
+    w.Commit();
+  }
+  CHECK(ops::SafetensorsReader::Open(back)->Find("q")->shape == Shape{3, 4});
+  std::ifstream in(back, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(text.find(R"("shape":[3,8])") != std::string::npos);
+  CHECK_THROWS_WITH_AS(ops::SafetensorsWriter(tmp.path() / "z.safetensors", {{"z", DType::kFloat4E2M1FNx2, {}}}, {}),
+                       doctest::Contains("'z': a 0-d float4_e2m1fn_x2"), Error);
+  const fs::path odd = tmp.path() / "odd.safetensors";
+  WriteRawSafetensors(odd, R"({"q":{"dtype":"F4","shape":[2,3],"data_offsets":[0,3]}})", 3);
+  CHECK(OpenError(odd).find("odd.safetensors: tensor 'q': F4 shape [2,3] has no float4_e2m1fn_x2 shape") !=
+        std::string::npos);
+  auto skipped = ops::SafetensorsReader::Open(odd, /*skip_unsupported=*/true);
+  CHECK(skipped->tensors().empty());
+  REQUIRE(skipped->skipped().size() == 1);
+  CHECK(skipped->skipped()[0].second == "F4");
+  const fs::path unknown = tmp.path() / "unknown.safetensors";
+  WriteRawSafetensors(unknown, R"({"k":{"dtype":"F6_E2M3","shape":[4],"data_offsets":[0,3]}})", 3);
+  CHECK(OpenError(unknown).find("unknown.safetensors: tensor 'k': unknown or unsupported dtype 'F6_E2M3'") !=
+        std::string::npos);
+}
+
+TEST_CASE("safetensors shards: planned as huggingface_hub does, named as the Hub does") {
+  using Plan = std::vector<std::vector<std::size_t>>;
+  CHECK(ops::PlanSafetensorsShards({}, 10).empty());
+  CHECK(ops::PlanSafetensorsShards({4, 4, 4}, 10) == Plan{{0, 1}, {2}});
+  CHECK(ops::PlanSafetensorsShards({5, 5, 5}, 10) == Plan{{0, 1}, {2}});  // exactly the cap fits
+  // A tensor over the cap is a shard of its own, placed where it is met, before the open shard.
+  CHECK(ops::PlanSafetensorsShards({3, 20, 3, 5}, 10) == Plan{{1}, {0, 2}, {3}});
+  CHECK(ops::PlanSafetensorsShards({0, 0, 11}, 10) == Plan{{2}, {0, 1}});
+  CHECK(ops::SafetensorsShardName("model", 0, 3) == "model-00001-of-00003.safetensors");
+  CHECK(ops::SafetensorsShardName("diffusion_pytorch_model", 11, 12) ==
+        "diffusion_pytorch_model-00012-of-00012.safetensors");
+  ckpt_test::TempDir tmp("hub");
+  const fs::path idx = tmp.path() / "model.safetensors.index.json";
+  ops::WriteSafetensorsIndex(idx, 42, {{"b", "model-00002-of-00002.safetensors"}, {"a", "model-00001-of-00002.safetensors"}});
+  std::ifstream in(idx);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(text ==
+        "{\n  \"metadata\": {\n    \"total_size\": 42\n  },\n  \"weight_map\": {\n"
+        "    \"a\": \"model-00001-of-00002.safetensors\",\n    \"b\": \"model-00002-of-00002.safetensors\"\n  }\n}\n");
+  const auto read = ops::ReadSafetensorsIndex(idx);
+  CHECK(read.total_size == uint64_t{42});
+  CHECK(read.files.size() == 2);
+  CHECK(ops::FindSafetensorsIndex(tmp.path()) == idx);
+  CHECK(ops::FindSafetensorsIndex(idx) == idx);
+  CHECK(!ops::FindSafetensorsIndex(tmp.path() / "model.safetensors"));
 }

@@ -5,6 +5,9 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
+
+#include "ckpt/error.h"
 
 namespace ckpt::ops::detail {
 namespace {
@@ -74,7 +77,13 @@ void EncodeElement(DType dtype, double v, void* out) {
     case DType::kInt64: { const auto x = static_cast<int64_t>(v); std::memcpy(out, &x, 8); return; }
     case DType::kUInt8: *static_cast<uint8_t*>(out) = static_cast<uint8_t>(v); return;
     case DType::kBool: *static_cast<uint8_t*>(out) = v != 0 ? 1 : 0; return;
+    case DType::kUInt16: { const auto x = static_cast<uint16_t>(v); std::memcpy(out, &x, 2); return; }
+    case DType::kUInt32: { const auto x = static_cast<uint32_t>(v); std::memcpy(out, &x, 4); return; }
+    case DType::kUInt64: { const auto x = static_cast<uint64_t>(v); std::memcpy(out, &x, 8); return; }
+    case DType::kFloat8E8M0FNU:
+    case DType::kFloat4E2M1FNx2: break;  // not castable (IsCastable): never asked for
   }
+  throw Error(ErrorCode::kInvalidArgument, "cannot encode a value as " + std::string(DTypeName(dtype)));
 }
 
 void CastElements(DType from, const void* in, DType to, void* out, std::size_t n) {
@@ -128,7 +137,12 @@ void StatsAccumulator::Add(DType dtype, const void* data, std::size_t n) {
     }
     return;
   }
-  for (std::size_t i = 0; i < n; ++i) one(ElementToDouble(dtype, p + i * item));
+  const int values = DTypeValues(dtype);
+  double v[2];
+  for (std::size_t i = 0; i < n; ++i) {
+    ElementValues(dtype, p + i * item, v);
+    for (int j = 0; j < values; ++j) one(v[j]);
+  }
 }
 
 void StatsAccumulator::Merge(const ChunkStats& s) {
@@ -161,6 +175,7 @@ void CountNonFinite(DType dtype, const void* data, std::size_t n, int64_t* nan, 
     return;
   }
   const std::size_t item = DTypeSize(dtype);
+  if (dtype == DType::kFloat4E2M1FNx2) return;  // e2m1 has no NaN or Inf
   for (std::size_t i = 0; i < n; ++i) {
     const double x = ElementToDouble(dtype, p + i * item);
     if (std::isnan(x)) ++*nan;

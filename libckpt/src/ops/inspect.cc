@@ -124,13 +124,18 @@ InspectReport Inspect(const std::filesystem::path& path, const InspectOptions& o
   r.library_version = md.library_version;
   r.created = md.created;
   r.user = md.user;
-  const std::filesystem::path dir = src->kind() == SourceKind::kCheckpoint ? path : path.parent_path();
+  // The directory the files are in: the checkpoint's, or a Hub model directory given as such.
+  std::error_code ec;
+  const std::filesystem::path dir =
+      src->kind() == SourceKind::kCheckpoint || std::filesystem::is_directory(path, ec) ? path : path.parent_path();
+  // safetensors files are followed through symlinks (as the Hub's cache links them), as read.
+  const bool follow = src->kind() == SourceKind::kSafetensors;
   std::map<std::string, bool> file_ok;
   for (const auto& f : md.files) {
     FileInfo fi{f.name, f.rank, f.bytes, std::nullopt, ""};
     struct stat st;
     const std::filesystem::path p = dir / f.name;
-    if (::lstat(p.c_str(), &st) != 0) {
+    if ((follow ? ::stat(p.c_str(), &st) : ::lstat(p.c_str(), &st)) != 0) {
       fi.problem = "missing";
     } else if (!S_ISREG(st.st_mode)) {
       fi.problem = "not a regular file";

@@ -2,6 +2,7 @@
 #include "ckpt/ops/merge.h"
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -120,7 +121,7 @@ std::optional<ChunkStats> CombineStats(const EntryMeta& e, const std::vector<Pie
 }
 
 DType OutType(const EntryMeta& e, const MergeOptions& o) {
-  return o.cast && IsFloating(e.dtype) ? *o.cast : e.dtype;
+  return o.cast && IsCastable(e.dtype) ? *o.cast : e.dtype;
 }
 
 // Streams tensor `key` block by block in row-major order; fn(block, data, bytes).
@@ -217,7 +218,10 @@ void StageCheckpoint(Source& src, const std::vector<Selected>& sel, const fs::pa
               for (const Piece& p : *pieces) {
                 if (!p.whole) check(p.chunk);
                 try {
-                  chunk->Copy(p.range, p.whole ? &e.chunks[p.chunk] : nullptr);
+                  // Checked against the source chunk's checksum as the bytes go, where it has one
+                  // (a safetensors file or a lone shard records none).
+                  const ChunkMeta& from = e.chunks[p.chunk];
+                  chunk->Copy(p.range, p.whole && !from.checksum.empty() ? &from : nullptr);
                 } catch (const Error& err) {
                   if (err.code() != ErrorCode::kCorrupt) throw;
                   throw Error(ErrorCode::kCorrupt, "tensor '" + key + "' chunk " + e.chunks[p.chunk].box.ToString() +
@@ -286,33 +290,40 @@ void WriteCheckpoint(Source& src, const std::vector<Selected>& sel, const fs::pa
   Install(staging, dst, o.force);
 }
 
-void WriteSafetensors(Source& src, const std::vector<Selected>& sel, const fs::path& dst,
-                      const MergeOptions& o, uint64_t budget, MergeReport& r) {
-  std::vector<SafetensorsWriter::TensorSpec> specs;
+// The tensors of `sel` (others noted: safetensors holds tensors only) and the
+// __metadata__ the output carries: ckpt's user metadata, string values kept, others as JSON text.
+std::vector<Selected> SafetensorsTensors(const Source& src, const std::vector<Selected>& sel, MergeReport& r,
+                                         std::vector<std::pair<std::string, std::string>>& meta) {
+  std::vector<Selected> tensors;
   std::vector<std::string> skipped;
-  uint64_t total = 0;
   for (const auto& s : sel) {
-    if (s.entry->kind != EntryKind::kTensor) {
-      skipped.push_back(*s.key);
-      continue;
-    }
-    specs.push_back({*s.key, OutType(*s.entry, o), s.entry->shape});
-    total += s.entry->TensorBytes();
+    if (s.entry->kind == EntryKind::kTensor) tensors.push_back(s);
+    else skipped.push_back(*s.key);
   }
   if (!skipped.empty())
     r.notes.push_back(std::to_string(skipped.size()) + " non-tensor entries not written (safetensors holds "
                       "tensors only), e.g. '" + skipped.front() + "'");
-  // ckpt's user metadata becomes __metadata__ (string values kept, others as JSON text).
-  std::vector<std::pair<std::string, std::string>> meta;
   const json user = json::parse(src.metadata().user.empty() ? "{}" : src.metadata().user, nullptr, false);
   if (user.is_object())
     for (auto it = user.begin(); it != user.end(); ++it)
       meta.emplace_back(it.key(), it.value().is_string() ? it.value().get<std::string>() : it.value().dump());
-  SafetensorsWriter w(dst, specs, meta, o.force);
-  detail::Progress progress("convert", total, o.progress);
+  return tensors;
+}
+
+uint64_t OutBytes(const EntryMeta& e, const MergeOptions& o) {
+  return NumElementsOf(e) * DTypeSize(OutType(e, o));
+}
+
+// Writes `tensors` into one safetensors file at `path`, left uncommitted (the caller commits).
+std::unique_ptr<SafetensorsWriter> StageSafetensorsFile(
+    Source& src, const std::vector<Selected>& tensors, const fs::path& path,
+    const std::vector<std::pair<std::string, std::string>>& meta, const MergeOptions& o, uint64_t budget,
+    MergeReport& r, detail::Progress& progress) {
+  std::vector<SafetensorsWriter::TensorSpec> specs;
+  for (const auto& s : tensors) specs.push_back({*s.key, OutType(*s.entry, o), s.entry->shape});
+  auto w = std::make_unique<SafetensorsWriter>(path, specs, meta, o.force);
   detail::Buffer in, out;
-  for (const auto& s : sel) {
-    if (s.entry->kind != EntryKind::kTensor) continue;
+  for (const auto& s : tensors) {
     const DType out_dtype = OutType(*s.entry, o);
     if (out_dtype == s.entry->dtype && s.entry->TensorBytes() >= o.copy_min_bytes) {
       if (auto pieces = PlanCopy(src, *s.key, *s.entry, Box::Full(s.entry->shape))) {
@@ -321,7 +332,7 @@ void WriteSafetensors(Source& src, const std::vector<Selected>& sel, const fs::p
         for (const Piece& p : *pieces)
           if (checked.insert(p.chunk).second) src.VerifyChunk(*s.key, p.chunk);
         for (const Piece& p : *pieces) {
-          w.AppendCopy(p.range);
+          w->AppendCopy(p.range);
           progress.Add(p.range.length);
         }
         r.bytes += s.entry->TensorBytes();
@@ -337,17 +348,106 @@ void WriteSafetensors(Source& src, const std::vector<Selected>& sel, const fs::p
                           [&](std::size_t chunk) { src.VerifyChunk(*s.key, chunk); });
     StreamTensor(src, *s.key, *s.entry, blocks, out_dtype, in, out,
                  [&](const Box&, const void* data, std::size_t bytes) {
-                   w.Append(data, bytes);
+                   w->Append(data, bytes);
                    r.bytes += bytes;
                    progress.Add(bytes);
                  });
     ++r.tensors;
     ++r.chunks;
   }
+  return w;
+}
+
+void WriteSafetensors(Source& src, const std::vector<Selected>& sel, const fs::path& dst,
+                      const MergeOptions& o, uint64_t budget, MergeReport& r) {
+  std::vector<std::pair<std::string, std::string>> meta;
+  const auto tensors = SafetensorsTensors(src, sel, r, meta);
+  uint64_t total = 0;
+  for (const auto& s : tensors) total += s.entry->TensorBytes();
+  detail::Progress progress("convert", total, o.progress);
+  auto w = StageSafetensorsFile(src, tensors, dst, meta, o, budget, r, progress);
   progress.Done();
-  w.Commit();
+  w->Commit();
   r.other_entries = 0;
   r.files = 1;
+}
+
+// "model-00001-of-00003.safetensors" for stem "model": the names a sharded save of `stem` uses.
+bool IsShardOf(std::string_view name, std::string_view stem) {
+  constexpr std::string_view kTail = "-00000-of-00000.safetensors";
+  if (name.size() != stem.size() + kTail.size() || !name.starts_with(stem)) return false;
+  const std::string_view tail = name.substr(stem.size());
+  for (std::size_t i = 0; i < kTail.size(); ++i) {
+    const bool digit = kTail[i] == '0';
+    if (digit ? !std::isdigit(static_cast<unsigned char>(tail[i])) : tail[i] != kTail[i]) return false;
+  }
+  return true;
+}
+
+// The Hub's layout, as save_pretrained writes it: shards of at most o.max_shard_size
+// tensor bytes named <stem>-0000i-of-0000n.safetensors beside <stem>.safetensors.index.json,
+// or, when `dst` is <stem>.safetensors and everything fits in one shard, that file alone.
+// Every shard is written and checked before any is committed; the index is committed last.
+// With --force, shards of an earlier save of the same stem that this one does not write are
+// removed, as save_pretrained does, and so is an earlier index (one file now) or an earlier
+// <stem>.safetensors (shards now): a reader would otherwise find the stale one.
+void WriteShardedSafetensors(Source& src, const std::vector<Selected>& sel, const fs::path& dst,
+                             const MergeOptions& o, uint64_t budget, MergeReport& r) {
+  const std::string name = dst.filename().string();
+  const bool index_dst = name.ends_with(kSafetensorsIndexSuffix);
+  const std::string stem = index_dst ? name.substr(0, name.size() - kSafetensorsIndexSuffix.size())
+                                     : dst.stem().string();
+  if (stem.empty()) throw Error(ErrorCode::kInvalidArgument, dst.string() + ": no file name before the suffix");
+  const fs::path dir = dst.parent_path().empty() ? fs::path(".") : dst.parent_path();
+  const fs::path index_path = index_dst ? dst : dir / (stem + std::string(kSafetensorsIndexSuffix));
+  std::vector<std::pair<std::string, std::string>> meta;
+  const auto tensors = SafetensorsTensors(src, sel, r, meta);
+  std::vector<uint64_t> sizes;
+  uint64_t total = 0;
+  for (const auto& s : tensors) {
+    sizes.push_back(OutBytes(*s.entry, o));
+    total += sizes.back();
+  }
+  const uint64_t cap = o.max_shard_size ? o.max_shard_size : kDefaultMaxShardSize;
+  auto groups = PlanSafetensorsShards(sizes, cap);
+  if (groups.empty()) groups.emplace_back();  // no tensors: one empty file
+  std::error_code ec;
+  const bool one_file = groups.size() == 1 && !index_dst;
+  if (one_file && fs::exists(index_path, ec) && !o.force)
+    throw Error(ErrorCode::kAlreadyExists, index_path.string() + ": a sharded save is there (use --force to replace it)");
+  std::vector<std::string> names;
+  for (std::size_t i = 0; i < groups.size(); ++i)
+    names.push_back(one_file ? name : SafetensorsShardName(stem, i, groups.size()));
+  if (!o.force) {
+    for (const auto& n : names)
+      if (fs::exists(dir / n, ec))
+        throw Error(ErrorCode::kAlreadyExists, (dir / n).string() + ": already exists (use --force to replace it)");
+  }
+  detail::Progress progress("convert", total, o.progress);
+  std::vector<std::unique_ptr<SafetensorsWriter>> writers;
+  std::vector<std::pair<std::string, std::string>> weight_map;
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    std::vector<Selected> part;
+    for (std::size_t i : groups[g]) {
+      part.push_back(tensors[i]);
+      weight_map.emplace_back(*tensors[i].key, names[g]);
+    }
+    writers.push_back(StageSafetensorsFile(src, part, dir / names[g], meta, o, budget, r, progress));
+  }
+  progress.Done();
+  for (auto& w : writers) w->Commit();
+  if (!one_file) WriteSafetensorsIndex(index_path, total, weight_map);
+  if (o.force) {  // what an earlier save of this stem left that this one did not write
+    const std::set<std::string> ours(names.begin(), names.end());
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string f = it->path().filename().string();
+      if (!ours.count(f) && IsShardOf(f, stem)) fs::remove(it->path(), ec);
+    }
+    if (one_file) fs::remove(index_path, ec);
+    else if (!index_dst) fs::remove(dst, ec);  // an earlier one-file save at DST
+  }
+  r.other_entries = 0;
+  r.files = names.size() + (one_file ? 0 : 1);
 }
 
 void WriteVirtual(Source& src, const std::vector<Selected>& sel, const fs::path& dst,
@@ -405,14 +505,19 @@ MergeReport Merge(const fs::path& src_path, const fs::path& dst, const MergeOpti
   const auto t0 = std::chrono::steady_clock::now();
   if (o.world < 0 || o.dim < 0 || o.dim >= 32)
     throw Error(ErrorCode::kInvalidArgument, "--world must be >= 1 and --dim in [0, 32)");
-  if (o.cast && !IsFloating(*o.cast))
-    throw Error(ErrorCode::kInvalidArgument, "--dtype must be a floating dtype, not " +
+  if (o.cast && !IsCastable(*o.cast))
+    throw Error(ErrorCode::kInvalidArgument, "--dtype must be float64, float32, float16, bfloat16 or float8, not " +
                                                  std::string(DTypeName(*o.cast)));
   std::error_code ec;
   if (fs::exists(dst, ec) && !o.force)
     throw Error(ErrorCode::kAlreadyExists, dst.string() + ": already exists (use --force to replace it)");
   if (fs::exists(dst, ec) && fs::equivalent(src_path, dst, ec))
     throw Error(ErrorCode::kInvalidArgument, dst.string() + ": source and destination are the same");
+  const bool index_dst = dst.filename().string().ends_with(kSafetensorsIndexSuffix);
+  const bool safetensors = index_dst || dst.extension() == ".safetensors";
+  if (o.max_shard_size && (!safetensors || o.virtual_file))
+    throw Error(ErrorCode::kInvalidArgument,
+                "--max-shard-size needs a safetensors destination (.safetensors or .safetensors.index.json)");
   auto src = Source::Open(src_path, o.skip_unsupported);
   const auto sel = Select(*src, o);
   MergeReport r;
@@ -432,11 +537,12 @@ MergeReport Merge(const fs::path& src_path, const fs::path& dst, const MergeOpti
   if (o.virtual_file) {
     r.output = "virtual";
     WriteVirtual(*src, sel, dst, o, r);
-  } else if (dst.extension() == ".safetensors") {
+  } else if (safetensors) {
     if (o.world > 0)
-      throw Error(ErrorCode::kInvalidArgument, "a .safetensors destination is one full file; drop --world");
+      throw Error(ErrorCode::kInvalidArgument, "a safetensors destination holds full tensors; drop --world");
     r.output = "safetensors";
-    WriteSafetensors(*src, sel, dst, o, budget, r);
+    if (index_dst || o.max_shard_size) WriteShardedSafetensors(*src, sel, dst, o, budget, r);
+    else WriteSafetensors(*src, sel, dst, o, budget, r);
   } else {
     r.output = o.world > 0 ? "sharded checkpoint" : "full checkpoint";
     WriteCheckpoint(*src, sel, dst, o, budget, r);

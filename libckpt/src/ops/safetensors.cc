@@ -7,12 +7,15 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <unordered_set>
 
 #include "ckpt/error.h"
+#include "ckpt/metadata.h"
+#include "format/checked.h"
 #include "layout/box.h"
 #include "ops/util.h"
 #include "storage/commit.h"
@@ -33,6 +36,8 @@ constexpr NameMap kNames[] = {
     {"BF16", DType::kBFloat16},     {"F8_E4M3", DType::kFloat8E4M3FN}, {"F8_E5M2", DType::kFloat8E5M2},
     {"I8", DType::kInt8},           {"I16", DType::kInt16},           {"I32", DType::kInt32},
     {"I64", DType::kInt64},         {"U8", DType::kUInt8},            {"BOOL", DType::kBool},
+    {"U16", DType::kUInt16},        {"U32", DType::kUInt32},          {"U64", DType::kUInt64},
+    {"F8_E8M0", DType::kFloat8E8M0FNU}, {"F4", DType::kFloat4E2M1FNx2},
 };
 
 [[noreturn]] void Corrupt(const std::filesystem::path& path, const std::string& msg) {
@@ -180,6 +185,21 @@ std::unique_ptr<SafetensorsReader> SafetensorsReader::Open(const std::filesystem
         Corrupt(path, where + ": shape must hold non-negative integers, found " + v["shape"].dump());
       if (!skip) t.shape.push_back(d.get<int64_t>());
     }
+    if (!skip && t.dtype == DType::kFloat4E2M1FNx2) {  // header counts values; ckpt bytes of two
+      if (t.shape.empty() || t.shape.back() % 2 != 0) {
+        const std::string why = where + ": F4 shape " + v["shape"].dump() +
+                                " has no float4_e2m1fn_x2 shape (ckpt packs two values per byte along the "
+                                "last dimension, which must be even)";
+        if (!skip_unsupported) throw Error(ErrorCode::kUnsupported, path.string() + ": " + why);
+        r->skipped_.emplace_back(name, dt);
+        t.dtype = DType::kUInt8;
+        const auto b = v["data_offsets"][0].get<uint64_t>(), e = v["data_offsets"][1].get<uint64_t>();
+        if (e < b) Corrupt(path, where + ": data_offsets end before they begin");
+        t.shape = {static_cast<int64_t>(std::min<uint64_t>(e - b, uint64_t{1} << 62))};
+      } else {
+        t.shape.back() /= 2;
+      }
+    }
     t.begin = v["data_offsets"][0].get<uint64_t>();
     t.end = v["data_offsets"][1].get<uint64_t>();
     const uint64_t expect =
@@ -277,8 +297,16 @@ SafetensorsWriter::SafetensorsWriter(const std::filesystem::path& path,
       throw Error(ErrorCode::kInvalidArgument,
                   path.string() + ": invalid or duplicate tensor name '" + t.name + "'");
     const uint64_t n = detail::TensorBytes(t.shape, DTypeSize(t.dtype), t.name);
+    Shape shape = t.shape;
+    if (t.dtype == DType::kFloat4E2M1FNx2) {  // safetensors counts the values
+      if (shape.empty())
+        throw Error(ErrorCode::kInvalidArgument,
+                    path.string() + ": tensor '" + t.name +
+                        "': a 0-d float4_e2m1fn_x2 (one byte, two values) has no safetensors F4 shape");
+      shape.back() = internal::CheckedMul(shape.back(), int64_t{2}, t.name);
+    }
     header[t.name] = {{"dtype", SafetensorsDTypeName(t.dtype)},
-                      {"shape", t.shape},
+                      {"shape", shape},
                       {"data_offsets", {off, off + n}}};
     off += n;
   }
@@ -361,6 +389,99 @@ void SafetensorsWriter::Commit() {
     throw;
   }
   tmp_path_.clear();  // committed
+}
+
+std::optional<std::filesystem::path> FindSafetensorsIndex(const std::filesystem::path& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) {
+    if (path.filename().string().ends_with(kSafetensorsIndexSuffix)) return path;
+    return std::nullopt;
+  }
+  const fs::path model = path / ("model" + std::string(kSafetensorsIndexSuffix));
+  if (fs::exists(model, ec)) return model;
+  std::optional<fs::path> only;
+  for (fs::directory_iterator it(path, ec), end; !ec && it != end; it.increment(ec)) {
+    if (!it->path().filename().string().ends_with(kSafetensorsIndexSuffix)) continue;
+    if (only) return std::nullopt;  // several: which one is meant is not ours to guess
+    only = it->path();
+  }
+  return only;
+}
+
+SafetensorsIndex ReadSafetensorsIndex(const std::filesystem::path& index_file) {
+  SafetensorsIndex index;
+  index.path = index_file;
+  const json j = ParseStrict(detail::ReadFileText(index_file, uint64_t{64} << 20), index_file);
+  if (!j.is_object()) Corrupt(index_file, "the index is not a JSON object");
+  if (j.contains("metadata")) {
+    const json& m = j["metadata"];
+    if (!m.is_object() && !m.is_null()) Corrupt(index_file, "'metadata' is not an object");
+    if (m.is_object() && m.contains("total_size")) {
+      const json& t = m["total_size"];
+      // transformers has written it as an integer-valued float at times: accept those too.
+      if (t.is_number_unsigned()) {
+        index.total_size = t.get<uint64_t>();
+      } else if (t.is_number_float() && t.get<double>() >= 0 && t.get<double>() < 0x1p63 &&
+                 t.get<double>() == static_cast<double>(static_cast<uint64_t>(t.get<double>()))) {
+        index.total_size = static_cast<uint64_t>(t.get<double>());
+      } else {
+        Corrupt(index_file, "metadata.total_size is not a non-negative integer: " + t.dump());
+      }
+    }
+  }
+  if (!j.contains("weight_map") || !j["weight_map"].is_object())
+    Corrupt(index_file, "missing or non-object 'weight_map'");
+  std::set<std::string> files;
+  for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+    if (it.key().empty()) Corrupt(index_file, "weight_map has an empty tensor name");
+    if (!it.value().is_string())
+      Corrupt(index_file, "weight_map['" + it.key() + "'] is not a file name: " + it.value().dump());
+    const std::string file = it.value().get<std::string>();
+    if (!IsSafeFileName(file))
+      Corrupt(index_file, "weight_map['" + it.key() + "'] = '" + file +
+                              "' is not a plain file name in the index's directory");
+    index.weight_map.emplace_back(it.key(), file);
+    if (files.insert(file).second) index.files.push_back(file);
+  }
+  return index;
+}
+
+void WriteSafetensorsIndex(const std::filesystem::path& index_file, uint64_t total_size,
+                           const std::vector<std::pair<std::string, std::string>>& weight_map) {
+  json map = json::object();
+  for (const auto& [tensor, file] : weight_map) map[tensor] = file;
+  const json j = {{"metadata", {{"total_size", total_size}}}, {"weight_map", map}};
+  // json objects keep keys sorted; ensure_ascii as Python's json.dumps.
+  storage::CommitFile(index_file, j.dump(2, ' ', /*ensure_ascii=*/true) + "\n");
+}
+
+std::vector<std::vector<std::size_t>> PlanSafetensorsShards(const std::vector<uint64_t>& bytes,
+                                                            uint64_t max_shard_bytes) {
+  std::vector<std::vector<std::size_t>> shards;
+  std::vector<std::size_t> current;
+  uint64_t current_bytes = 0;
+  for (std::size_t i = 0; i < bytes.size(); ++i) {
+    if (bytes[i] > max_shard_bytes) {
+      shards.push_back({i});
+      continue;
+    }
+    if (current_bytes + bytes[i] > max_shard_bytes) {
+      shards.push_back(std::move(current));
+      current.clear();
+      current_bytes = 0;
+    }
+    current.push_back(i);
+    current_bytes += bytes[i];
+  }
+  if (!current.empty()) shards.push_back(std::move(current));
+  return shards;
+}
+
+std::string SafetensorsShardName(std::string_view stem, std::size_t shard, std::size_t shards) {
+  char suffix[64];
+  std::snprintf(suffix, sizeof suffix, "-%05zu-of-%05zu.safetensors", shard + 1, shards);
+  return std::string(stem) + suffix;
 }
 
 }  // namespace ckpt::ops

@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <unordered_map>
+#include <unordered_set>
 #include <nlohmann/json.hpp>
 
 #include "ckpt/checkpoint.h"
@@ -47,22 +49,79 @@ class CheckpointSource final : public Source {
   std::unique_ptr<CheckpointReader> reader_;
 };
 
+// One .safetensors file, or the Hub's sharded layout (an index and the files it names):
+// each file's tensors, as whole-tensor chunks of that file.
 class SafetensorsSource final : public Source {
  public:
-  explicit SafetensorsSource(const std::filesystem::path& file, bool skip_unsupported) {
+  SafetensorsSource(const std::filesystem::path& file, bool skip_unsupported) {
     path_ = file;
-    reader_ = SafetensorsReader::Open(file, skip_unsupported);
-    skipped_ = reader_->skipped();
-    metadata_.state_dict_type = StateDictType::kFull;
-    metadata_.world_size = 1;
-    metadata_.library_version = "safetensors";
-    metadata_.mesh = "null";
-    json user = json::object();
-    for (const auto& [k, v] : reader_->metadata()) user[k] = v;
-    metadata_.user = user.dump();
-    const std::string name = file.filename().string();
-    metadata_.files.push_back(FileMeta{name, 0, reader_->file_size(), {}});
-    for (const auto& t : reader_->tensors()) {
+    Add(SafetensorsReader::Open(file, skip_unsupported));
+    Finish();
+  }
+  SafetensorsSource(const SafetensorsIndex& index, bool skip_unsupported) {
+    path_ = index.path;
+    const std::filesystem::path dir = index.path.parent_path();
+    std::unordered_map<std::string_view, std::string_view> file_of;  // weight_map
+    for (const auto& [tensor, file] : index.weight_map) file_of.emplace(tensor, file);
+    for (const std::string& name : index.files) {
+      try {
+        Add(SafetensorsReader::Open(dir / name, skip_unsupported));
+      } catch (const Error& e) {
+        if (e.code() != ErrorCode::kNotFound) throw;
+        throw Error(ErrorCode::kCorrupt, index.path.string() + ": the weight_map names " + name +
+                                             ", which is not there (" + e.what() + ")");
+      }
+      const SafetensorsReader& r = *readers_.back();
+      auto listed = [&](const std::string& tensor) {
+        const auto it = file_of.find(tensor);
+        if (it == file_of.end())
+          throw Error(ErrorCode::kCorrupt, index.path.string() + ": tensor '" + tensor + "' of " + name +
+                                               " is not in the weight_map");
+        if (it->second != name)
+          throw Error(ErrorCode::kCorrupt, index.path.string() + ": tensor '" + tensor + "' is in " + name +
+                                               " but the weight_map puts it in " + std::string(it->second));
+      };
+      for (const auto& t : r.tensors()) listed(t.name);
+      for (const auto& [tensor, dtype] : r.skipped()) listed(tensor);
+    }
+    for (const auto& [tensor, file] : index.weight_map)
+      if (!where_.count(tensor) && !skipped_names_.count(tensor))
+        throw Error(ErrorCode::kCorrupt, index.path.string() + ": weight_map puts tensor '" + tensor + "' in " +
+                                             file + ", which does not hold it");
+    Finish();
+  }
+  SourceKind kind() const override { return SourceKind::kSafetensors; }
+  void ReadRegion(std::string_view key, const Box& region, void* out) override {
+    const auto [r, t] = Find(key);
+    r->ReadRegion(*t, region, out);
+    read_ += static_cast<uint64_t>(region.NumElements()) * DTypeSize(t->dtype);
+  }
+  std::vector<uint8_t> ReadBytes(std::string_view key) override {
+    throw Error(ErrorCode::kNotFound, path_.string() + ": no bytes entry '" + std::string(key) +
+                                          "' (safetensors holds tensors only)");
+  }
+  uint64_t bytes_read() const override { return read_; }
+  std::optional<FileRange> Locate(std::string_view key, std::size_t chunk) override {
+    const auto [r, t] = Find(key);
+    if (chunk != 0) throw Error(ErrorCode::kNotFound, path_.string() + ": no tensor '" + std::string(key) + "'");
+    if (t->end == t->begin) return std::nullopt;
+    return FileRange{r->path(), r->data_start() + t->begin, t->end - t->begin};
+  }
+  void VerifyChunk(std::string_view, std::size_t) override {}  // safetensors records no checksums
+
+ private:
+  void Add(std::unique_ptr<SafetensorsReader> reader) {
+    const SafetensorsReader& r = *reader;
+    const std::string name = r.path().filename().string();
+    metadata_.files.push_back(FileMeta{name, 0, r.file_size(), {}});
+    for (const auto& [k, v] : r.metadata()) user_.emplace(k, v);  // the first file's value wins
+    for (const auto& s : r.skipped()) {
+      skipped_.push_back(s);
+      skipped_names_.insert(s.first);
+    }
+    for (const auto& t : r.tensors()) {
+      if (!where_.emplace(t.name, readers_.size()).second || skipped_names_.count(t.name))
+        throw Error(ErrorCode::kCorrupt, r.path().string() + ": tensor '" + t.name + "' is in another file too");
       EntryMeta e;
       e.kind = EntryKind::kTensor;
       e.dtype = t.dtype;
@@ -75,32 +134,29 @@ class SafetensorsSource final : public Source {
       e.chunks.push_back(std::move(c));
       metadata_.entries.emplace_back(t.name, std::move(e));
     }
+    readers_.push_back(std::move(reader));
+  }
+  void Finish() {
+    metadata_.state_dict_type = StateDictType::kFull;
+    metadata_.world_size = 1;
+    metadata_.library_version = "safetensors";
+    metadata_.mesh = "null";
+    json user = json::object();
+    for (const auto& [k, v] : user_) user[k] = v;
+    metadata_.user = user.dump();
     metadata_.BuildIndex();
   }
-  SourceKind kind() const override { return SourceKind::kSafetensors; }
-  void ReadRegion(std::string_view key, const Box& region, void* out) override {
-    const SafetensorsTensor* t = reader_->Find(key);
-    if (!t)
-      throw Error(ErrorCode::kNotFound, path_.string() + ": no tensor '" + std::string(key) + "'");
-    reader_->ReadRegion(*t, region, out);
-    read_ += static_cast<uint64_t>(region.NumElements()) * DTypeSize(t->dtype);
+  std::pair<const SafetensorsReader*, const SafetensorsTensor*> Find(std::string_view key) const {
+    const auto it = where_.find(std::string(key));
+    const SafetensorsTensor* t = it == where_.end() ? nullptr : readers_[it->second]->Find(key);
+    if (!t) throw Error(ErrorCode::kNotFound, path_.string() + ": no tensor '" + std::string(key) + "'");
+    return {readers_[it->second].get(), t};
   }
-  std::vector<uint8_t> ReadBytes(std::string_view key) override {
-    throw Error(ErrorCode::kNotFound, path_.string() + ": no bytes entry '" + std::string(key) +
-                                          "' (safetensors holds tensors only)");
-  }
-  uint64_t bytes_read() const override { return read_; }
-  std::optional<FileRange> Locate(std::string_view key, std::size_t chunk) override {
-    const SafetensorsTensor* t = reader_->Find(key);
-    if (!t || chunk != 0)
-      throw Error(ErrorCode::kNotFound, path_.string() + ": no tensor '" + std::string(key) + "'");
-    if (t->end == t->begin) return std::nullopt;
-    return FileRange{path_, reader_->data_start() + t->begin, t->end - t->begin};
-  }
-  void VerifyChunk(std::string_view, std::size_t) override {}  // safetensors records no checksums
 
- private:
-  std::unique_ptr<SafetensorsReader> reader_;
+  std::vector<std::unique_ptr<SafetensorsReader>> readers_;
+  std::unordered_map<std::string, std::size_t> where_;  // tensor -> index in readers_
+  std::unordered_set<std::string> skipped_names_;
+  std::map<std::string, std::string> user_;
   uint64_t read_ = 0;
 };
 
@@ -232,11 +288,16 @@ std::unique_ptr<Source> Source::Open(const std::filesystem::path& path, bool ski
     throw Error(ErrorCode::kNotFound, path.string() + ": no such file or directory");
   if (std::filesystem::is_directory(st)) {
     if (!std::filesystem::exists(path / kMetadataFileName, ec))
+      if (const auto index = FindSafetensorsIndex(path))  // a Hub model directory
+        return std::make_unique<SafetensorsSource>(ReadSafetensorsIndex(*index), skip_unsupported);
+    if (!std::filesystem::exists(path / kMetadataFileName, ec))
       throw Error(ErrorCode::kNotFound,
                   path.string() + ": not a checkpoint (no metadata.json; an uncommitted save?)");
     return std::make_unique<CheckpointSource>(path, resolve);
   }
   if (path.extension() == ".safetensors") return std::make_unique<SafetensorsSource>(path, skip_unsupported);
+  if (path.filename().string().ends_with(kSafetensorsIndexSuffix))
+    return std::make_unique<SafetensorsSource>(ReadSafetensorsIndex(path), skip_unsupported);
   const std::string head = Head(path, 9);
   if (head.starts_with(std::string_view("\x89HDF\r\n\x1a\n", 8))) return std::make_unique<ShardSource>(path);
   if (path.filename() == kMetadataFileName) return Open(path.parent_path(), skip_unsupported, resolve);

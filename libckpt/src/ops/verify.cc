@@ -31,6 +31,7 @@
 #include "ckpt/checkpoint.h"
 #include "ckpt/error.h"
 #include "ckpt/metadata.h"
+#include "ckpt/ops/safetensors.h"
 #include "ckpt/ops/source.h"
 #include "format/checked.h"
 #include "format/grid.h"
@@ -679,7 +680,7 @@ uint64_t RunDataJobs(const fs::path& dir, std::vector<DataJob>& jobs, std::vecto
   return run.done.load();
 }
 
-// A lone shard or a safetensors file: what its self-description allows.
+// A lone shard or safetensors (a file, or the Hub's sharded layout): what its self-description allows.
 void VerifyFile(const fs::path& path, const VerifyOptions& o, VerifyReport& r, Collector& c) {
   std::unique_ptr<Source> src;
   try {
@@ -690,7 +691,7 @@ void VerifyFile(const fs::path& path, const VerifyOptions& o, VerifyReport& r, C
     return;
   }
   const Metadata& md = src->metadata();
-  r.files = 1;
+  r.files = md.files.size();
   std::vector<uint8_t> buf;
   for (const auto& [key, e] : md.entries) {
     if (e.kind != EntryKind::kTensor) continue;
@@ -735,8 +736,8 @@ VerifyReport Verify(const fs::path& path, const VerifyOptions& o) {
   std::error_code ec;
   const auto st = fs::status(path, ec);
   if (ec || !fs::exists(st)) throw Error(ErrorCode::kNotFound, path.string() + ": no such file or directory");
-  if (!fs::is_directory(st)) {
-    VerifyFile(path, o, r, c);
+  if (!fs::is_directory(st) || (!fs::exists(path / kMetadataFileName, ec) && FindSafetensorsIndex(path))) {
+    VerifyFile(path, o, r, c);  // a lone shard, a safetensors file or a Hub sharded-safetensors directory
     return finish();
   }
 

@@ -140,7 +140,29 @@ const std::vector<float>& Table(DType dtype) {
   static const std::vector<float> half = make(DType::kFloat16, 65536);
   static const std::vector<float> e4m3 = make(DType::kFloat8E4M3FN, 256);
   static const std::vector<float> e5m2 = make(DType::kFloat8E5M2, 256);
-  return dtype == DType::kFloat16 ? half : dtype == DType::kFloat8E4M3FN ? e4m3 : e5m2;
+  static const std::vector<float> e8m0 = make(DType::kFloat8E8M0FNU, 256);
+  switch (dtype) {
+    case DType::kFloat16: return half;
+    case DType::kFloat8E4M3FN: return e4m3;
+    case DType::kFloat8E8M0FNU: return e8m0;
+    default: return e5m2;
+  }
+}
+
+// float4_e2m1fn_x2: byte -> its two values (low nibble first), as float.
+const std::vector<float>& PairTable() {
+  static const std::vector<float> t = [] {
+    std::vector<float> v(512);
+    for (unsigned b = 0; b < 256; ++b) {
+      const auto byte = static_cast<uint8_t>(b);
+      double pair[2];
+      ElementValues(DType::kFloat4E2M1FNx2, &byte, pair);
+      v[2 * b] = static_cast<float>(pair[0]);
+      v[2 * b + 1] = static_cast<float>(pair[1]);
+    }
+    return v;
+  }();
+  return t;
 }
 
 #if defined(CKPT_STATS_AVX2)
@@ -182,6 +204,18 @@ void AccumulateBlock(DType dtype, const unsigned char* p, std::size_t count, Run
 #endif
   constexpr std::size_t kBlock = 4096;
   alignas(64) float buf[kBlock];
+  if (dtype == DType::kFloat4E2M1FNx2) {  // the statistics of the values: two per element
+    const auto& t = PairTable();
+    for (std::size_t b = 0; b < count; b += kBlock / 2) {
+      const std::size_t n = std::min(kBlock / 2, count - b);
+      for (std::size_t i = 0; i < n; ++i) {
+        buf[2 * i] = t[2 * p[b + i]];
+        buf[2 * i + 1] = t[2 * p[b + i] + 1];
+      }
+      FloatBlock(buf, 2 * n, s);
+    }
+    return;
+  }
   for (std::size_t b = 0; b < count; b += kBlock) {
     const std::size_t n = std::min(kBlock, count - b);
     switch (dtype) {

@@ -83,8 +83,13 @@ Handle FileType(DType dtype) {
     case DType::kBFloat16: return Type(H5Tcopy(H5T_STD_U16LE));
     case DType::kFloat8E4M3FN:
     case DType::kFloat8E5M2:
+    case DType::kFloat8E8M0FNU:
+    case DType::kFloat4E2M1FNx2:
     case DType::kBool:
     case DType::kUInt8: return Type(H5Tcopy(H5T_STD_U8LE));
+    case DType::kUInt16: return Type(H5Tcopy(H5T_STD_U16LE));
+    case DType::kUInt32: return Type(H5Tcopy(H5T_STD_U32LE));
+    case DType::kUInt64: return Type(H5Tcopy(H5T_STD_U64LE));
     case DType::kInt8: return Type(H5Tcopy(H5T_STD_I8LE));
     case DType::kInt16: return Type(H5Tcopy(H5T_STD_I16LE));
     case DType::kInt32: return Type(H5Tcopy(H5T_STD_I32LE));
@@ -108,7 +113,7 @@ hid_t SharedFileType(DType dtype) {
 
 bool NeedsDTypeAttr(DType dtype) {
   return dtype == DType::kBFloat16 || dtype == DType::kFloat8E4M3FN || dtype == DType::kFloat8E5M2 ||
-         dtype == DType::kBool;
+         dtype == DType::kFloat8E8M0FNU || dtype == DType::kFloat4E2M1FNx2 || dtype == DType::kBool;
 }
 
 bool TypeMatches(hid_t type, DType dtype) { return H5Tequal(type, SharedFileType(dtype)) > 0; }

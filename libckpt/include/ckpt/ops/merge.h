@@ -2,7 +2,10 @@
 // (checkpoint directory, lone shard holding whole tensors, safetensors file) into
 //   - a FULL checkpoint with one file (default),
 //   - a SHARDED checkpoint of `world` files, every tensor split along `dim`,
-//   - one .safetensors file (when the destination ends in .safetensors), or
+//   - one .safetensors file (when the destination ends in .safetensors),
+//   - the Hub's sharded safetensors (a destination ending in .safetensors.index.json, or
+//     .safetensors with max_shard_size: see WriteShardedSafetensors in merge.cc and
+//     ckpt/ops/safetensors.h), or
 //   - one HDF5 file of virtual datasets stitching each full tensor from the source's
 //     shards (`virtual_file`): no byte copied.
 // Memory is bounded by `max_memory` whatever the size of the checkpoint. Where a tensor's
@@ -50,7 +53,13 @@ struct MergeOptions {
   // instead of refusing the whole file.
   bool skip_unsupported = false;
   bool progress = false;
+  // Safetensors output in shards of at most this many tensor bytes, as save_pretrained's
+  // max_shard_size (a larger tensor gets a shard of its own). 0: one file for a .safetensors
+  // destination, kDefaultMaxShardSize for a .safetensors.index.json one.
+  uint64_t max_shard_size = 0;
 };
+
+inline constexpr uint64_t kDefaultMaxShardSize = uint64_t{5} * 1000 * 1000 * 1000;  // "5GB", as transformers
 
 struct MergeReport {
   std::string src, dst;

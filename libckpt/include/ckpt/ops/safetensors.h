@@ -25,7 +25,15 @@
 
 namespace ckpt::ops {
 
-// "F32" <-> DType::kFloat32, "F8_E4M3" <-> kFloat8E4M3FN, "BOOL" <-> kBool ...
+// "F32" <-> DType::kFloat32, "F8_E4M3" <-> kFloat8E4M3FN, "BOOL" <-> kBool, "U16" <-> kUInt16,
+// "F8_E8M0" <-> kFloat8E8M0FNU, "F4" <-> kFloat4E2M1FNx2 ...
+//
+// F4 shapes: safetensors counts 4-bit values, ckpt (as torch's float4_e2m1fn_x2) counts
+// bytes of two values, so a header's F4 [..., 2k] is ckpt's [..., k]. An F4 tensor of
+// rank 0 or an odd last dimension (valid in safetensors if its value count is even) has no
+// float4_e2m1fn_x2 shape: the reader refuses it (kUnsupported, or skips it), and the writer
+// refuses a rank-0 float4_e2m1fn_x2 (kInvalidArgument). SafetensorsTensor::shape and
+// TensorSpec::shape are ckpt's.
 CKPT_API std::optional<DType> DTypeFromSafetensors(std::string_view name);
 CKPT_API std::string_view SafetensorsDTypeName(DType dtype);
 
@@ -120,5 +128,42 @@ class CKPT_API SafetensorsWriter {
   std::filesystem::path source_path_;
   void Wrote(uint64_t bytes);
 };
+
+// The Hugging Face Hub's sharded layout (what transformers' save_pretrained writes past
+// max_shard_size): `<stem>.safetensors.index.json`, {"metadata": {"total_size": <tensor
+// bytes>}, "weight_map": {tensor: file}}, beside the files it names,
+// `<stem>-00001-of-00003.safetensors` ... (stem "model" for model.safetensors).
+inline constexpr std::string_view kSafetensorsIndexSuffix = ".safetensors.index.json";
+
+struct SafetensorsIndex {
+  std::filesystem::path path;  // the index file
+  std::optional<uint64_t> total_size;
+  // (tensor, file) in the order of the index; files are plain names in the index's directory.
+  std::vector<std::pair<std::string, std::string>> weight_map;
+  std::vector<std::string> files;  // each file once, in order of first mention
+};
+
+// `path` itself if it names an index file (a name ending in kSafetensorsIndexSuffix); for a
+// directory, its model.safetensors.index.json, else its only *.safetensors.index.json; else
+// nullopt. Reads nothing.
+CKPT_API std::optional<std::filesystem::path> FindSafetensorsIndex(const std::filesystem::path& path);
+// Reads and checks an index: JSON without duplicate keys, a "weight_map" object of
+// non-empty tensor names to plain file names (no directory part), total_size (if present)
+// a non-negative integer. kCorrupt naming the file and the entry.
+CKPT_API SafetensorsIndex ReadSafetensorsIndex(const std::filesystem::path& index_file);
+// Writes an index atomically (staged, fsynced, renamed), as transformers does: keys sorted,
+// indent 2, {"metadata": {"total_size": total_size}, "weight_map": ...}.
+CKPT_API void WriteSafetensorsIndex(const std::filesystem::path& index_file, uint64_t total_size,
+                                    const std::vector<std::pair<std::string, std::string>>& weight_map);
+
+// Groups tensors of `bytes[i]` bytes, in order, into shards of at most `max_shard_bytes`
+// as huggingface_hub's split_torch_state_dict_into_shards does (save_pretrained): a shard is
+// closed when the next tensor would take it past the cap, and a tensor larger than the cap
+// is a shard of its own, placed where it is met (before the shard being filled). Every
+// group is non-empty; no tensors give no group. REQUIRES: max_shard_bytes > 0.
+CKPT_API std::vector<std::vector<std::size_t>> PlanSafetensorsShards(const std::vector<uint64_t>& bytes,
+                                                                     uint64_t max_shard_bytes);
+// "model-00002-of-00005.safetensors" for stem "model", shard 1 (from 0) of 5.
+CKPT_API std::string SafetensorsShardName(std::string_view stem, std::size_t shard, std::size_t shards);
 
 }  // namespace ckpt::ops
