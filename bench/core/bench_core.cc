@@ -18,11 +18,13 @@
 //   raw, 4 files: 4 threads, each raw-c-wb of its dim-0 shard into its own file
 //   tmpfs rows: the same writes into /dev/shm (no disk: the CPU path alone)
 //
-// Usage: ckpt-bench-core --dir DIR [--rounds N] [--round-index I] [--json FILE] [--only T,..] [--keep]
+// Usage: ckpt-bench-core --dir DIR [--rounds N] [--round-index I] [--json FILE] [--only T,..]
+//                        [--methods M,..] [--keep]
 //   Each round runs every phase once, interleaved; bench/run.sh runs one round per process,
 //   alternating with the Python peers (bench/peers/peers.py), and bench/report.py prints the
 //   medians. --json appends one JSON line per measured phase; --only runs only the named
-//   tables (gpt2s, gpt2s-4, tmpfs, many-small; e.g. for a profiler).
+//   tables (gpt2s, gpt2s-4, tmpfs, many-small; e.g. for a profiler), --methods only the named
+//   rows of them (raw-c, raw-c-wb, h5c, ckpt, "ckpt, 4 threads", ...).
 #include <ckpt/ckpt.h>
 
 #include <dirent.h>
@@ -595,11 +597,15 @@ void CkptLoad(Workload& w, const fs::path& dir, int world) {
 std::FILE* g_json = nullptr;
 int g_round = 0;
 std::string g_commit;
-std::string g_only;  // comma-separated tables to run; empty: all
+std::string g_only;     // comma-separated tables to run; empty: all
+std::string g_methods;  // comma-separated methods to run (e.g. "ckpt,h5c"); empty: all
 
-bool Wanted(const std::string& table) {
-  if (g_only.empty()) return true;
-  return ("," + g_only + ",").find("," + table + ",") != std::string::npos;
+bool Listed(const std::string& list, const std::string& name) {
+  return list.empty() || ("," + list + ",").find("," + name + ",") != std::string::npos;
+}
+
+bool Wanted(const std::string& table, const std::string& method) {
+  return Listed(g_only, table) && Listed(g_methods, method);
 }
 
 std::string JsonEscape(const std::string& s) {
@@ -615,7 +621,7 @@ std::string JsonEscape(const std::string& s) {
 void Phase(const std::string& table, const std::string& method, const std::string& op, uint64_t bytes,
            const fs::path& cold_dir, const std::function<void()>& prepare, const std::function<void()>& body,
            const std::function<void()>& check = {}) {
-  if (!Wanted(table)) return;
+  if (!Wanted(table, method)) return;
   if (prepare) prepare();
   MakeCold(cold_dir);
   const double load = Load1();
@@ -680,7 +686,7 @@ void PrintMachine(const fs::path& dir) {
 }
 
 [[noreturn]] void Usage(const char* argv0) {
-  std::fprintf(stderr, "usage: %s --dir DIR [--rounds N] [--round-index I] [--json FILE] [--tmpfs DIR] [--only T,..] [--keep]\n",
+  std::fprintf(stderr, "usage: %s --dir DIR [--rounds N] [--round-index I] [--json FILE] [--tmpfs DIR] [--only T,..] [--methods M,..] [--keep]\n",
                argv0);
   std::exit(2);
 }
@@ -706,6 +712,7 @@ int main(int argc, char** argv) {
     else if (a == "--json") json = v;
     else if (a == "--tmpfs") tmpfs = v;
     else if (a == "--only") g_only = v;
+    else if (a == "--methods") g_methods = v;
     else Usage(argv[0]);
   }
   if (base.empty()) Usage(argv[0]);

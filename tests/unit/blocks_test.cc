@@ -394,6 +394,35 @@ TEST_CASE("a carried-over chunk is checked block by block as it is copied") {
   CHECK(Has(e, "source chunk block 1 (bytes " + std::to_string(kB) + ".." + std::to_string(2 * kB) + "): checksum mismatch"));
 }
 
+TEST_CASE("copied chunks on a block boundary lend their checked block digests: the result is the bytes' digest") {
+  Shard a(896, 1024), b(512, 1024);  // 3.5 and 2 blocks
+  const storage::Fd fa = storage::OpenRegularFile(a.path()), fb = storage::OpenRegularFile(b.path());
+  TempDir out("adopt");
+  const int64_t n = static_cast<int64_t>((2 * b.bytes() + 2 * a.bytes()) / 4);
+  storage::ShardWriter w(out.path(), "c.h5", {}, kB);
+  auto s = w.Begin("w", DType::kFloat32, {n}, Box::Full({n}));
+  s->Copy(fb.get(), *b.chunk.offset, b.bytes(), b.path(), &b.chunk, "b");  // at block 0: lent
+  s->Copy(fa.get(), *a.chunk.offset, a.bytes(), a.path(), &a.chunk, "a");  // at block 2: lent, half a block on
+  s->Copy(fb.get(), *b.chunk.offset, b.bytes(), b.path(), &b.chunk, "b");  // at 5.5 blocks: hashed here
+  s->Copy(fa.get(), *a.chunk.offset, a.bytes(), a.path(), nullptr, "");     // at 7.5 blocks, unchecked
+  const ChunkMeta m = s->Finish();
+  std::vector<uint8_t> all;
+  for (const Shard* f : {&b, &a, &b, &a}) {
+    const auto* p = reinterpret_cast<const uint8_t*>(f->values.data());
+    all.insert(all.end(), p, p + f->bytes());
+  }
+  const auto [checksum, blocks] = Reference(all, kB);
+  CHECK(m.checksum == checksum);
+  CHECK(m.blocks == blocks);
+  w.Finish();
+  // A lent digest is checked before it is lent: a flipped byte in the source is refused.
+  FlipByte(b.path(), *b.chunk.offset + 5);
+  storage::ShardWriter w2(out.path(), "d.h5", {}, kB);
+  auto s2 = w2.Begin("w", DType::kFloat32, {n}, Box::Full({n}));
+  CHECK(Has(ErrorOf([&] { s2->Copy(fb.get(), *b.chunk.offset, b.bytes(), b.path(), &b.chunk, "b"); }),
+            "b block 0 (bytes 0.." + std::to_string(kB) + "): checksum mismatch"));
+}
+
 TEST_CASE("a resharded read through the checkpoint reader catches a changed value in the part it reads") {
   TempDir tmp("reshard");
   std::vector<float> v(2 * 512 * 1024);
@@ -434,4 +463,77 @@ TEST_CASE("runs close together share one read; blocks between them are not hashe
   CHECK(read < f.bytes());  // windows of at most 16 MiB, not past the last run
   CHECK(Has(ErrorOf([&] { f.Read(Box{{0, 1000}, {320, 30}}, f.chunk); }), "block 1 (bytes 4096..8192)"));
   CHECK(Has(ErrorOf([&] { f.Read(Box{{0, 0}, {1, 4096}}, f.chunk); }), "block 1 "));
+}
+
+TEST_CASE("reserved chunks: datasets made in batches (small ones written by HDF5), read back verified; "
+          "written out of order is refused") {
+  TempDir tmp("br");
+  // More chunks than one batch (256), of different sizes (some empty, one 0-D), and a
+  // bytes entry and an unreserved stream between them.
+  const int kChunks = 600;
+  std::vector<std::vector<uint8_t>> data;
+  storage::ShardWriter w(tmp.path(), "s.h5", {});
+  for (int i = 0; i < kChunks; ++i) {
+    // Up to 64 KiB (written by HDF5 with the dataset when the data is given) and a few larger.
+    const std::size_t size = i == 10 ? 4 : i % 7 == 3 ? 0 : i % 50 == 1 ? (std::size_t{96} << 10) : 4 * (1 + i * 37 % 500);
+    data.push_back(ckpt_test::RandomBytes(size, i + 1));
+  }
+  for (int i = 0; i < kChunks; ++i) {
+    const int64_t n = static_cast<int64_t>(data[i].size() / 4);
+    const void* given = i % 3 ? data[i].data() : nullptr;  // some announced with their data, some without
+    if (i == 10) {
+      w.Reserve("t10", DType::kFloat32, {}, Box::Full({}), given);
+    } else {
+      w.Reserve("t" + std::to_string(i), DType::kFloat32, {n * 2}, Box{{n}, {n}}, given);  // the tensor's second half
+    }
+  }
+  std::vector<ChunkMeta> metas;
+  for (int i = 0; i < kChunks; ++i) {
+    const int64_t n = static_cast<int64_t>(data[i].size() / 4);
+    if (i == 10) {
+      metas.push_back(w.WriteChunk("t10", DType::kFloat32, {}, Box::Full({}), data[i].data()));
+    } else {
+      metas.push_back(w.WriteChunk("t" + std::to_string(i), DType::kFloat32, {n * 2}, Box{{n}, {n}}, data[i].data()));
+    }
+    if (i == 300) {
+      w.WriteBytes("blob", data[i].data(), data[i].size());
+      auto s = w.Begin("streamed", DType::kUInt8, {4}, Box::Full({4}));
+      s->Write(data[0].data(), 4);
+      s->Finish();
+    }
+  }
+  w.Finish();
+  storage::ShardReader r(tmp.path(), "s.h5");
+  REQUIRE(r.Index().entries.size() == kChunks + 2);
+  for (int i = 0; i < kChunks; ++i) {
+    CAPTURE(i);
+    const ChunkMeta& m = metas[static_cast<std::size_t>(i)];
+    const bool whole = i == 10 || data[i].empty();  // an empty chunk is its whole (empty) tensor
+    CHECK(m.dataset == (whole ? "t" + std::to_string(i) : "t" + std::to_string(i) + "@" + std::to_string(data[i].size() / 4)));
+    CHECK(m.offset.has_value() == !data[i].empty());
+    std::vector<uint8_t> back(std::max<std::size_t>(data[i].size(), 1));
+    const Box box = i == 10 ? Box::Full({}) : m.box;
+    r.Read("t" + std::to_string(i), DType::kFloat32, m, box, back.data(), box, true);
+    back.resize(data[i].size());
+    CHECK(back == data[i]);
+  }
+
+  // Written in another order than reserved: refused, nothing written.
+  storage::ShardWriter bad(tmp.path(), "bad.h5", {});
+  const std::vector<uint8_t> four(16, 1);
+  bad.Reserve("a", DType::kFloat32, {4}, Box::Full({4}));
+  bad.Reserve("b", DType::kFloat32, {4}, Box::Full({4}));
+  ErrorCode code{};
+  CHECK(ErrorOf([&] { bad.WriteChunk("b", DType::kFloat32, {4}, Box::Full({4}), four.data()); }, &code)
+            .find("out of the order") != std::string::npos);
+  CHECK(code == ErrorCode::kInternal);
+  // A reserved chunk that cannot be made fails when its turn comes, with its own error, not
+  // the one of the batch it was first tried in.
+  storage::ShardWriter twice(tmp.path(), "twice.h5", {});
+  twice.Reserve("a", DType::kFloat32, {4}, Box::Full({4}));
+  twice.Reserve("a", DType::kFloat32, {4}, Box::Full({4}));
+  twice.WriteChunk("a", DType::kFloat32, {4}, Box::Full({4}), four.data());
+  CHECK(Has(ErrorOf([&] { twice.WriteChunk("a", DType::kFloat32, {4}, Box::Full({4}), four.data()); }, &code),
+            "writes dataset 'a' twice"));
+  CHECK(code == ErrorCode::kInvalidArgument);
 }

@@ -1,17 +1,25 @@
 // storage::Digest's statistics against an element-by-element reference, for every floating
 // dtype the vectorised kernels cover (float32, bfloat16, float16) and the others: lengths
 // around the kernels' 16-element steps and 16,384-element blocks, bytes fed in pieces that
-// split elements, NaN and Inf in some blocks, all non-finite, signed zeros, subnormals.
+// split elements, NaN and Inf in some blocks, all non-finite, signed zeros, subnormals; and
+// the parallel update (UpdateParallel) against the one-call one, bit for bit.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "ckpt/dtype.h"
 #include "storage/digest.h"
+#include "storage/pool.h"
 
 using namespace ckpt;
 
@@ -160,4 +168,105 @@ TEST_CASE("Digest statistics: a block whose min or max is at its first or last e
     Put(dtype, bytes, 16384 * 2 + 4, -2000.0);
     Check(dtype, bytes, bytes.size());
   }
+}
+
+namespace {
+
+// Everything a Digest yields, for comparing two of them exactly.
+struct Outcome {
+  std::string checksum, blocks;
+  std::optional<ChunkStats> stats;
+};
+
+Outcome Of(const storage::Digest& d) { return {d.Checksum(), d.Blocks(), d.Stats()}; }
+
+void RequireSame(const Outcome& a, const Outcome& b) {
+  CHECK(a.checksum == b.checksum);
+  CHECK(a.blocks == b.blocks);
+  REQUIRE(a.stats.has_value() == b.stats.has_value());
+  if (!a.stats) return;
+  // Bit for bit: the same sums added in the same order (NaN compares by its bits).
+  CHECK(std::memcmp(&a.stats->min, &b.stats->min, sizeof(double)) == 0);
+  CHECK(std::memcmp(&a.stats->max, &b.stats->max, sizeof(double)) == 0);
+  CHECK(std::memcmp(&a.stats->mean, &b.stats->mean, sizeof(double)) == 0);
+  CHECK(std::memcmp(&a.stats->l2, &b.stats->l2, sizeof(double)) == 0);
+  CHECK(a.stats->nan_count == b.stats->nan_count);
+  CHECK(a.stats->inf_count == b.stats->inf_count);
+  CHECK(a.stats->finite_count == b.stats->finite_count);
+}
+
+}  // namespace
+
+TEST_CASE("Digest::UpdateParallel gives exactly what one Update gives, on any number of workers") {
+  const std::size_t workers = storage::PoolWorkers();
+  for (std::size_t pool : {std::size_t{0}, std::size_t{3}}) {
+    storage::SetPoolWorkers(pool);
+    CAPTURE(pool);
+    for (DType dtype : kTypes) {
+      CAPTURE(DTypeName(dtype));
+      // Past two segments (2 MiB each), ending mid-block and mid-statistics-block; NaN and Inf
+      // in some blocks of different segments.
+      const std::size_t n = ((std::size_t{5} << 20) + 4096 * 3 + 40) / DTypeSize(dtype);
+      auto bytes = Finite(dtype, n, 5);
+      Put(dtype, bytes, 7, std::numeric_limits<double>::quiet_NaN());
+      Put(dtype, bytes, n / 2, std::numeric_limits<double>::infinity());
+      Put(dtype, bytes, n - 1, -std::numeric_limits<double>::infinity());
+      for (uint64_t block : {uint64_t{4096}, storage::kDefaultBlockBytes, uint64_t{4} << 20}) {
+        CAPTURE(block);
+        for (std::size_t extra : {std::size_t{0}, std::size_t{1}}) {  // 1: a byte left mid-element
+          const std::size_t len = bytes.size() - extra;
+          storage::Digest one(dtype, true, block), wide(dtype, true, block);
+          one.Update(bytes.data(), len);
+          std::vector<std::pair<std::size_t, std::size_t>> seen;  // pieces handed over
+          std::size_t misplaced = 0;
+          std::mutex mu;
+          wide.UpdateParallel(bytes.data(), len, [&](const unsigned char* p, std::size_t k, std::size_t pos) {
+            std::lock_guard<std::mutex> lock(mu);  // on the pool's threads: no doctest assertion here
+            seen.emplace_back(pos, k);
+            if (p != bytes.data() + pos) ++misplaced;
+          });
+          CHECK(misplaced == 0);
+          RequireSame(Of(wide), Of(one));
+          // Every byte handed over exactly once.
+          std::sort(seen.begin(), seen.end());
+          std::size_t covered = 0;
+          for (const auto& [pos, k] : seen) {
+            CHECK(pos == covered);
+            covered += k;
+          }
+          CHECK(covered == len);
+          // And the digest goes on as Update's would after it.
+          one.Update(bytes.data(), 1000);
+          wide.Update(bytes.data(), 1000);
+          RequireSame(Of(wide), Of(one));
+        }
+      }
+    }
+    // Mid-block, v1 (one stream), and small runs take the one-thread path, with the same result.
+    const auto bytes = Finite(DType::kFloat32, std::size_t{3} << 20, 9);
+    storage::Digest one(DType::kFloat32, true, 65536), wide(DType::kFloat32, true, 65536);
+    one.Update(bytes.data(), 100);
+    wide.Update(bytes.data(), 100);
+    one.Update(bytes.data() + 100, bytes.size() - 100);
+    wide.UpdateParallel(bytes.data() + 100, bytes.size() - 100);
+    RequireSame(Of(wide), Of(one));
+    storage::Digest v1(DType::kFloat32, true), v1_wide(DType::kFloat32, true);
+    v1.Update(bytes.data(), bytes.size());
+    v1_wide.UpdateParallel(bytes.data(), bytes.size());
+    RequireSame(Of(v1_wide), Of(v1));
+  }
+  storage::SetPoolWorkers(workers);
+}
+
+TEST_CASE("Digest::UpdateParallel: a failing piece is rethrown to the caller") {
+  const auto bytes = Finite(DType::kFloat32, std::size_t{2} << 20, 4);  // 8 MiB: four segments
+  storage::Digest d(DType::kFloat32, true, 65536);
+  std::atomic<int> calls{0};
+  CHECK_THROWS_AS(d.UpdateParallel(bytes.data(), bytes.size(),
+                                     [&](const unsigned char*, std::size_t, std::size_t pos) {
+                                       ++calls;
+                                       if (pos == (std::size_t{5} << 20)) throw Error(ErrorCode::kIO, "disk full");
+                                     }),
+                  Error);
+  CHECK(calls.load() >= 1);
 }

@@ -128,6 +128,13 @@ layout::RankResult WriteShard(const fs::path& staging, const std::vector<layout:
   result.file = internal::ShardFileName(rank, world);
   storage::ShardWriter writer(staging, result.file, compression);
   result.chunks.reserve(writes.size());
+  // Announced first, so that their datasets are made in batches (storage/shard_writer.h).
+  for (const layout::ChunkRef& ref : writes) {
+    if (const auto* t = std::get_if<Tensor>(&Referenced(state, ref))) {
+      const Chunk& c = t->chunks[ref.chunk];
+      writer.Reserve(std::next(state.begin(), ref.entry)->first, t->dtype, t->shape, c.box, c.data);
+    }
+  }
   for (const layout::ChunkRef& ref : writes) {
     const Entry& e = Referenced(state, ref);
     const std::string& key = std::next(state.begin(), ref.entry)->first;

@@ -17,6 +17,7 @@
 #include <limits>
 
 #include "format/names.h"
+#include "storage/pool.h"
 #include "storage/stats_kernels.h"
 #include "storage/xxh3_dispatch.h"
 
@@ -46,24 +47,36 @@ struct RunningStats {
   }
 };
 
-// Adds one block's partial results, or recounts the block element by element when its
-// sums show a NaN or Inf (rare, so the fast loops need no per-element branch).
-template <typename T>
-void Commit(const T* p, std::size_t n, double sum, double sumsq, double lo, double hi, RunningStats& s) {
-  if (std::isfinite(sum) && std::isfinite(sumsq) && std::isfinite(lo) && std::isfinite(hi)) {
-    s.sum += sum;
-    s.sumsq += sumsq;
-    s.min = std::min(s.min, lo);
-    s.max = std::max(s.max, hi);
-    s.finite += static_cast<int64_t>(n);
+// The partial sums of one statistics block, before they are added to the running
+// statistics: the sums in double, min and max.
+struct Partial {
+  double sum = 0, sumsq = 0, lo = 0, hi = 0;
+};
+
+// Adds one block's partial sums, or recounts the block element by element when they show
+// a NaN or Inf (rare, so the fast loops need no per-element branch).
+void AddPartial(DType dtype, const unsigned char* p, std::size_t n, const Partial& r, RunningStats& s) {
+  if (std::isfinite(r.sum) && std::isfinite(r.sumsq) && std::isfinite(r.lo) && std::isfinite(r.hi)) {
+    s.sum += r.sum;
+    s.sumsq += r.sumsq;
+    s.min = std::min(s.min, r.lo);
+    s.max = std::max(s.max, r.hi);
+    s.finite += static_cast<int64_t>(dtype == DType::kFloat4E2M1FNx2 ? 2 * n : n);
+  } else if (dtype == DType::kFloat4E2M1FNx2) {
+    for (std::size_t i = 0; i < n; ++i) {
+      double pair[2];
+      ElementValues(dtype, p + i, pair);
+      s.Add(pair[0]);
+      s.Add(pair[1]);
+    }
   } else {
-    for (std::size_t i = 0; i < n; ++i) s.Add(static_cast<double>(p[i]));
+    const std::size_t size = DTypeSize(dtype);
+    for (std::size_t i = 0; i < n; ++i) s.Add(ElementToDouble(dtype, p + i * size));
   }
 }
 
 // float32 statistics of one block: sums in double, min/max in float.
-void FloatBlock(const float* p, std::size_t n, RunningStats& s) {
-  if (n == 0) return;
+Partial FloatBlock(const float* p, std::size_t n) {
   std::size_t i = 0;
   double sum = 0, sumsq = 0, lo = p[0], hi = p[0];
 #if defined(__SSE2__)
@@ -102,11 +115,10 @@ void FloatBlock(const float* p, std::size_t n, RunningStats& s) {
     lo = std::min(lo, v);
     hi = std::max(hi, v);
   }
-  Commit(p, n, sum, sumsq, lo, hi, s);
+  return {sum, sumsq, lo, hi};
 }
 
-void DoubleBlock(const double* p, std::size_t n, RunningStats& s) {
-  if (n == 0) return;
+Partial DoubleBlock(const double* p, std::size_t n) {
   double sum[4] = {}, sumsq[4] = {}, lo = p[0], hi = p[0];
   std::size_t i = 0;
   for (; i + 4 <= n; i += 4) {
@@ -123,7 +135,7 @@ void DoubleBlock(const double* p, std::size_t n, RunningStats& s) {
     lo = std::min(lo, p[i]);
     hi = std::max(hi, p[i]);
   }
-  Commit(p, n, sum[0] + sum[1] + sum[2] + sum[3], sumsq[0] + sumsq[1] + sumsq[2] + sumsq[3], lo, hi, s);
+  return {sum[0] + sum[1] + sum[2] + sum[3], sumsq[0] + sumsq[1] + sumsq[2] + sumsq[3], lo, hi};
 }
 
 // Lookup tables for the 8- and 16-bit float formats: element bits -> float.
@@ -171,87 +183,86 @@ bool HaveStatsAvx2() {
       __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   return yes;
 }
-
-// float32 / bf16 / f16 with the AVX2 kernels, straight from the caller's bytes, a block of
-// 16,384 elements at a time (a block with a NaN or Inf is recounted element by element).
-void AccumulateAvx2(DType dtype, const unsigned char* p, std::size_t count, RunningStats& s) {
-  constexpr std::size_t kBlock = 16384;
-  const std::size_t size = DTypeSize(dtype);
-  for (std::size_t b = 0; b < count; b += kBlock) {
-    const std::size_t n = std::min(kBlock, count - b);
-    const unsigned char* q = p + b * size;
-    const internal::BlockSums r = internal::StatsAvx2(dtype, q, n);
-    if (std::isfinite(r.sum) && std::isfinite(r.sumsq) && std::isfinite(r.lo) && std::isfinite(r.hi)) {
-      s.sum += r.sum;
-      s.sumsq += r.sumsq;
-      s.min = std::min(s.min, r.lo);
-      s.max = std::max(s.max, r.hi);
-      s.finite += static_cast<int64_t>(n);
-    } else {
-      for (std::size_t i = 0; i < n; ++i) s.Add(ElementToDouble(dtype, q + i * size));
-    }
-  }
-}
 #endif
 
-// Statistics of `count` elements of any floating dtype: small formats are widened to
-// float32 a block at a time, then share the float32 kernel.
-void AccumulateBlock(DType dtype, const unsigned char* p, std::size_t count, RunningStats& s) {
+// float32 / bf16 / f16 go to the AVX2 kernels where the CPU has them, straight from the
+// caller's bytes; other dtypes (and other CPUs) are widened to float32 (float64 kept) a
+// block at a time and share the SSE2 kernels.
+bool UsesAvx2(DType dtype) {
 #if defined(CKPT_STATS_AVX2)
-  if ((dtype == DType::kFloat32 || dtype == DType::kBFloat16 || dtype == DType::kFloat16) && HaveStatsAvx2()) {
-    return AccumulateAvx2(dtype, p, count, s);
+  return (dtype == DType::kFloat32 || dtype == DType::kBFloat16 || dtype == DType::kFloat16) && HaveStatsAvx2();
+#else
+  (void)dtype;
+  return false;
+#endif
+}
+
+// Elements per statistics block: the statistics of `count` elements are the partial sums of
+// consecutive blocks of this many (the last one shorter), added in order.
+std::size_t StatsBlock(DType dtype) {
+  if (dtype == DType::kFloat4E2M1FNx2) return 2048;  // two values an element: 4096 decoded
+  return UsesAvx2(dtype) ? 16384 : 4096;
+}
+
+// The partial sums of one block of 1 <= n <= StatsBlock(dtype) elements at p.
+Partial BlockPartial(DType dtype, const unsigned char* p, std::size_t n) {
+#if defined(CKPT_STATS_AVX2)
+  if (UsesAvx2(dtype)) {
+    const internal::BlockSums r = internal::StatsAvx2(dtype, p, n);
+    return {r.sum, r.sumsq, r.lo, r.hi};
   }
 #endif
-  constexpr std::size_t kBlock = 4096;
-  alignas(64) float buf[kBlock];
+  alignas(64) float buf[4096];
   if (dtype == DType::kFloat4E2M1FNx2) {  // the statistics of the values: two per element
     const auto& t = PairTable();
-    for (std::size_t b = 0; b < count; b += kBlock / 2) {
-      const std::size_t n = std::min(kBlock / 2, count - b);
-      for (std::size_t i = 0; i < n; ++i) {
-        buf[2 * i] = t[2 * p[b + i]];
-        buf[2 * i + 1] = t[2 * p[b + i] + 1];
-      }
-      FloatBlock(buf, 2 * n, s);
+    for (std::size_t i = 0; i < n; ++i) {
+      buf[2 * i] = t[2 * p[i]];
+      buf[2 * i + 1] = t[2 * p[i] + 1];
     }
-    return;
+    return FloatBlock(buf, 2 * n);
   }
-  for (std::size_t b = 0; b < count; b += kBlock) {
-    const std::size_t n = std::min(kBlock, count - b);
-    switch (dtype) {
-      case DType::kFloat32:
-        std::memcpy(buf, p + b * 4, n * 4);
-        break;
-      case DType::kFloat64: {
-        double tmp[kBlock];
-        std::memcpy(tmp, p + b * 8, n * 8);
-        DoubleBlock(tmp, n, s);
-        continue;
-      }
-      case DType::kBFloat16:
-        for (std::size_t i = 0; i < n; ++i) {
-          uint16_t v;
-          std::memcpy(&v, p + (b + i) * 2, 2);
-          const uint32_t bits = static_cast<uint32_t>(v) << 16;
-          std::memcpy(&buf[i], &bits, 4);
-        }
-        break;
-      case DType::kFloat16: {
-        const auto& t = Table(dtype);
-        for (std::size_t i = 0; i < n; ++i) {
-          uint16_t v;
-          std::memcpy(&v, p + (b + i) * 2, 2);
-          buf[i] = t[v];
-        }
-        break;
-      }
-      default: {
-        const auto& t = Table(dtype);
-        for (std::size_t i = 0; i < n; ++i) buf[i] = t[p[b + i]];
-        break;
-      }
+  switch (dtype) {
+    case DType::kFloat32:
+      std::memcpy(buf, p, n * 4);
+      break;
+    case DType::kFloat64: {
+      alignas(64) double tmp[4096];
+      std::memcpy(tmp, p, n * 8);
+      return DoubleBlock(tmp, n);
     }
-    FloatBlock(buf, n, s);
+    case DType::kBFloat16:
+      for (std::size_t i = 0; i < n; ++i) {
+        uint16_t v;
+        std::memcpy(&v, p + i * 2, 2);
+        const uint32_t bits = static_cast<uint32_t>(v) << 16;
+        std::memcpy(&buf[i], &bits, 4);
+      }
+      break;
+    case DType::kFloat16: {
+      const auto& t = Table(dtype);
+      for (std::size_t i = 0; i < n; ++i) {
+        uint16_t v;
+        std::memcpy(&v, p + i * 2, 2);
+        buf[i] = t[v];
+      }
+      break;
+    }
+    default: {
+      const auto& t = Table(dtype);
+      for (std::size_t i = 0; i < n; ++i) buf[i] = t[p[i]];
+      break;
+    }
+  }
+  return FloatBlock(buf, n);
+}
+
+// Statistics of `count` elements of any floating dtype, block by block.
+void AccumulateBlock(DType dtype, const unsigned char* p, std::size_t count, RunningStats& s) {
+  const std::size_t block = StatsBlock(dtype), size = DTypeSize(dtype);
+  for (std::size_t b = 0; b < count; b += block) {
+    const std::size_t n = std::min(block, count - b);
+    const unsigned char* q = p + b * size;
+    AddPartial(dtype, q, n, BlockPartial(dtype, q, n), s);
   }
 }
 
@@ -350,6 +361,89 @@ void Digest::Update(const void* data, std::size_t n) {
   n -= whole * size;
   std::memcpy(state_->carry, p, n);
   state_->carried = n;
+}
+
+namespace {
+
+// UpdateParallel's units: a piece is digested (and handed to `also`) at a time, small
+// enough to stay in the core's cache between the two; a segment of pieces is one task of
+// the pool. Both are powers of two, so whole multiples of every block size up to them and
+// of every statistics block (at most 64 KiB): the blocks fall where one Update would put them.
+constexpr std::size_t kPieceBytes = std::size_t{256} << 10;
+constexpr std::size_t kSegmentBytes = std::size_t{2} << 20;
+
+}  // namespace
+
+void Digest::UpdateParallel(const void* data, std::size_t n, const PieceFn& also) {
+  State& st = *state_;
+  const auto* p = static_cast<const unsigned char*>(data);
+  const std::size_t piece = std::max<std::size_t>(kPieceBytes, static_cast<std::size_t>(st.block_bytes));
+  const std::size_t segment = std::max(kSegmentBytes, piece);
+  if (st.block_bytes == 0 || st.in_block != 0 || st.carried != 0 || n < 2 * segment) {
+    // One stream (v1), or mid-block, or too small to share: piece by piece on this thread.
+    for (std::size_t pos = 0; pos < n; pos += piece) {
+      const std::size_t len = std::min(piece, n - pos);
+      if (also) also(p + pos, len, pos);
+      Update(p + pos, len);
+    }
+    return;
+  }
+  // Each segment's whole blocks hashed and its statistics blocks summed on its own; then
+  // both taken in order, as Update would have produced them one after the other.
+  struct Sums {
+    const unsigned char* at;
+    std::size_t elements;
+    Partial partial;
+  };
+  struct Part {
+    std::vector<uint64_t> blocks;
+    std::vector<Sums> sums;
+  };
+  const std::size_t size = DTypeSize(st.dtype), stats_block = StatsBlock(st.dtype);
+  const auto block = static_cast<std::size_t>(st.block_bytes);
+  std::vector<Part> parts((n + segment - 1) / segment);
+  ParallelFor(parts.size(), [&](std::size_t k) {
+    const std::size_t begin = k * segment, end = std::min(n, begin + segment);
+    Part& part = parts[k];
+    part.blocks.reserve((end - begin) / block);
+    for (std::size_t pos = begin; pos < end; pos += piece) {
+      const std::size_t len = std::min(piece, end - pos);
+      const unsigned char* q = p + pos;
+      if (also) also(q, len, pos);
+      for (std::size_t b = 0; b + block <= len; b += block) part.blocks.push_back(HashBlock(q + b, block));
+      if (!st.stats_on) continue;
+      const std::size_t elements = len / size;
+      for (std::size_t e = 0; e < elements; e += stats_block) {
+        const std::size_t m = std::min(stats_block, elements - e);
+        part.sums.push_back({q + e * size, m, BlockPartial(st.dtype, q + e * size, m)});
+      }
+    }
+  });
+  for (const Part& part : parts) {
+    st.blocks.insert(st.blocks.end(), part.blocks.begin(), part.blocks.end());
+    for (const Sums& s : part.sums) AddPartial(st.dtype, s.at, s.elements, s.partial, st.stats);
+  }
+  // The last, partial block stays open in the stream state, and a partial element in the
+  // carry, as Update leaves them.
+  const std::size_t hashed = n / block * block;
+  if (hashed < n) {
+    XXH3_64bits_reset(st.xxh);
+    Xxh3Update(st.xxh, p + hashed, n - hashed);
+    st.in_block = n - hashed;
+  }
+  if (st.stats_on) {
+    st.carried = n % size;
+    std::memcpy(st.carry, p + n - st.carried, st.carried);
+  }
+}
+
+bool Digest::CanAdoptBlocks() const {
+  return state_->block_bytes != 0 && state_->in_block == 0 && !state_->stats_on;
+}
+
+void Digest::AdoptBlocks(const uint64_t* digests, std::size_t count) {
+  if (!CanAdoptBlocks()) throw Error(ErrorCode::kInternal, "Digest::AdoptBlocks: not at a block boundary");
+  state_->blocks.insert(state_->blocks.end(), digests, digests + count);
 }
 
 std::string FormatChecksum(uint64_t hash) {

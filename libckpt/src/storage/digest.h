@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -50,6 +51,21 @@ class Digest {
 
   // Feeds bytes in order. Pieces may split elements; statistics handle that.
   void Update(const void* data, std::size_t n);
+  // Update(data, n) with the same result, bit for bit, its work spread over the worker pool
+  // (storage/pool.h) when the bytes are large and start on a block boundary (block mode):
+  // segments of them are hashed and summed on different cores, then combined in order.
+  // Each piece (256 KiB, or one block where blocks are larger) is handed to
+  // `also(piece, length, position)` (position counted from `data`) just before it is
+  // digested, on whichever thread digests it, in no particular order across threads: a
+  // write of the piece then brings it into the cache the digest reads it from. An exception
+  // from `also` propagates (the digest is then incomplete).
+  using PieceFn = std::function<void(const unsigned char*, std::size_t, std::size_t)>;
+  void UpdateParallel(const void* data, std::size_t n, const PieceFn& also = {});
+  // True in block mode at a block boundary without statistics: then AdoptBlocks(d, k) has
+  // the effect of feeding the `k` whole blocks whose digests are d[0..k) (computed
+  // elsewhere: a copied chunk's own, checked against its index).
+  bool CanAdoptBlocks() const;
+  void AdoptBlocks(const uint64_t* digests, std::size_t count);
   // "xxh3-64:<16 hex>".
   std::string Checksum() const;
   std::optional<ChunkStats> Stats() const;

@@ -48,6 +48,11 @@ void Shutdown() {
   });
 }
 
+std::mutex& BatchMutex() {
+  static std::mutex mu;
+  return mu;
+}
+
 herr_t CloseFile(hid_t id) {
   const herr_t r = H5Fclose(id);
   if (r < 0) close_failed = true;

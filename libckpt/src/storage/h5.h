@@ -8,6 +8,7 @@
 
 #include <hdf5.h>
 
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -26,6 +27,12 @@ void Init();
 // has failed: HDF5 1.10 cannot then terminate without crashing, and the process is about
 // to end anyway. Runs at exit; idempotent; no HDF5 call may follow it.
 void Shutdown();
+
+// Held by a thread for a run of HDF5 calls that other threads should not interleave with
+// (ShardWriter's batches of datasets): HDF5's global lock is taken and released by every
+// call, and threads that contend for it hand it over call by call, each handover a wakeup.
+// Only a hint: HDF5 stays thread-safe without it. Never held while waiting for anything else.
+std::mutex& BatchMutex();
 
 // H5Fclose, remembering a failure for Shutdown. File() handles close with it.
 herr_t CloseFile(hid_t id);

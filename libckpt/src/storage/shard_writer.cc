@@ -9,7 +9,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
-#include <future>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -25,8 +25,8 @@
 namespace ckpt::storage {
 namespace {
 
-constexpr std::size_t kStreamBlock = std::size_t{8} << 20;      // pwrite + digest block
 constexpr uint64_t kWritebackBytes = uint64_t{64} << 20;          // start writeback this often
+constexpr std::size_t kDigestPiece = std::size_t{256} << 10;       // digested at a time, in cache
 constexpr std::size_t kCompressChunkBytes = std::size_t{1} << 20;  // HDF5 chunk target
 constexpr std::size_t kMetadataCacheBytes = std::size_t{1} << 20;  // HDF5's metadata cache, per shard
 
@@ -134,10 +134,12 @@ struct ShardWriter::Impl {
   h5::Handle file;
   Fd fd;
   ShardIndexBuilder index;
-  // Contiguous, space allocated at creation (so its file offset is known), never filled.
+  // Contiguous, space allocated at creation (so its file offset is known), never filled;
+  // no modification time in the object header (a message and a clock read per dataset).
   h5::Handle contiguous_dcpl = [] {
     h5::Init();
     h5::Handle p = h5::Plist(H5Pcreate(H5P_DATASET_CREATE));
+    h5::Check(H5Pset_obj_track_times(p.get(), 0), "H5Pset_obj_track_times");
     h5::Check(H5Pset_layout(p.get(), H5D_CONTIGUOUS), "H5Pset_layout");
     h5::Check(H5Pset_alloc_time(p.get(), H5D_ALLOC_TIME_EARLY), "H5Pset_alloc_time");
     h5::Check(H5Pset_fill_time(p.get(), H5D_FILL_TIME_NEVER), "H5Pset_fill_time");
@@ -147,13 +149,25 @@ struct ShardWriter::Impl {
   std::atomic<uint64_t> unflushed{0};  // bytes written since writeback was last started
   std::unique_ptr<Copier> copier;      // declared after fd: stopped before it closes
 
-  // Called after data is written (by this thread or the copier): every kWritebackBytes,
+  // Called after data is written (by this thread, the pool or the copier): every kWritebackBytes,
   // starts writeback of the file so the disk works while the rest is produced and the
   // final fsync has little left.
   void Wrote(std::size_t n) {
     if (unflushed.fetch_add(n) + n < kWritebackBytes) return;
     unflushed = 0;
     StartWriteback(fd.get(), 0, 0);
+  }
+
+  // The hasher of each file chunks are copied from (by descriptor and name), kept from one
+  // copy to the next: it knows how far it has asked the kernel to read ahead, so a merge
+  // that copies a file's chunks in order asks once per window, not once per chunk (each
+  // ask walks the page cache over the whole read-ahead window).
+  std::map<std::pair<int, std::string>, std::unique_ptr<FileHasher>> sources;
+
+  FileHasher& Source(int in_fd, const std::filesystem::path& in_path) {
+    auto& hasher = sources[{in_fd, in_path.string()}];
+    if (!hasher) hasher = std::make_unique<FileHasher>(in_fd, in_path);
+    return *hasher;
   }
 
   Copier& Copies() {
@@ -187,8 +201,11 @@ struct ShardWriter::Impl {
     return offset;
   }
 
+  // `dcpl_default`: the library's default creation properties (contiguous, space allocated
+  // by the first write), for a dataset whose data HDF5 writes itself: HDF5 copies any other
+  // property list into every dataset it makes, a large part of a small dataset's cost.
   h5::Handle CreateDataset(const std::string& name, DType dtype, const Shape& sizes, bool compress,
-                           const std::string& key) {
+                           const std::string& key, bool dcpl_default = false) {
     if (!datasets.insert(name).second) {
       throw Error(ErrorCode::kInvalidArgument,
                   path.filename().string() + ": key '" + key + "' writes dataset '" + name + "' twice");
@@ -196,10 +213,11 @@ struct ShardWriter::Impl {
     const hid_t type = h5::SharedFileType(dtype);
     h5::Handle space = h5::MakeSpace(Dims(sizes));
     h5::Handle chunked_dcpl;
-    hid_t dcpl = contiguous_dcpl.get();
+    hid_t dcpl = dcpl_default ? H5P_DEFAULT : contiguous_dcpl.get();
     if (compress) {
       chunked_dcpl = h5::Plist(H5Pcreate(H5P_DATASET_CREATE));
       dcpl = chunked_dcpl.get();
+      h5::Check(H5Pset_obj_track_times(dcpl, 0), "H5Pset_obj_track_times");
       const auto chunk = CompressChunkDims(sizes, DTypeSize(dtype));
       h5::Check(H5Pset_chunk(dcpl, static_cast<int>(chunk.size()), chunk.data()), "H5Pset_chunk");
       h5::Check(H5Pset_shuffle(dcpl), "H5Pset_shuffle");
@@ -208,48 +226,100 @@ struct ShardWriter::Impl {
                 "H5Pset_filter(zstd)");
       h5::Check(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER), "H5Pset_fill_time");
     }
-    h5::Handle ds = h5::Dataset(h5::Check(
-        H5Dcreate2(file.get(), name.c_str(), type, space.get(), H5P_DEFAULT, dcpl, H5P_DEFAULT),
-        path.filename().string() + ": key '" + key + "': creating dataset '" + name + "'"));
-    if (h5::NeedsDTypeAttr(dtype)) h5::WriteStringAttr(ds.get(), names::kDTypeAttr, std::string(DTypeName(dtype)));
-    return ds;
-  }
-
-  // Digests a block in pieces that fit in L2, so the statistics read what the hash has just
-  // brought into the cache instead of memory again (about 1.4x the throughput of one call).
-  static void DigestInPieces(Digest& digest, const unsigned char* p, std::size_t n) {
-    constexpr std::size_t kPiece = std::size_t{256} << 10;
-    for (std::size_t pos = 0; pos < n; pos += kPiece) digest.Update(p + pos, std::min(kPiece, n - pos));
-  }
-
-  // Streams `n` bytes of `data` into the contiguous dataset `ds`, digesting each block.
-  // Returns the data's offset in the file (0 when there is no data).
-  uint64_t StreamContiguous(hid_t ds, const void* data, std::size_t n, Digest& digest, const std::string& key) {
-    if (n == 0) return 0;
-    const uint64_t offset = DataOffset(ds, key);
-    const auto* p = static_cast<const unsigned char*>(data);
-    if (n <= kStreamBlock) {  // one block: no pipeline (a thread per small chunk costs more)
-      DigestInPieces(digest, p, n);
-      WriteExact(fd.get(), p, n, offset, path);
-      Wrote(n);
-      return offset;
+    try {
+      h5::Handle ds = h5::Dataset(h5::Check(
+          H5Dcreate2(file.get(), name.c_str(), type, space.get(), H5P_DEFAULT, dcpl, H5P_DEFAULT),
+          path.filename().string() + ": key '" + key + "': creating dataset '" + name + "'"));
+      if (h5::NeedsDTypeAttr(dtype)) h5::WriteStringAttr(ds.get(), names::kDTypeAttr, std::string(DTypeName(dtype)));
+      return ds;
+    } catch (...) {
+      datasets.erase(name);  // not made: a later attempt reports its own error, not "twice"
+      throw;
     }
-    // Two-stage pipeline: block i is written on a helper thread while block i+1 is
-    // digested here, so hashing costs no time when a core is free.
-    std::future<void> writing;
-    for (std::size_t pos = 0; pos < n; pos += kStreamBlock) {
-      const std::size_t len = std::min(kStreamBlock, n - pos);
-      DigestInPieces(digest, p + pos, len);
-      if (writing.valid()) {
-        writing.get();
-        Wrote(kStreamBlock);
+  }
+
+  // Reserved chunks (ShardWriter::Reserve): their datasets are made kBatch at a time, with
+  // the process's HDF5 batch lock held (h5::BatchMutex), by the WriteChunk that first needs
+  // one; made ones wait in `made` with their data offsets.
+  // A reserved chunk of at most kHdf5Writes bytes whose data was given is written by
+  // HDF5 as its dataset is made (H5Dwrite, so its dataset can take the default creation
+  // properties, which HDF5 does not copy), and only digested by WriteChunk; larger ones are
+  // streamed by WriteChunk (StreamContiguous), outside every lock.
+  static constexpr std::size_t kBatch = 256;
+  static constexpr uint64_t kHdf5Writes = uint64_t{64} << 10;
+  struct Announced {
+    std::string key, dataset;
+    DType dtype;
+    Shape sizes;
+    uint64_t bytes;
+    const void* data;  // nullptr: not given
+  };
+  struct Made {
+    std::string dataset;
+    DType dtype;
+    Shape sizes;
+    uint64_t offset;  // 0: no data
+    const void* written;  // the data HDF5 wrote, or nullptr
+  };
+  struct Taken {
+    uint64_t offset;
+    bool written;
+  };
+  std::deque<Announced> announced;
+  std::deque<Made> made;
+
+  // The data offset of reserved dataset `name`, made now (with the next ones) if it is not
+  // yet. kInternal if the chunks come in another order than they were reserved in, or
+  // differ from what was reserved.
+  Taken TakeReserved(const std::string& name, DType dtype, const Shape& sizes, const void* data) {
+    if (made.empty()) {
+      if (announced.empty() || announced.front().dataset != name) {
+        throw Error(ErrorCode::kInternal, path.filename().string() + ": dataset '" + name +
+                                              "' written out of the order its chunks were reserved in");
       }
-      writing = std::async(std::launch::async, [this, p, pos, len, offset] {
-        WriteExact(fd.get(), p + pos, len, offset + pos, path);
-      });
+      std::lock_guard<std::mutex> batch(h5::BatchMutex());
+      while (!announced.empty() && made.size() < kBatch) {
+        const Announced& a = announced.front();
+        try {
+          const bool hdf5_writes = a.data && a.bytes > 0 && a.bytes <= kHdf5Writes;
+          h5::Handle ds = CreateDataset(a.dataset, a.dtype, a.sizes, /*compress=*/false, a.key, hdf5_writes);
+          if (hdf5_writes) {
+            h5::Check(H5Dwrite(ds.get(), h5::SharedFileType(a.dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, a.data),
+                      path.string() + ": key '" + a.key + "': writing dataset '" + a.dataset + "'");
+          }
+          made.push_back({a.dataset, a.dtype, a.sizes, a.bytes ? DataOffset(ds.get(), a.key) : 0,
+                          hdf5_writes ? a.data : nullptr});
+        } catch (...) {
+          // The chunk asked for fails here and now; a later one when its turn comes (made again).
+          if (made.empty()) throw;
+          break;
+        }
+        announced.pop_front();
+      }
     }
-    if (writing.valid()) writing.get();
-    Wrote((n - 1) % kStreamBlock + 1);  // the last block
+    const Made& m = made.front();
+    if (m.dataset != name || m.dtype != dtype || m.sizes != sizes || (m.written && m.written != data)) {
+      throw Error(ErrorCode::kInternal, path.filename().string() + ": dataset '" + name +
+                                            "' written out of the order its chunks were reserved in, or not "
+                                            "as reserved");
+    }
+    const Taken taken{m.offset, m.written != nullptr};
+    made.pop_front();
+    return taken;
+  }
+
+  // Streams `n` bytes of `data` to its contiguous dataset's place, `offset` in the file,
+  // and digests them piece by piece: each piece is written and then digested while the
+  // write has left it in the cache (one read of the bytes from memory, not two), and large
+  // chunks are shared out in segments over the worker pool (the writes still one by one in
+  // the kernel, the hashing and statistics on every core). Returns `offset` (0 when there
+  // is no data).
+  uint64_t StreamContiguous(uint64_t offset, const void* data, std::size_t n, Digest& digest) {
+    if (n == 0) return 0;
+    digest.UpdateParallel(data, n, [this, offset](const unsigned char* p, std::size_t len, std::size_t pos) {
+      WriteExact(fd.get(), p, len, offset + pos, path);
+      Wrote(len);
+    });
     return offset;
   }
 };
@@ -305,22 +375,40 @@ ChunkMeta ShardWriter::WriteChunk(const std::string& key, DType dtype, const Sha
   meta.box = box;
   meta.file = file_name_;
   meta.dataset = h5::DatasetName(key, box.offsets, whole);
-  h5::Handle ds = impl_->CreateDataset(meta.dataset, dtype, box.sizes, compress, key);
   Digest digest(dtype, /*with_stats=*/true, impl_->block_bytes);
   uint64_t data_offset = 0;
-  if (compress) {
-    digest.Update(data, nbytes);
+  if (!compress && (!impl_->made.empty() || !impl_->announced.empty())) {
+    const Impl::Taken taken = impl_->TakeReserved(meta.dataset, dtype, box.sizes, data);
+    if (taken.written) {
+      digest.Update(data, nbytes);
+      data_offset = taken.offset;
+      impl_->Wrote(nbytes);
+    } else {
+      data_offset = impl_->StreamContiguous(taken.offset, data, nbytes, digest);
+    }
+    meta.stored_bytes = nbytes;
+  } else if (compress) {
+    h5::Handle ds = impl_->CreateDataset(meta.dataset, dtype, box.sizes, compress, key);
+    digest.UpdateParallel(data, nbytes);
     h5::Check(H5Dwrite(ds.get(), h5::SharedFileType(dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, data),
               impl_->path.string() + ": key '" + key + "': writing compressed dataset");
     meta.compression = impl_->compression;
     meta.stored_bytes = H5Dget_storage_size(ds.get());
   } else {
-    data_offset = impl_->StreamContiguous(ds.get(), data, nbytes, digest, key);
+    h5::Handle ds = impl_->CreateDataset(meta.dataset, dtype, box.sizes, compress, key);
+    data_offset = impl_->StreamContiguous(nbytes ? impl_->DataOffset(ds.get(), key) : 0, data, nbytes, digest);
     meta.stored_bytes = nbytes;
   }
   meta.stats = digest.Stats();
   impl_->RecordChunk(key, false, dtype, shape, meta, digest, data_offset);
   return meta;
+}
+
+void ShardWriter::Reserve(const std::string& key, DType dtype, const Shape& shape, const Box& box,
+                          const void* data) {
+  if (impl_->compression.codec == Compression::Codec::kZstd) return;  // made one by one, with their data
+  impl_->announced.push_back({key, h5::DatasetName(key, box.offsets, box == Box::Full(shape)), dtype, box.sizes,
+                              static_cast<uint64_t>(box.NumElements()) * DTypeSize(dtype), data});
 }
 
 struct ShardWriter::Stream::State {
@@ -369,10 +457,12 @@ void ShardWriter::Stream::Write(const void* data, std::size_t n) {
   State& s = *state_;
   s.Reserve(n);
   if (n == 0) return;
-  s.digest->Update(data, n);
-  WriteExact(s.shard->fd.get(), data, n, s.offset + s.pos, s.shard->path);
+  const uint64_t at = s.offset + s.pos;
+  s.digest->UpdateParallel(data, n, [&s, at](const unsigned char* p, std::size_t len, std::size_t pos) {
+    WriteExact(s.shard->fd.get(), p, len, at + pos, s.shard->path);
+    s.shard->Wrote(len);
+  });
   s.pos += n;
-  s.shard->Wrote(n);
 }
 
 void ShardWriter::Stream::Copy(int fd, uint64_t offset, std::size_t n, const std::filesystem::path& path,
@@ -383,19 +473,39 @@ void ShardWriter::Stream::Copy(int fd, uint64_t offset, std::size_t n, const std
   // blocks that chunk was written with.
   std::optional<Digest> own;
   if (expected) own.emplace(DType::kUInt8, false, expected->block_bytes);
+  // A whole chunk landing on a block boundary of this one, in blocks of the same size: its
+  // own block digests (checked against its index below) are this chunk's too, so its bytes
+  // are hashed once; only its last, partial block goes on into this chunk's next block.
+  const uint64_t block = s.digest->block_bytes();
+  const bool adopt = own && expected->block_bytes == block && s.digest->CanAdoptBlocks();
+  const uint64_t tail_at = adopt ? n - n % block : n;  // bytes from here on are this digest's own
+  std::vector<unsigned char> tail;
   // Each piece is hashed here as the FileHasher hands it over (a large range from the
   // page cache's own pages, a small one through a cache-sized buffer), then copied inside
   // the kernel by the shard's copier thread while the next piece is hashed. The copies
   // complete by ShardWriter::Finish.
   Copier& copier = s.shard->Copies();
-  FileHasher source(fd, path);
-  source.Scan(offset, n, [&](const unsigned char* p, std::size_t len, uint64_t done) {
-    s.digest->Update(p, len);
-    if (own) own->Update(p, len);
+  s.shard->Source(fd, path).Scan(offset, n, [&](const unsigned char* p, std::size_t len, uint64_t done) {
+    // Both digests a cache-sized piece at a time: the second reads what the first brought
+    // into the cache, not memory again.
+    for (std::size_t at = 0; at < len; at += kDigestPiece) {
+      const std::size_t k = std::min(kDigestPiece, len - at);
+      if (own) own->Update(p + at, k);
+      if (!adopt) s.digest->Update(p + at, k);
+    }
+    if (done + len > tail_at) {
+      const uint64_t from = std::max<uint64_t>(done, tail_at);
+      tail.insert(tail.end(), p + (from - done), p + len);
+    }
     copier.Push({fd, offset + done, s.offset + s.pos + done, len, path});
   });
   s.pos += n;
-  if (own) CheckDigest(*own, *expected, n, what);
+  if (!own) return;
+  CheckDigest(*own, *expected, n, what);
+  if (adopt) {
+    s.digest->AdoptBlocks(own->BlockDigests().data(), static_cast<std::size_t>(tail_at / block));
+    s.digest->Update(tail.data(), tail.size());
+  }
 }
 
 ChunkMeta ShardWriter::Stream::Finish() {
@@ -417,7 +527,7 @@ ChunkMeta ShardWriter::WriteBytes(const std::string& key, const void* data, std:
   meta.dataset = h5::EscapeKey(key);
   h5::Handle ds = impl_->CreateDataset(meta.dataset, DType::kUInt8, meta.box.sizes, false, key);
   Digest digest(DType::kUInt8, false, impl_->block_bytes);
-  const uint64_t data_offset = impl_->StreamContiguous(ds.get(), data, n, digest, key);
+  const uint64_t data_offset = impl_->StreamContiguous(n ? impl_->DataOffset(ds.get(), key) : 0, data, n, digest);
   meta.stored_bytes = n;
   impl_->RecordChunk(key, true, DType::kUInt8, {static_cast<int64_t>(n)}, meta, digest, data_offset);
   return meta;

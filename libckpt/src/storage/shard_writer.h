@@ -2,8 +2,10 @@
 //
 // Uncompressed chunks are contiguous datasets whose space HDF5 allocates at creation
 // (no fill); their bytes are then streamed with pwrite straight from the caller's memory
-// at the dataset's file offset, in blocks, while the checksum and statistics are
-// computed over each block as it goes out: one pass, no copy, no HDF5 lock held.
+// at the dataset's file offset, a cache-sized piece at a time, each piece digested
+// (checksum and statistics) right after its write, from the cache: one pass over memory, no
+// copy, no HDF5 lock held. A large chunk is shared out in segments over the worker pool
+// (storage/pool.h), so hashing and statistics run on every core.
 // Compressed chunks go through HDF5's filter pipeline (shuffle, then zstd id 32015).
 //
 // Threading: one ShardWriter per thread; different writers may run concurrently.
@@ -31,6 +33,16 @@ class ShardWriter {
   ShardWriter(const ShardWriter&) = delete;
   ShardWriter& operator=(const ShardWriter&) = delete;
 
+  // Announces a chunk that WriteChunk will write, so that its dataset is made ahead, in a
+  // batch with the next ones: one hold of the process's HDF5 batch lock per batch instead
+  // of a handover of HDF5's global lock per call, when several writers share the process.
+  // With `data` (the bytes WriteChunk will be given, unchanged until then), a small chunk's
+  // bytes are written with its dataset, and WriteChunk only digests them. Reserved chunks
+  // MUST then be written by WriteChunk, all of them, as reserved and in the order reserved
+  // (kInternal otherwise); WriteBytes and Begin are not affected. A no-op for a
+  // compressing shard.
+  void Reserve(const std::string& key, DType dtype, const Shape& shape, const Box& box,
+               const void* data = nullptr);
   // Writes one chunk of tensor `key` (global shape `shape`); `data` holds box.NumElements()
   // row-major elements. Returns the chunk's metadata with file, dataset, checksum, stats.
   ChunkMeta WriteChunk(const std::string& key, DType dtype, const Shape& shape, const Box& box,
