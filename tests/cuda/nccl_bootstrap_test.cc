@@ -1,0 +1,55 @@
+// ckpt::nccl's file bootstrap fails clearly, without a device: a rank waiting for an id that
+// never comes, an id file left from an earlier job, a rank outside the group.
+#include <doctest/doctest.h>
+
+#include <fstream>
+
+#include "ckpt/ckpt.h"
+#include "ckpt/nccl.h"
+#include "test_util.h"
+
+using namespace ckpt;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::pair<ErrorCode, std::string> ErrorOf(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return {e.code(), e.what()};
+  }
+  return {ErrorCode::kInternal, "no error"};
+}
+
+}  // namespace
+
+TEST_CASE("a rank waiting for the NCCL id file gives up at the timeout, naming the file") {
+  ckpt_test::TempDir tmp("nccl");
+  nccl::Options options;
+  options.timeout = 200ms;
+  const auto [code, msg] = ErrorOf([&] { (void)nccl::OverFile(tmp / "nccl-id", 1, 2, options); });
+  CHECK(code == ErrorCode::kComm);
+  CHECK(msg.find((tmp / "nccl-id").string()) != std::string::npos);
+  CHECK(msg.find("rank 1") != std::string::npos);
+}
+
+TEST_CASE("rank 0 refuses an NCCL id file left by an earlier job") {
+  ckpt_test::TempDir tmp("nccl");
+  std::ofstream(tmp / "nccl-id") << "stale";
+  const auto [code, msg] = ErrorOf([&] { (void)nccl::OverFile(tmp / "nccl-id", 0, 2); });
+  CHECK(code == ErrorCode::kAlreadyExists);
+  CHECK(msg.find("already exists") != std::string::npos);
+}
+
+TEST_CASE("a malformed id file and a rank outside the group are errors") {
+  ckpt_test::TempDir tmp("nccl");
+  std::ofstream(tmp / "nccl-id") << "short";
+  nccl::Options options;
+  options.timeout = 200ms;
+  auto [code, msg] = ErrorOf([&] { (void)nccl::OverFile(tmp / "nccl-id", 1, 2, options); });
+  CHECK(code == ErrorCode::kComm);
+  CHECK(msg.find("not an NCCL unique id") != std::string::npos);
+  std::tie(code, msg) = ErrorOf([&] { (void)nccl::OverFile(tmp / "x", 2, 2); });
+  CHECK(code == ErrorCode::kInvalidArgument);
+}
