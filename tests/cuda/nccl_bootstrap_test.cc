@@ -1,10 +1,11 @@
 // ckpt::nccl's file bootstrap fails clearly, without a device: a rank waiting for an id that
-// never comes, an id file left from an earlier job, a rank outside the group.
+// never comes, an id file left from an earlier job, a rank outside the group, no device.
 #include <doctest/doctest.h>
 
 #include <fstream>
 
 #include "ckpt/ckpt.h"
+#include "ckpt/cuda.h"
 #include "ckpt/nccl.h"
 #include "test_util.h"
 
@@ -52,4 +53,19 @@ TEST_CASE("a malformed id file and a rank outside the group are errors") {
   CHECK(msg.find("not an NCCL unique id") != std::string::npos);
   std::tie(code, msg) = ErrorOf([&] { (void)nccl::OverFile(tmp / "x", 2, 2); });
   CHECK(code == ErrorCode::kInvalidArgument);
+}
+
+TEST_CASE("bootstrap over a host Comm: one rank, a clear error where there is no device") {
+  SingleComm host;
+  nccl::Options options;
+  options.timeout = std::chrono::seconds(30);
+  if (cuda::DeviceCount() == 0) {
+    const auto [code, msg] = ErrorOf([&] { (void)nccl::OverComm(host, options); });
+    CHECK(code == ErrorCode::kComm);
+    CHECK(msg.find("bootstrap") != std::string::npos);
+  } else {
+    auto comm = nccl::OverComm(host, options);
+    CHECK(comm->size() == 1);
+    CHECK(comm->AllOk(true));
+  }
 }

@@ -412,8 +412,7 @@ std::unique_ptr<Comm> OverFile(const std::filesystem::path& file, int rank, int 
     try {
       (void)files::ReadSmallFile(file, sizeof id.internal);
     } catch (const Error& e) {
-      if (e.code() != ErrorCode::kNotFound) throw;
-      exists = false;
+      exists = e.code() != ErrorCode::kNotFound;  // too large or unreadable: there all the same
     }
     if (exists) {
       Fail("nccl: " + file.string() + " already exists (left by an earlier job?): remove it, or use a fresh path per job",

@@ -146,6 +146,26 @@ class Staging final : public DeviceStaging {
   int pending_[2] = {-1, -1};  // the device of the copy in flight per slot
 };
 
+// Throws kInvalidArgument unless [ptr, ptr + n) (n > 0) is memory of `device` (both ends
+// checked: device or managed memory of that device).
+void CheckDeviceMemory(const void* ptr, std::size_t n, int device, const std::string& what) {
+  const int devices = DeviceCount();
+  if (device >= devices) {
+    throw Error(ErrorCode::kInvalidArgument, what + ": there are " + std::to_string(devices) + " CUDA devices here");
+  }
+  for (const void* p : {ptr, static_cast<const void*>(static_cast<const uint8_t*>(ptr) + (n - 1))}) {
+    cudaPointerAttributes a{};
+    Check(cudaPointerGetAttributes(&a, p), what + ": cudaPointerGetAttributes", ErrorCode::kInvalidArgument);
+    if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  what + ": the memory is not device memory (host memory is a chunk with device kHostDevice)");
+    }
+    if (a.type == cudaMemoryTypeDevice && a.device != device) {
+      throw Error(ErrorCode::kInvalidArgument, what + ": the memory belongs to device " + std::to_string(a.device));
+    }
+  }
+}
+
 class Backend final : public DeviceBackend {
  public:
   explicit Backend(const Options& options) : options_(options), pool_(std::make_shared<Pool>()) {}
@@ -153,24 +173,7 @@ class Backend final : public DeviceBackend {
   std::string name() const override { return "cuda"; }
 
   void CheckMemory(const void* ptr, std::size_t n, int device, const std::string& what) override {
-    const int devices = DeviceCount();
-    if (device >= devices) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  what + ": there are " + std::to_string(devices) + " CUDA devices here");
-    }
-    // Both ends: the whole range in memory of `device`.
-    for (const void* p : {ptr, static_cast<const void*>(static_cast<const uint8_t*>(ptr) + (n - 1))}) {
-      cudaPointerAttributes a{};
-      Check(cudaPointerGetAttributes(&a, p), what + ": cudaPointerGetAttributes", ErrorCode::kInvalidArgument);
-      if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) {
-        throw Error(ErrorCode::kInvalidArgument,
-                    what + ": the memory is not device memory (host memory is a chunk with device kHostDevice)");
-      }
-      if (a.type == cudaMemoryTypeDevice && a.device != device) {
-        throw Error(ErrorCode::kInvalidArgument,
-                    what + ": the memory belongs to device " + std::to_string(a.device));
-      }
-    }
+    CheckDeviceMemory(ptr, n, device, what);
   }
 
   std::unique_ptr<DeviceStaging> AcquireStaging() override {
@@ -239,6 +242,7 @@ ChunkStats DeviceStatsFloat32(const void* data, std::size_t count, int device) {
   ChunkStats out;
   out.min = out.max = out.mean = std::numeric_limits<double>::quiet_NaN();
   if (count == 0) return out;
+  CheckDeviceMemory(data, count * sizeof(float), device, "ckpt::cuda::DeviceStatsFloat32");
   DeviceGuard guard(device);
   int sms = 0;
   Check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");

@@ -20,7 +20,8 @@ __device__ void Merge(StatsPartial& a, const StatsPartial& b) {
 
 __global__ void StatsFloat32(const float* data, std::size_t count, StatsPartial* out) {
   __shared__ StatsPartial part[kStatsThreads];
-  StatsPartial mine{0.0, 0.0, __int_as_float(0x7f800000), __int_as_float(0xff800000), 0, 0, 0};
+  const float inf = __int_as_float(0x7f800000);
+  StatsPartial mine{0.0, 0.0, inf, -inf, 0, 0, 0};
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) {
     const float v = data[i];
