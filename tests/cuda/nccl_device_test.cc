@@ -23,7 +23,7 @@ std::unique_ptr<Comm> OneRank(const ckpt_test::TempDir& tmp) {
   return nccl::OverFile(tmp / "nccl-id", 0, 1, options);
 }
 
-std::vector<uint8_t> Bytes(const std::vector<float>& v) {
+std::vector<uint8_t> AsBytes(const std::vector<float>& v) {
   std::vector<uint8_t> out(v.size() * 4);
   std::memcpy(out.data(), v.data(), out.size());
   return out;
@@ -41,12 +41,12 @@ TEST_CASE("NCCL collectives with one rank, over device and host buffers") {
   std::vector<float> v = {1, 2, 3, 4};
   comm->AllReduce(v.data(), v.size(), DType::kFloat32, ReduceOp::kSum);  // host memory, staged
   CHECK(v == std::vector<float>{1, 2, 3, 4});
-  DeviceBuffer d(Bytes(v));
+  DeviceBuffer d(AsBytes(v));
   comm->AllReduce(d.get(), 4, DType::kFloat32, ReduceOp::kMax);  // device memory, direct
-  CHECK(d.Download() == Bytes(v));
+  CHECK(d.Download() == AsBytes(v));
   DeviceBuffer recv(16);
   comm->ReduceScatter(d.get(), recv.get(), 4, DType::kFloat32, ReduceOp::kSum);
-  CHECK(recv.Download() == Bytes(v));
+  CHECK(recv.Download() == AsBytes(v));
   std::vector<float> gathered(4, 0);
   comm->AllGatherInto(d.get(), gathered.data(), 16);  // device in, host out
   CHECK(gathered == v);
