@@ -89,7 +89,8 @@ def main():
           "raw-c load")
     best4, raw4 = get("gpt2s-4", "raw-c-wb, 4 files", "save"), get("gpt2s-4", "raw-c-wb, 4 files", "load")
     table("gpt2s, 4 ranks", "gpt2s-4",
-          ["raw-c-wb, 4 files", "torch.save, 4 files", "DCP, 4 ranks (gloo)", "ckpt, 4 threads", "ckpt 4 -> 1 rank"],
+          ["raw-c-wb, 4 files", "torch.save, 4 files", "DCP, 4 ranks (gloo)", "ckpt, 4 threads", "ckpt 4 -> 1 rank",
+           "raw 4 files -> 3 readers by columns", "ckpt 4 -> 3 ranks by columns"],
           best4, raw4, "raw 4 files load")
     traw = get("tmpfs", "raw-c", "save")
     if traw:
@@ -135,7 +136,8 @@ def main():
     target("save 4 ranks as threads vs raw 4 files with write-back", ratio(best4, get("gpt2s-4", "ckpt, 4 threads", "save")), 0.95)
     p("- save 4 processes (MPI): not in this benchmark (no MPI driver here)")
     for m, t, base in (("ckpt", "gpt2s", rawc), ("ckpt 1 -> 3 ranks", "gpt2s", rawc),
-                       ("ckpt, 4 threads", "gpt2s-4", raw4), ("ckpt 4 -> 1 rank", "gpt2s-4", rawc)):
+                       ("ckpt, 4 threads", "gpt2s-4", raw4), ("ckpt 4 -> 1 rank", "gpt2s-4", rawc),
+                       ("ckpt 4 -> 3 ranks by columns", "gpt2s-4", get("gpt2s-4", "raw 4 files -> 3 readers by columns", "load"))):
         target(f"cold load {m} vs raw-c load", ratio(base, get(t, m, "load")), 0.95)
     ck_s, ck_l = get("gpt2s", "ckpt", "save"), get("gpt2s", "ckpt", "load")
     target("CPU per GB of save vs raw-c-wb", cpu_gb(ck_s) / cpu_gb(best) if ck_s and best else None, 1.3, higher=False)

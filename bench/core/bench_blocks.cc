@@ -10,7 +10,7 @@
 //       row, third, col, whole   ShardReader::Read with verification of: 4 rows at an
 //                unaligned row (64 KiB), a third of the rows (85 MiB, what one of 3 ranks
 //                reads of a 4-rank row split), a third of the columns (all rows), the chunk
-//       warm: best of K (default 5); cold: the file's pages evicted first
+//       warm: best of K (default 5); cold: median of K, the file's pages evicted first
 //                (POSIX_FADV_DONTNEED; with --drop-caches, as root, `echo 3 >
 //                /proc/sys/vm/drop_caches` instead)
 //     and the same reads unverified, plus a raw pread of the row slices' bytes, as the
@@ -77,13 +77,18 @@ void Evict(const fs::path& file) {
   ::close(fd);
 }
 
-// Best (warm) or single cold time of fn, in ms.
+// Best warm time of fn, or the median of `repeat` cold ones, in ms.
 double Time(const std::function<void()>& fn, int repeat, bool cold, const fs::path& file) {
   if (cold) {
-    Evict(file);
-    const auto t0 = std::chrono::steady_clock::now();
-    fn();
-    return 1e3 * Seconds(t0);
+    std::vector<double> t;
+    for (int i = 0; i < repeat; ++i) {
+      Evict(file);
+      const auto t0 = std::chrono::steady_clock::now();
+      fn();
+      t.push_back(1e3 * Seconds(t0));
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
   }
   fn();  // warm the cache
   double best = 1e30;

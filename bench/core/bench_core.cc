@@ -160,6 +160,90 @@ ckpt::StateDict View(Workload& w, int world, int rank) {
   return state;
 }
 
+// Column shards for a load at `world` ranks by dimension 1 (what a TP reshard reads: every
+// row of each 2-D tensor, a third of its columns): per-rank buffers, filled by the load and
+// checked against the workload. 1-D tensors stay split by rows; every rank holds the 0-D ones.
+struct ColumnShards {
+  struct Part {
+    std::size_t tensor;
+    int64_t begin, count;  // along dim 1 (dim 0 for 1-D)
+    std::vector<uint8_t> data;
+  };
+  int world;
+  std::vector<std::vector<Part>> parts;  // [rank]
+  std::vector<std::vector<uint8_t>> scratch;  // [rank]: the raw baseline's read buffer
+
+  ColumnShards(const Workload& w, int world_) : world(world_), parts(static_cast<std::size_t>(world_)) {
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      const TensorBuf& t = w[i];
+      for (int r = 0; r < world; ++r) {
+        if (t.shape.empty()) {
+          parts[static_cast<std::size_t>(r)].push_back({i, 0, 1, std::vector<uint8_t>(t.bytes)});
+          continue;
+        }
+        const int dim = t.shape.size() >= 2 ? 1 : 0;
+        auto [begin, count] = RowRange(t.shape[static_cast<std::size_t>(dim)], world, r);
+        if (count == 0) continue;
+        const std::size_t bytes = t.bytes / static_cast<std::size_t>(t.shape[static_cast<std::size_t>(dim)]) *
+                                  static_cast<std::size_t>(count);
+        parts[static_cast<std::size_t>(r)].push_back({i, begin, count, std::vector<uint8_t>(bytes)});
+      }
+    }
+  }
+  void Zero() {
+    for (auto& rank : parts)
+      for (auto& p : rank) std::memset(p.data.data(), 0, p.data.size());
+  }
+  // Touched read buffers of `bytes` for the raw baseline (made before its timing starts).
+  void Scratch(std::size_t bytes) {
+    scratch.resize(static_cast<std::size_t>(world));
+    for (auto& b : scratch) {
+      b.resize(bytes);
+      std::memset(b.data(), 1, b.size());
+    }
+  }
+  ckpt::StateDict View(Workload& w, int rank) {
+    ckpt::StateDict state;
+    for (auto& p : parts[static_cast<std::size_t>(rank)]) {
+      const TensorBuf& t = w[p.tensor];
+      if (t.shape.empty()) {
+        state.Add(t.name, ckpt::Tensor::Full(t.dtype, t.shape, p.data.data()));
+        continue;
+      }
+      state.Add(t.name, ckpt::Tensor::Slice(t.dtype, t.shape, t.shape.size() >= 2 ? 1 : 0, p.begin, p.count,
+                                            p.data.data()));
+    }
+    return state;
+  }
+  // Every part equals the workload's columns (or rows) it stands for.
+  void Check(const Workload& w, const std::string& what) const {
+    for (const auto& rank : parts)
+      for (const auto& p : rank) {
+        const TensorBuf& t = w[p.tensor];
+        bool same = true;
+        if (t.shape.size() >= 2) {
+          const std::size_t cols = static_cast<std::size_t>(t.shape[1]);
+          const std::size_t inner = t.bytes / static_cast<std::size_t>(t.shape[0]) / cols;  // bytes per column
+          const std::size_t run = static_cast<std::size_t>(p.count) * inner;
+          for (int64_t row = 0; row < t.shape[0] && same; ++row)
+            same = std::memcmp(p.data.data() + static_cast<std::size_t>(row) * run,
+                               t.data.get() + static_cast<std::size_t>(row) * cols * inner +
+                                   static_cast<std::size_t>(p.begin) * inner,
+                               run) == 0;
+        } else {
+          const std::size_t off = t.shape.empty() ? 0 : t.bytes / static_cast<std::size_t>(t.shape[0]) *
+                                                            static_cast<std::size_t>(p.begin);
+          same = std::memcmp(p.data.data(), t.data.get() + off, p.data.size()) == 0;
+        }
+        if (!same) {
+          std::fprintf(stderr, "bench_core: %s: tensor %s differs from what was saved\n", what.c_str(),
+                       t.name.c_str());
+          std::exit(1);
+        }
+      }
+  }
+};
+
 uint64_t TotalBytes(const Workload& w) {
   uint64_t n = 0;
   for (const auto& t : w) n += t.bytes;
@@ -385,6 +469,64 @@ void RawLoad(Workload& w, const fs::path& dir, int files) {
   for (auto& t : threads) t.join();
 }
 
+// The raw baseline of a load by columns: reader `c` of `cols.world` reads each of the
+// `files` raw files whole (its columns lie in every row, so every byte must be fetched) and
+// copies its columns out of them, as a raw program resharding by columns would.
+void RawColumnsLoad(Workload& w, const fs::path& dir, int files, ColumnShards& cols) {
+  std::vector<std::thread> threads;
+  for (int c = 0; c < cols.world; ++c) {
+    threads.emplace_back([&, c] {
+      std::vector<ColumnShards::Part*> part(w.size(), nullptr);
+      for (auto& q : cols.parts[static_cast<std::size_t>(c)]) part[q.tensor] = &q;
+      std::vector<uint8_t>& buf = cols.scratch.at(static_cast<std::size_t>(c));
+      for (int r = 0; r < files; ++r) {
+        const fs::path path = dir / ("raw-" + std::to_string(r) + ".bin");
+        const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd < 0) Die("open " + path.string());
+        const std::size_t size = static_cast<std::size_t>(fs::file_size(path));
+        if (size > buf.size()) Die("raw column load: scratch smaller than " + path.string());
+        for (std::size_t done = 0; done < size;) {
+          const ssize_t k = ::pread(fd, buf.data() + done, std::min(kRawBlock, size - done),
+                                    static_cast<off_t>(done));
+          if (k <= 0) Die("read " + path.string());
+          done += static_cast<std::size_t>(k);
+        }
+        ::close(fd);
+        std::size_t at = 0;
+        for (std::size_t i = 0; i < w.size(); ++i) {
+          const TensorBuf& t = w[i];
+          const std::size_t n = ShardBytes(t, files, r).second;
+          const uint8_t* src = buf.data() + at;
+          at += n;
+          ColumnShards::Part* q = part[i];
+          if (!q || n == 0) continue;
+          if (t.shape.empty()) {
+            std::memcpy(q->data.data(), src, n);
+            continue;
+          }
+          const auto [row0, rows] = RowRange(t.shape[0], files, r);
+          const std::size_t row_bytes = t.bytes / static_cast<std::size_t>(t.shape[0]);
+          if (t.shape.size() == 1) {  // the part is a row range too: copy the overlap
+            const int64_t lo = std::max(row0, q->begin), hi = std::min(row0 + rows, q->begin + q->count);
+            if (lo < hi)
+              std::memcpy(q->data.data() + static_cast<std::size_t>(lo - q->begin) * row_bytes,
+                          src + static_cast<std::size_t>(lo - row0) * row_bytes,
+                          static_cast<std::size_t>(hi - lo) * row_bytes);
+            continue;
+          }
+          const std::size_t inner = row_bytes / static_cast<std::size_t>(t.shape[1]);
+          const std::size_t run = static_cast<std::size_t>(q->count) * inner;
+          for (int64_t row = 0; row < rows; ++row)
+            std::memcpy(q->data.data() + static_cast<std::size_t>(row0 + row) * run,
+                        src + static_cast<std::size_t>(row) * row_bytes + static_cast<std::size_t>(q->begin) * inner,
+                        run);
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
 // ---- HDF5 C API: one contiguous dataset per tensor, the plain way (the floor for HDF5)
 
 void H5Check(bool ok, const std::string& what) {
@@ -579,6 +721,7 @@ int main(int argc, char** argv) {
   std::printf("ckpt %s bench/core, commit %s\n", CKPT_VERSION_STRING, g_commit.empty() ? "?" : g_commit.c_str());
   PrintMachine(run);
   Workload g = MakeGpt2s(), m = MakeManySmall();
+  ColumnShards cols(g, 3);
   const uint64_t gb = TotalBytes(g), mb = TotalBytes(m);
   std::printf("gpt2s: %zu tensors, %llu bytes; many-small: %zu tensors, %llu bytes\n", g.size(),
               static_cast<unsigned long long>(gb), m.size(), static_cast<unsigned long long>(mb));
@@ -603,11 +746,25 @@ int main(int argc, char** argv) {
     Phase("gpt2s-4", "raw-c-wb, 4 files", "save", gb, run, clean, [&] { RawSave(g, d, true, 4); });
     Phase("gpt2s-4", "raw-c-wb, 4 files", "load", gb, run, zero(g), [&] { RawLoad(g, d, 4); },
           verify(g, "raw 4 load"));
+    Phase("gpt2s-4", "raw 4 files -> 3 readers by columns", "load", gb, run,
+          [&] {
+            cols.Zero();
+            cols.Scratch(static_cast<std::size_t>(gb / 4 + (std::size_t{64} << 20)));
+          },
+          [&] { RawColumnsLoad(g, d, 4, cols); }, [&] { cols.Check(g, "raw load 4->3 by columns"); });
     Phase("gpt2s-4", "ckpt, 4 threads", "save", gb, run, clean, [&] { CkptSave(g, d / "c4", 4); });
     Phase("gpt2s-4", "ckpt, 4 threads", "load", gb, run, zero(g), [&] { CkptLoad(g, d / "c4", 4); },
           verify(g, "ckpt 4 load"));
     Phase("gpt2s-4", "ckpt 4 -> 1 rank", "load", gb, run, zero(g), [&] { CkptLoad(g, d / "c4", 1); },
           verify(g, "ckpt load 4->1"));
+    Phase("gpt2s-4", "ckpt 4 -> 3 ranks by columns", "load", gb, run, [&] { cols.Zero(); },
+          [&] {
+            ckpt::RunThreads(3, [&](ckpt::Comm& comm) {
+              ckpt::StateDict view = cols.View(g, comm.rank());
+              ckpt::Load(d / "c4", view, comm);
+            });
+          },
+          [&] { cols.Check(g, "ckpt load 4->3 by columns"); });
     // tmpfs: the CPU path alone.
     if (have_tmpfs) {
       auto shm_clean = [&] { fs::remove_all(shm); };

@@ -1,7 +1,9 @@
 // format v2: layout rules (format/grid.h) and the v2 metadata.json codec with its digest.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <random>
+#include <tuple>
 #include <set>
 #include <string>
 #include <vector>
@@ -136,6 +138,93 @@ TEST_CASE("ForEachCell visits exactly the chunks a region meets (against brute f
     CAPTURE(round);
     CHECK(got == want);
   }
+}
+
+TEST_CASE("LayoutBuilder, chunk by chunk in any order, describes what DescribeLayout does over them all") {
+  auto sorted = [](std::vector<grid::PlacedBox> v) {
+    std::sort(v.begin(), v.end(), [](const grid::PlacedBox& a, const grid::PlacedBox& b) {
+      return std::tie(a.box.offsets, a.box.sizes, a.file) < std::tie(b.box.offsets, b.box.sizes, b.file);
+    });
+    return v;
+  };
+  auto same = [](const std::vector<grid::PlacedBox>& a, const std::vector<grid::PlacedBox>& b) {
+    if (a.size() != b.size()) return false;
+    for (std::size_t i = 0; i < a.size(); ++i)
+      if (!(a[i].box == b[i].box) || a[i].file != b[i].file) return false;
+    return true;
+  };
+  std::mt19937 rng(11);
+  int grids = 0, lists = 0;
+  for (int round = 0; round < 600; ++round) {
+    const std::size_t rank = rng() % 4;
+    Shape shape;
+    std::vector<std::vector<int64_t>> cuts;
+    for (std::size_t d = 0; d < rank; ++d) {
+      shape.push_back(1 + static_cast<int64_t>(rng() % 10));
+      std::set<int64_t> c{0};
+      const int parts = static_cast<int>(rng() % 5);
+      for (int p = 0; p < parts; ++p) c.insert(static_cast<int64_t>(rng() % shape[d]));
+      cuts.emplace_back(c.begin(), c.end());
+    }
+    const int files = 1 + static_cast<int>(rng() % 4);
+    const bool affine = rng() % 2;
+    auto chunks = Cells(shape, cuts, [&](const std::vector<int64_t>& i) {
+      if (!affine) return static_cast<int32_t>(rng() % static_cast<unsigned>(files));
+      int64_t f = 0;
+      for (int64_t x : i) f = f * 2 + x;
+      return static_cast<int32_t>(f % 7);
+    });
+    const int order = static_cast<int>(rng() % 3);  // row-major, reversed, shuffled
+    if (order == 1) std::reverse(chunks.begin(), chunks.end());
+    if (order == 2) std::shuffle(chunks.begin(), chunks.end(), rng);
+    // Sometimes not a grid: a cell missing, one twice, one cut in two, one grown over another.
+    const int damage = static_cast<int>(rng() % 6);
+    if (damage == 1 && chunks.size() > 1) chunks.erase(chunks.begin() + static_cast<std::ptrdiff_t>(rng() % chunks.size()));
+    if (damage == 2) chunks.push_back(chunks[rng() % chunks.size()]);
+    if (damage == 3 && rank > 0) {
+      auto& c = chunks[rng() % chunks.size()];
+      if (c.box.sizes[0] > 1) {
+        grid::PlacedBox half = c;
+        c.box.sizes[0] /= 2;
+        half.box.offsets[0] += c.box.sizes[0];
+        half.box.sizes[0] -= c.box.sizes[0];
+        chunks.push_back(half);
+      }
+    }
+    if (damage == 4 && rank > 0) chunks[rng() % chunks.size()].box.sizes[0] += 1;
+    grid::LayoutBuilder b(rank);
+    for (const auto& c : chunks) b.Add(c.box, c.file);
+    const std::vector<grid::PlacedBox> back = b.Finish();
+    CAPTURE(round);
+    CAPTURE(damage);
+    // Nothing lost, nothing made up.
+    REQUIRE(same(sorted(back), sorted(chunks)));
+    const TensorLayout want = grid::DescribeLayout(shape, chunks), got = grid::DescribeLayout(shape, back);
+    CHECK(got.kind == want.kind);
+    if (want.kind == TensorLayout::Kind::kGrid) {
+      ++grids;
+      CHECK(got == want);
+      CHECK_FALSE(b.listed());
+    } else {
+      ++lists;
+    }
+  }
+  CHECK(grids > 200);
+  CHECK(lists > 50);
+
+  // In write order, a 1-D grid of 100,000 chunks costs a file position per chunk and no
+  // more; a 2-D grid written column by column (8 columns) stays a grid too.
+  grid::LayoutBuilder rows(2);
+  for (int64_t i = 0; i < 100000; ++i) rows.Add(Box{{i * 3, 0}, {3, 16}}, static_cast<int32_t>(i % 64));
+  CHECK_FALSE(rows.listed());
+  CHECK(rows.HeapBytes() <= 100000 * 4 * 2 + 1024);  // a vector that doubled: at most twice
+  grid::LayoutBuilder cols(2);
+  for (int64_t j = 0; j < 8; ++j)
+    for (int64_t i = 0; i < 2048; ++i) cols.Add(Box{{i * 2, j * 5}, {2, 5}}, static_cast<int32_t>(i * 8 + j));
+  CHECK_FALSE(cols.listed());
+  const TensorLayout l = grid::DescribeLayout({4096, 40}, cols.Finish());
+  CHECK(l.kind == TensorLayout::Kind::kGrid);
+  CHECK(l.file_strides == std::vector<int64_t>{8, 1});
 }
 
 TEST_CASE("CheckLayout refuses layouts a reader could not walk") {

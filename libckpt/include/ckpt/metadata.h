@@ -40,6 +40,19 @@ struct ChunkStats {
 // l2 recombined from their sums. nullopt if `parts` is empty or any part is null.
 CKPT_API std::optional<ChunkStats> CombineStats(const std::vector<const ChunkStats*>& parts);
 
+// CombineStats one part at a time: Result() after Add(p1)..Add(pn) equals
+// CombineStats({p1, .., pn}), bit for bit.
+class CKPT_API StatsAccumulator {
+ public:
+  void Add(const ChunkStats* part);  // null: the result is nullopt
+  std::optional<ChunkStats> Result() const;
+
+ private:
+  ChunkStats out_;
+  double sum_ = 0, sumsq_ = 0;
+  bool any_ = false, missing_ = false;
+};
+
 // Per-chunk storage filter chain. Empty means a contiguous, uncompressed dataset.
 struct Compression {
   enum class Codec { kNone, kZstd } codec = Codec::kNone;

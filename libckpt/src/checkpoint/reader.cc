@@ -86,6 +86,11 @@ ChunkCatalog::File& ChunkCatalog::Load(int32_t index) {
         std::string key = r.key;
         f.records[key].push_back(std::move(r));
       }
+      // By offsets, for Find's binary search (a key may have millions of chunks in a file).
+      for (auto& [key, list] : f.records)
+        std::stable_sort(list.begin(), list.end(), [](const storage::ShardIndexEntry& a, const storage::ShardIndexEntry& b) {
+          return a.chunk.box.offsets < b.chunk.box.offsets;
+        });
     } catch (...) {
       f.failed = std::current_exception();
     }
@@ -98,6 +103,14 @@ const std::unordered_map<std::string, std::vector<storage::ShardIndexEntry>>& Ch
   return Load(file).records;
 }
 
+namespace {
+// Orders records by their chunk's offsets, and against a box's offsets.
+struct OffsetsLess {
+  bool operator()(const storage::ShardIndexEntry& r, const Shape& o) const { return r.chunk.box.offsets < o; }
+  bool operator()(const Shape& o, const storage::ShardIndexEntry& r) const { return o < r.chunk.box.offsets; }
+};
+}  // namespace
+
 const ChunkMeta& ChunkCatalog::Find(const std::string& key, const EntryMeta& e, const Box& box, int32_t file) {
   const auto& records = Load(file).records;
   // Called per chunk a read meets: the message is built only for an error.
@@ -109,11 +122,10 @@ const ChunkMeta& ChunkCatalog::Find(const std::string& key, const EntryMeta& e, 
   const auto it = records.find(key);
   const storage::ShardIndexEntry* found = nullptr;
   if (it != records.end()) {
-    for (const storage::ShardIndexEntry& r : it->second) {
-      if (r.chunk.box.offsets != box.offsets) continue;
-      if (found) throw corrupt("listed twice in the shard index");
-      found = &r;
-    }
+    const auto [lo, hi] = std::equal_range(it->second.begin(), it->second.end(), box.offsets,
+                                           OffsetsLess{});
+    if (hi - lo > 1) throw corrupt("listed twice in the shard index");
+    if (lo != hi) found = &*lo;
   }
   if (!found) throw corrupt("metadata.json places it in this file, its index does not hold it");
   if (found->chunk.box.sizes != box.sizes) {

@@ -1,15 +1,18 @@
 // checkpoint/writer.cc: CheckpointWriter, a single-process streaming writer.
 //
-// Memory: a chunk's bytes go straight to its shard; the writer keeps one compact record
-// per chunk (box, checksum, sizes, statistics), turned into the Metadata only at Commit.
-// Strings every chunk would repeat (its file name, a dataset name that follows from key
-// and box) are not kept per chunk.
+// Memory: a chunk's bytes go straight to its shard, and its record (box, dataset, offset,
+// checksums, statistics) into that shard's index, which the shard spills to disk as it
+// grows. metadata.json (format v2) needs only each key's layout and aggregates, so per key
+// the writer keeps a grid::LayoutBuilder (4 bytes a chunk while the chunks form a grid: a
+// file position per cell) and running statistics; only a key whose chunks are no grid keeps
+// their boxes. The Metadata is built at Commit.
 #include <cstdio>
 #include <map>
 #include <unordered_map>
 
 #include "checkpoint/commit.h"
 #include "ckpt/checkpoint.h"
+#include "format/grid.h"
 #include "format/names.h"
 #include "layout/box.h"
 #include "storage/fs.h"
@@ -81,12 +84,18 @@ class Writer final : public CheckpointWriter {
       throw Error(ErrorCode::kInvalidArgument, "CheckpointWriter: Commit() with " + std::to_string(open_streams_) +
                                                    " chunk stream(s) still open");
     }
-    BuildChunks();
+    // Shard i is the position-th file of those written.
+    std::vector<int32_t> position(shards_.size(), -1);
+    for (std::size_t i = 0, n = 0; i < shards_.size(); ++i)
+      if (shards_[i]) position[i] = static_cast<int32_t>(n++);
     std::string problems;
-    for (const auto& [key, e] : metadata_.entries) {
+    for (std::size_t i = 0; i < metadata_.entries.size(); ++i) {
+      auto& [key, e] = metadata_.entries[i];
       if (e.kind != EntryKind::kTensor) continue;
-      for (const std::string& p : CheckTiling(key, e)) problems += "\n  " + p;
+      for (const std::string& p : BuildLayout(key, e, i < keys_.size() ? keys_[i].get() : nullptr, position))
+        problems += "\n  " + p;
     }
+    keys_.clear();
     if (!problems.empty()) {
       throw Error(ErrorCode::kInvalidArgument, dir_.string() + ": refusing to commit:" + problems);
     }
@@ -96,6 +105,7 @@ class Writer final : public CheckpointWriter {
       metadata_.files.push_back(FileMeta{shards_[i]->file_name(), static_cast<int>(i), shard.bytes, shard.index});
     }
     shards_.clear();
+    metadata_.resolved = false;  // the chunk records are in the shard indexes
     metadata_.state_dict_type = options_.state_dict_type;
     metadata_.world_size = options_.world_size;
     metadata_.mesh = options_.mesh;
@@ -141,91 +151,46 @@ class Writer final : public CheckpointWriter {
     std::unique_ptr<storage::ShardWriter::Stream> s_;
   };
 
-  // One tensor chunk as written, compactly. Its box lives in boxes_ (offsets, then sizes,
-  // rank-of-the-tensor values each); a dataset name or checksum that does not follow the
-  // usual form is kept whole in unusual_.
-  struct ChunkRecord {
-    uint32_t entry;
-    uint32_t file;
-    std::size_t box;
-    uint64_t checksum;
-    uint64_t stored_bytes;
+  // What the writer keeps of one tensor key's chunks until Commit.
+  struct KeyState {
+    explicit KeyState(std::size_t rank) : layout(rank) {}
+    grid::LayoutBuilder layout;  // boxes, with their shard numbers as files
+    StatsAccumulator stats;
+    uint64_t stored_bytes = 0;
     Compression compression;
-    bool has_stats;
-    ChunkStats stats;
-  };
-  struct Unusual {
-    std::string file, dataset, checksum;
   };
 
-  void Record(std::size_t entry, int file, ChunkMeta chunk) {
-    const auto& [key, e] = metadata_.entries[entry];
-    ChunkRecord r{static_cast<uint32_t>(entry), static_cast<uint32_t>(file), boxes_.size(), 0,
-                  chunk.stored_bytes, chunk.compression, chunk.stats.has_value(),
-                  chunk.stats.value_or(ChunkStats{})};
-    boxes_.insert(boxes_.end(), chunk.box.offsets.begin(), chunk.box.offsets.end());
-    boxes_.insert(boxes_.end(), chunk.box.sizes.begin(), chunk.box.sizes.end());
-    Unusual odd;
-    if (chunk.file != shards_[static_cast<std::size_t>(file)]->file_name()) odd.file = std::move(chunk.file);
-    if (chunk.dataset != names::DatasetName(key, chunk.box.offsets, chunk.box == Box::Full(e.shape)))
-      odd.dataset = std::move(chunk.dataset);
-    if (!ParseChecksum(chunk.checksum, &r.checksum)) odd.checksum = std::move(chunk.checksum);
-    if (!odd.file.empty() || !odd.dataset.empty() || !odd.checksum.empty()) unusual_.emplace(records_.size(), std::move(odd));
-    records_.push_back(r);
+  void Record(std::size_t entry, int file, const ChunkMeta& chunk) {
+    KeyState& k = *keys_.at(entry);
+    k.layout.Add(chunk.box, file);
+    k.stats.Add(chunk.stats ? &*chunk.stats : nullptr);
+    k.stored_bytes += chunk.stored_bytes;
+    if (chunk.compression.codec != Compression::Codec::kNone && k.compression.codec == Compression::Codec::kNone)
+      k.compression = chunk.compression;
   }
 
-  static bool ParseChecksum(const std::string& text, uint64_t* value) {
-    const std::string_view prefix = names::kChecksumPrefix;
-    if (text.size() != prefix.size() + 16 || text.compare(0, prefix.size(), prefix) != 0) return false;
-    uint64_t v = 0;
-    for (std::size_t i = prefix.size(); i < text.size(); ++i) {
-      const char c = text[i];
-      const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-      if (d < 0) return false;
-      v = (v << 4) | static_cast<uint64_t>(d);
+  // The entry's layout and aggregates from what was recorded (shard numbers become
+  // positions in Metadata::files). Returns what keeps its chunks from tiling the tensor.
+  static std::vector<std::string> BuildLayout(const std::string& key, EntryMeta& e, const KeyState* k,
+                                              const std::vector<int32_t>& position) {
+    std::vector<grid::PlacedBox> placed;
+    if (k) placed = k->layout.Finish();
+    for (grid::PlacedBox& p : placed) p.file = position.at(static_cast<std::size_t>(p.file));
+    e.layout = grid::DescribeLayout(e.shape, placed);
+    if (e.layout.kind != TensorLayout::Kind::kGrid) {  // a grid tiles by construction; a list may not
+      std::vector<Box> boxes;
+      boxes.reserve(placed.size());
+      for (const grid::PlacedBox& p : placed) boxes.push_back(p.box);
+      std::vector<std::string> problems = layout::TilingProblems(e.shape, boxes);
+      for (std::string& p : problems) p = "tensor '" + key + "': " + p;
+      if (!problems.empty()) return problems;
     }
-    *value = v;
-    return true;
-  }
-
-  // The records become the entries' chunks, in the order they were written.
-  void BuildChunks() {
-    std::vector<uint32_t> count(metadata_.entries.size(), 0);
-    for (const ChunkRecord& r : records_) ++count[r.entry];
-    for (std::size_t i = 0; i < count.size(); ++i) metadata_.entries[i].second.chunks.reserve(count[i]);
-    for (std::size_t i = 0; i < records_.size(); ++i) {
-      const ChunkRecord& r = records_[i];
-      auto& [key, e] = metadata_.entries[r.entry];
-      const auto nd = static_cast<std::ptrdiff_t>(e.shape.size());
-      const auto b = boxes_.begin() + static_cast<std::ptrdiff_t>(r.box);
-      ChunkMeta c;
-      c.box.offsets.assign(b, b + nd);
-      c.box.sizes.assign(b + nd, b + 2 * nd);
-      auto odd = unusual_.find(i);
-      const bool has_odd = odd != unusual_.end();
-      c.file = has_odd && !odd->second.file.empty()
-                   ? std::move(odd->second.file)
-                   : internal::ShardFileName(static_cast<int>(r.file), options_.num_files);
-      c.compression = r.compression;
-      c.stored_bytes = r.stored_bytes;
-      if (r.has_stats) c.stats = r.stats;
-      if (has_odd && !odd->second.dataset.empty()) {
-        c.dataset = std::move(odd->second.dataset);
-      } else {
-        c.dataset = names::DatasetName(key, c.box.offsets, c.box == Box::Full(e.shape));
-      }
-      if (has_odd && !odd->second.checksum.empty()) {
-        c.checksum = std::move(odd->second.checksum);
-      } else {
-        char hex[17];
-        std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(r.checksum));
-        c.checksum = std::string(names::kChecksumPrefix) + hex;
-      }
-      e.chunks.push_back(std::move(c));
+    if (k) {
+      if (IsFloating(e.dtype)) e.stats = k->stats.Result();
+      e.stored_bytes = k->stored_bytes;
+      e.compression = k->compression;
     }
-    std::vector<ChunkRecord>().swap(records_);
-    std::vector<int64_t>().swap(boxes_);
-    unusual_.clear();
+    return {};
   }
 
   // Validates a tensor chunk against its entry (creating it on first use); returns the
@@ -239,6 +204,8 @@ class Writer final : public CheckpointWriter {
       e.dtype = dtype;
       e.shape = shape;
       typed_[entry] = true;
+      if (keys_.size() <= entry) keys_.resize(entry + 1);
+      keys_[entry] = std::make_unique<KeyState>(shape.size());
     } else if (e.dtype != dtype || e.shape != shape) {
       throw Error(ErrorCode::kInvalidArgument, "CheckpointWriter: key '" + key + "': chunk of " +
                                                    std::string(DTypeName(dtype)) + " " + Box::Full(shape).ToString() +
@@ -295,9 +262,7 @@ class Writer final : public CheckpointWriter {
   Metadata metadata_;
   std::unordered_map<std::string, std::size_t> index_;
   std::vector<bool> typed_;  // per entry: a tensor whose first chunk fixed dtype and shape
-  std::vector<ChunkRecord> records_;
-  std::vector<int64_t> boxes_;
-  std::map<std::size_t, Unusual> unusual_;  // by record
+  std::vector<std::unique_ptr<KeyState>> keys_;  // per entry: a tensor's chunks so far
   std::map<std::string, storage::Fd> sources_;
   int open_streams_ = 0;
   bool committed_ = false;

@@ -135,6 +135,210 @@ void WalkCells(const TensorLayout& l, const Shape& shape, const std::vector<std:
 
 }  // namespace
 
+// ---- CellLocator
+
+namespace {
+std::string OffsetsKey(const Shape& offsets) {
+  return std::string(reinterpret_cast<const char*>(offsets.data()), offsets.size() * sizeof(int64_t));
+}
+}  // namespace
+
+CellLocator::CellLocator(const TensorLayout& layout, const Shape& shape) : layout_(layout), shape_(shape) {
+  if (layout.kind == TensorLayout::Kind::kChunks) {
+    pieces_.reserve(layout.pieces.size());
+    for (std::size_t i = 0; i < layout.pieces.size(); ++i) pieces_.emplace(OffsetsKey(layout.pieces[i].box.offsets), i);
+    return;
+  }
+  prefix_.resize(shape.size());
+  parts_.resize(shape.size());
+  for (std::size_t d = 0; d < shape.size() && d < layout.grid.size(); ++d) {
+    prefix_[d] = Prefix(layout.grid[d]);
+    parts_[d] = Parts(layout.grid[d], shape[d]);
+  }
+}
+
+int32_t CellLocator::FileOf(const Box& box) const {
+  if (box.offsets.size() != shape_.size() || box.sizes.size() != shape_.size()) return -1;
+  if (layout_.kind == TensorLayout::Kind::kChunks) {
+    const auto [lo, hi] = pieces_.equal_range(OffsetsKey(box.offsets));
+    for (auto it = lo; it != hi; ++it) {
+      const TensorLayout::Piece& p = layout_.pieces[it->second];
+      if (p.box.sizes == box.sizes) return p.file;
+    }
+    return -1;
+  }
+  if (layout_.grid.size() != shape_.size()) return -1;
+  if (ZeroVolume(shape_)) return box == Box::Full(shape_) ? CellFile(layout_, 0, std::vector<int64_t>(shape_.size(), 0)) : -1;
+  std::vector<int64_t> idx(shape_.size());
+  int64_t cell = 0;
+  for (std::size_t d = 0; d < shape_.size(); ++d) {
+    const DimSplit& split = layout_.grid[d];
+    const int64_t o = box.offsets[d];
+    int64_t part;
+    if (split.sizes.empty()) {
+      if (split.step <= 0 || o < 0 || o % split.step != 0) return -1;
+      part = o / split.step;
+    } else {
+      const auto& p = prefix_[d];
+      const auto it = std::lower_bound(p.begin(), p.end(), o);
+      if (it == p.end() || *it != o) return -1;
+      part = it - p.begin();
+    }
+    if (part >= parts_[d] || PartSize(split, part, shape_[d]) != box.sizes[d]) return -1;
+    idx[d] = part;
+    cell = cell * parts_[d] + part;
+  }
+  return CellFile(layout_, cell, idx);
+}
+
+// ---- LayoutBuilder
+
+int64_t LayoutBuilder::FindPart(const Dim& d, int64_t offset, int64_t size, std::size_t* insert_at) const {
+  // The last run starting at or before `offset`.
+  const auto it = std::upper_bound(d.runs.begin(), d.runs.end(), offset,
+                                   [](int64_t o, const Run& r) { return o < r.start; });
+  const std::size_t next = static_cast<std::size_t>(it - d.runs.begin());
+  if (next > 0) {
+    const Run& r = d.runs[next - 1];
+    const int64_t end = r.start + r.size * r.count;
+    if (offset < end) {
+      if ((offset - r.start) % r.size != 0 || size != r.size) return -2;
+      return d.first[next - 1] + (offset - r.start) / r.size;
+    }
+  }
+  if (next < d.runs.size() && offset + size > d.runs[next].start) return -2;  // overlaps the next part
+  *insert_at = next;
+  return -1;
+}
+
+void LayoutBuilder::InsertPart(std::size_t dim, std::size_t at, int64_t offset, int64_t size) {
+  Dim& d = dims_[dim];
+  const int64_t index = at < d.runs.size() ? d.first[at] : d.parts;  // the new part's index
+  // Row-major cells: a part appended to dimension 0 only adds cells at the end.
+  const bool append = dim == 0 && index == d.parts;
+  std::vector<int64_t> old_parts(dims_.size());
+  for (std::size_t k = 0; k < dims_.size(); ++k) old_parts[k] = dims_[k].parts;
+  if (at > 0 && d.runs[at - 1].size == size && d.runs[at - 1].start + size * d.runs[at - 1].count == offset) {
+    ++d.runs[at - 1].count;  // extends the run before it
+  } else {
+    d.runs.insert(d.runs.begin() + static_cast<std::ptrdiff_t>(at), Run{offset, size, 1});
+    d.first.insert(d.first.begin() + static_cast<std::ptrdiff_t>(at), index);
+    ++at;
+  }
+  for (std::size_t k = at; k < d.runs.size(); ++k) ++d.first[k];
+  ++d.parts;
+  const int64_t cells = Cells();
+  if (append) {
+    cell_files_.resize(static_cast<std::size_t>(cells), -1);
+    return;
+  }
+  // Renumber the cells: those at part >= index of this dimension move one up.
+  std::vector<int32_t> moved(static_cast<std::size_t>(cells), -1);
+  std::vector<int64_t> idx(dims_.size(), 0);
+  for (std::size_t old = 0; old < cell_files_.size(); ++old) {
+    int64_t rest = static_cast<int64_t>(old), cell = 0;
+    for (std::size_t k = dims_.size(); k-- > 0;) {
+      idx[k] = rest % old_parts[k];
+      rest /= old_parts[k];
+    }
+    for (std::size_t k = 0; k < dims_.size(); ++k) {
+      const int64_t i = k == dim && idx[k] >= index ? idx[k] + 1 : idx[k];
+      cell = cell * dims_[k].parts + i;
+    }
+    moved[static_cast<std::size_t>(cell)] = cell_files_[old];
+  }
+  cell_files_ = std::move(moved);
+  remapped_ += static_cast<int64_t>(cell_files_.size());
+}
+
+int64_t LayoutBuilder::Cells() const {
+  int64_t n = 1;
+  for (const Dim& d : dims_) n *= d.parts;
+  return n;
+}
+
+Box LayoutBuilder::CellBox(int64_t cell) const {
+  const std::size_t rank = dims_.size();
+  Box b{Shape(rank), Shape(rank)};
+  for (std::size_t k = rank; k-- > 0;) {
+    const Dim& d = dims_[k];
+    const int64_t i = cell % d.parts;
+    cell /= d.parts;
+    const auto it = std::upper_bound(d.first.begin(), d.first.end(), i) - 1;
+    const Run& r = d.runs[static_cast<std::size_t>(it - d.first.begin())];
+    b.offsets[k] = r.start + (i - *it) * r.size;
+    b.sizes[k] = r.size;
+  }
+  return b;
+}
+
+void LayoutBuilder::ToList() {
+  std::vector<PlacedBox> cells = Finish();
+  listed_ = true;
+  list_ = std::move(cells);
+  std::vector<int32_t>().swap(cell_files_);
+  std::vector<Dim>(dims_.size()).swap(dims_);
+}
+
+void LayoutBuilder::Add(const Box& box, int32_t file) {
+  ++seen_;
+  auto list = [&] {
+    if (!listed_) ToList();
+    list_.push_back({box, file});
+  };
+  if (listed_ || box.offsets.size() != dims_.size() || box.sizes.size() != dims_.size() || box.NumElements() == 0 ||
+      file < 0) {
+    return list();
+  }
+  if (dims_.empty()) {  // a 0-D tensor: one cell
+    if (!cell_files_.empty()) return list();
+    cell_files_.push_back(file);
+    return;
+  }
+  for (;;) {
+    int64_t cell = 0;
+    bool placed = true;
+    for (std::size_t k = 0; k < dims_.size(); ++k) {
+      std::size_t at = 0;
+      const int64_t i = FindPart(dims_[k], box.offsets[k], box.sizes[k], &at);
+      if (i == -2) return list();
+      if (i == -1) {
+        // New cells must stay near what is written, and reordering bounded: else a list.
+        const int64_t grown = Cells() / std::max<int64_t>(dims_[k].parts, 1) * (dims_[k].parts + 1);
+        if (grown > 4 * seen_ + 64 || grown > (int64_t{1} << 24) || remapped_ > 8 * seen_ + 4096) return list();
+        InsertPart(k, at, box.offsets[k], box.sizes[k]);
+        placed = false;
+        break;
+      }
+      cell = cell * dims_[k].parts + i;
+    }
+    if (!placed) continue;  // the parts changed: find the cell again
+    if (cell_files_.size() < static_cast<std::size_t>(Cells())) cell_files_.resize(static_cast<std::size_t>(Cells()), -1);
+    int32_t& slot = cell_files_[static_cast<std::size_t>(cell)];
+    if (slot != -1) return list();  // the same cell twice
+    slot = file;
+    return;
+  }
+}
+
+std::vector<PlacedBox> LayoutBuilder::Finish() const {
+  if (listed_) return list_;
+  std::vector<PlacedBox> out;
+  for (std::size_t c = 0; c < cell_files_.size(); ++c) {
+    if (cell_files_[c] == -1) continue;
+    out.push_back({dims_.empty() ? Box{} : CellBox(static_cast<int64_t>(c)), cell_files_[c]});
+  }
+  return out;
+}
+
+std::size_t LayoutBuilder::HeapBytes() const {
+  std::size_t n = cell_files_.capacity() * sizeof(int32_t) + dims_.capacity() * sizeof(Dim) +
+                  list_.capacity() * sizeof(PlacedBox);
+  for (const Dim& d : dims_) n += d.runs.capacity() * sizeof(Run) + d.first.capacity() * sizeof(int64_t);
+  for (const PlacedBox& p : list_) n += (p.box.offsets.capacity() + p.box.sizes.capacity()) * sizeof(int64_t);
+  return n;
+}
+
 TensorLayout DescribeLayout(const Shape& shape, const std::vector<PlacedBox>& chunks) {
   const std::size_t rank = shape.size();
   if (chunks.empty()) return Explicit(chunks);

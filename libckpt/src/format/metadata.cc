@@ -1042,30 +1042,42 @@ Metadata ParseMetadata(std::string_view text, std::string_view source, const Par
   return m;
 }
 
-std::optional<ChunkStats> CombineStats(const std::vector<const ChunkStats*>& parts) {
-  if (parts.empty()) return std::nullopt;
-  ChunkStats out;
-  double sum = 0, sumsq = 0;
-  out.min = std::numeric_limits<double>::infinity();
-  out.max = -std::numeric_limits<double>::infinity();
-  for (const ChunkStats* s : parts) {
-    if (!s) return std::nullopt;
-    out.nan_count += s->nan_count;
-    out.inf_count += s->inf_count;
-    out.finite_count += s->finite_count;
-    if (s->finite_count == 0) continue;
-    out.min = std::min(out.min, s->min);
-    out.max = std::max(out.max, s->max);
-    sum += s->mean * static_cast<double>(s->finite_count);
-    sumsq += s->l2 * s->l2;
+void StatsAccumulator::Add(const ChunkStats* s) {
+  if (!s) {
+    missing_ = true;
+    return;
   }
+  if (!any_) {
+    out_.min = std::numeric_limits<double>::infinity();
+    out_.max = -std::numeric_limits<double>::infinity();
+    any_ = true;
+  }
+  out_.nan_count += s->nan_count;
+  out_.inf_count += s->inf_count;
+  out_.finite_count += s->finite_count;
+  if (s->finite_count == 0) return;
+  out_.min = std::min(out_.min, s->min);
+  out_.max = std::max(out_.max, s->max);
+  sum_ += s->mean * static_cast<double>(s->finite_count);
+  sumsq_ += s->l2 * s->l2;
+}
+
+std::optional<ChunkStats> StatsAccumulator::Result() const {
+  if (!any_ || missing_) return std::nullopt;
+  ChunkStats out = out_;
   if (out.finite_count > 0) {
-    out.mean = sum / static_cast<double>(out.finite_count);
-    out.l2 = std::sqrt(sumsq);
+    out.mean = sum_ / static_cast<double>(out.finite_count);
+    out.l2 = std::sqrt(sumsq_);
   } else {
     out.min = out.max = out.mean = std::numeric_limits<double>::quiet_NaN();
   }
   return out;
+}
+
+std::optional<ChunkStats> CombineStats(const std::vector<const ChunkStats*>& parts) {
+  StatsAccumulator acc;
+  for (const ChunkStats* s : parts) acc.Add(s);
+  return acc.Result();
 }
 
 namespace {

@@ -25,6 +25,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
+#include <unordered_map>
 
 #include "checkpoint/reader.h"
 #include "ckpt/checkpoint.h"
@@ -95,61 +96,112 @@ class Collector {
   VerifyReport& r_;
 };
 
+// A chunk to check: its key, entry and record (pointers into the metadata or a catalog).
+struct Placed {
+  const std::string* key;
+  const EntryMeta* e;
+  const ChunkMeta* chunk;
+};
+// Checks the datasets and data of `chunks`, all in the files `group` (positions in
+// Metadata::files), and files their problems; `meanwhile` runs beside the data threads.
+using RunGroup = std::function<void(const std::vector<std::size_t>& group, const std::vector<Placed>& chunks,
+                                    const std::function<void()>& meanwhile)>;
+
+// Chunks (by the layouts) per group of files whose records are held at once.
+constexpr int64_t kGroupChunks = int64_t{1} << 17;
+
+Shape ShapeOf(const EntryMeta& e) { return e.kind == EntryKind::kBytes ? Shape{static_cast<int64_t>(e.size)} : e.shape; }
+
 // Format v2: the chunk records come from the shard indexes, each checked against its
-// digest in metadata.json; problems are reported under "index" and the chunks found are
-// filled into `md` (which is then resolved). Returns the keys some of whose chunks were not
-// found (in a file whose index is unreadable, or missing from it): their problem is
-// reported already, so their tiling (over the chunks found) is not checked, which would
-// only repeat it as a gap.
-std::set<std::string> ResolveIndexes(const fs::path& path, Metadata& md, Collector& c) {
-  std::set<std::string> incomplete;
-  const auto shared = std::make_shared<const Metadata>(md);
-  internal::ChunkCatalog catalog(storage::Dir::Open(path), shared);
-  std::vector<char> failed(md.files.size(), 0);
-  for (std::size_t f = 0; f < md.files.size(); ++f) {
-    try {
-      catalog.Records(static_cast<int32_t>(f));
-    } catch (const std::exception& e) {
-      failed[f] = 1;
-      std::error_code ec;  // a missing or unreadable file is reported under "files"
-      if (fs::is_regular_file(fs::symlink_status(path / md.files[f].name, ec))) c.Add("index", md.files[f].name, "", e.what());
-    }
-  }
-  std::vector<std::set<std::pair<std::string, Shape>>> listed(md.files.size());  // (key, offsets) the layouts place
-  for (auto& [key, e] : md.entries) {
+// digest in metadata.json and against the layouts: every record must be a chunk its
+// file's layout places there, and every chunk placed there must have its record
+// (problems under "index"). Files are taken in groups of about kGroupChunks chunks: a
+// group's indexes are read, its records checked, its datasets and data checked through
+// `run_group`, and all of it dropped before the next group, so memory is bounded by a
+// group (or by the largest file), not by the checkpoint; time is linear in the chunks.
+void VerifyIndexes(const fs::path& path, const Metadata& md, const std::vector<char>& usable,
+                   std::vector<VerifyProblem>& problems, const std::function<void()>& meanwhile,
+                   const RunGroup& run_group) {
+  const std::size_t nf = md.files.size();
+  std::vector<int64_t> expected(nf, 0);  // chunks the layouts place in each file
+  for (const auto& [key, e] : md.entries) {
     if (e.kind != EntryKind::kTensor && e.kind != EntryKind::kBytes) continue;
-    e.chunks.clear();
-    const Shape shape = e.kind == EntryKind::kBytes ? Shape{static_cast<int64_t>(e.size)} : e.shape;
-    std::size_t shown = 0;
-    grid::ForEachChunk(e.layout, shape, [&](const Box& box, int32_t file) {
-      if (failed[static_cast<std::size_t>(file)]) {
-        incomplete.insert(key);
-        return;
-      }
-      listed[static_cast<std::size_t>(file)].emplace(key, box.offsets);
-      try {
-        e.chunks.push_back(catalog.Find(key, e, box, file));
-      } catch (const std::exception& err) {
-        incomplete.insert(key);
-        if (shown++ < 20) c.Add("index", md.files[static_cast<std::size_t>(file)].name, key, err.what());
-      }
-    });
+    grid::ForEachChunk(e.layout, ShapeOf(e), [&](const Box&, int32_t file) { ++expected[static_cast<std::size_t>(file)]; });
   }
-  for (std::size_t f = 0; f < md.files.size(); ++f) {
-    if (failed[f]) continue;
-    std::size_t shown = 0;
-    for (const auto& [key, records] : catalog.Records(static_cast<int32_t>(f))) {
-      for (const auto& r : records) {
-        if (listed[f].count({key, r.chunk.box.offsets}) || shown++ >= 20) continue;
-        c.Add("index", md.files[f].name, key,
-              md.files[f].name + ": its index lists " + std::string(r.bytes ? "bytes" : "tensor") + " '" + key +
-                  "' chunk " + r.chunk.box.ToString() + " (dataset '" + r.chunk.dataset +
-                  "'), which metadata.json does not place in this file");
+  const storage::Dir dir = storage::Dir::Open(path);
+  const std::shared_ptr<const Metadata> shared(&md, [](const Metadata*) {});  // outlives every catalog below
+  std::unordered_map<std::string, std::unique_ptr<grid::CellLocator>> locators;  // by key, made when first needed
+  auto locator = [&](const std::string& key, const EntryMeta& e) -> const grid::CellLocator& {
+    auto& l = locators[key];
+    if (!l) l = std::make_unique<grid::CellLocator>(e.layout, ShapeOf(e));
+    return *l;
+  };
+  int named_missing = 0;  // files whose missing records were named one by one
+  if (nf == 0) meanwhile();
+  for (std::size_t first = 0; first < nf;) {
+    std::vector<std::size_t> group;
+    int64_t n = 0;
+    for (std::size_t fi = first; fi < nf && (group.empty() || n + expected[fi] <= kGroupChunks); ++fi) {
+      group.push_back(fi);
+      n += expected[fi];
+    }
+    internal::ChunkCatalog catalog(dir, shared);
+    std::vector<Placed> chunks;
+    for (const std::size_t fi : group) {
+      if (!usable[fi]) continue;  // missing, not regular, or listed before: reported under "files"
+      const std::string& name = md.files[fi].name;
+      const auto file = static_cast<int32_t>(fi);
+      const std::unordered_map<std::string, std::vector<storage::ShardIndexEntry>>* records = nullptr;
+      try {
+        records = &catalog.Records(file);
+      } catch (const std::exception& e) {
+        problems.push_back({"index", name, "", e.what()});
+        continue;
+      }
+      std::set<std::string> said;  // messages already given for this file
+      auto add = [&](const std::string& key, std::string message) {
+        if (said.size() < 40 && said.insert(message).second) problems.push_back({"index", name, key, std::move(message)});
+      };
+      int64_t found = 0;
+      for (const auto& [key, list] : *records) {
+        const EntryMeta* e = md.Find(key);
+        const bool kind_ok = e && (e->kind == EntryKind::kTensor || e->kind == EntryKind::kBytes);
+        for (const storage::ShardIndexEntry& rec : list) {
+          if (!kind_ok || rec.bytes != (e->kind == EntryKind::kBytes) || locator(key, *e).FileOf(rec.chunk.box) != file) {
+            add(key, name + ": its index lists " + std::string(rec.bytes ? "bytes" : "tensor") + " '" + key + "' chunk " +
+                         rec.chunk.box.ToString() + " (dataset '" + rec.chunk.dataset +
+                         "'), which metadata.json does not place in this file");
+            continue;
+          }
+          try {
+            chunks.push_back({&key, e, &catalog.Find(key, *e, rec.chunk.box, file)});
+            ++found;
+          } catch (const std::exception& err) {
+            add(key, err.what());
+          }
+        }
+      }
+      if (found >= expected[fi]) continue;
+      if (named_missing++ < 8) {  // name them: the chunks placed here that have no record
+        for (const auto& [key, e] : md.entries) {
+          if (e.kind != EntryKind::kTensor && e.kind != EntryKind::kBytes) continue;
+          grid::ForEachChunk(e.layout, ShapeOf(e), [&](const Box& box, int32_t f) {
+            if (f != file) return;
+            try {
+              catalog.Find(key, e, box, file);
+            } catch (const std::exception& err) {
+              add(key, err.what());
+            }
+          });
+        }
+      } else {
+        add("", name + ": its index holds " + std::to_string(found) + " of the " + std::to_string(expected[fi]) +
+                    " chunks metadata.json places in this file");
       }
     }
+    run_group(group, chunks, first == 0 ? meanwhile : std::function<void()>([] {}));
+    first += group.size();
   }
-  md.resolved = true;
-  return incomplete;
 }
 
 // Builds the tree of metadata.json except the members of its top-level "entries" object:
@@ -726,16 +778,16 @@ VerifyReport Verify(const fs::path& path, const VerifyOptions& o) {
     return finish();
   }
   r.format_version = md.format_version;
-  const std::set<std::string> incomplete = md.resolved ? std::set<std::string>{} : ResolveIndexes(path, md, c);
+  const bool v2 = !md.resolved;  // chunk records in the shard indexes, read file group by file group
   md.BuildIndex();
   r.keys = md.entries.size();
   r.files = md.files.size();
 
   // files: present, regular, of the recorded size (each is opened as HDF5 when its
-  // datasets are checked, below).
-  std::map<std::string, std::size_t> file_index;  // files worth opening
-  std::vector<std::unique_ptr<FileWork>> files;
+  // datasets are checked, below). A name listed twice is checked once.
   std::vector<std::vector<VerifyProblem>> file_problems(md.files.size());
+  std::vector<char> usable(md.files.size(), 0);
+  std::set<std::string> names_seen;
   for (std::size_t fi = 0; fi < md.files.size(); ++fi) {
     const auto& f = md.files[fi];
     auto add = [&](std::string message) { file_problems[fi].push_back({"files", f.name, "", std::move(message)}); };
@@ -756,27 +808,58 @@ VerifyReport Verify(const fs::path& path, const VerifyOptions& o) {
     if (static_cast<uint64_t>(sb.st_size) != f.bytes)
       add(f.name + ": size is " + std::to_string(sb.st_size) + " bytes, metadata says " + std::to_string(f.bytes) +
           (static_cast<uint64_t>(sb.st_size) < f.bytes ? " (truncated?)" : ""));
-    if (file_index.emplace(f.name, files.size()).second) {
-      files.push_back(std::make_unique<FileWork>());
-      files.back()->name = f.name;
-    }
+    if (names_seen.insert(f.name).second) usable[fi] = 1;
   }
 
-  // datasets, checksums, finite: one job per chunk in a usable file (its dataset is checked
-  // even when its data is not read)
-  std::vector<DataJob> jobs;
-  for (const auto& [key, e] : md.entries) {
-    if (e.kind == EntryKind::kScalar || e.kind == EntryKind::kJson) continue;
-    for (const auto& chunk : e.chunks) {
+  // The problems in report order: index, then per file, then tiling, then per chunk.
+  std::vector<VerifyProblem> index_problems, per_file, per_chunk;
+  std::vector<std::pair<std::string, std::string>> tiling;  // key, message
+  auto check_tiling = [&] {
+    for (const auto& [key, e] : md.entries) {
+      if (e.kind != EntryKind::kTensor) continue;
+      if (!v2) {
+        for (auto& msg : CheckTiling(key, e)) tiling.emplace_back(key, std::move(msg));
+      } else if (e.layout.kind == TensorLayout::Kind::kChunks) {  // a grid tiles by construction (checked at parse)
+        EntryMeta pieces;
+        pieces.shape = e.shape;
+        pieces.chunks.resize(e.layout.pieces.size());
+        for (std::size_t i = 0; i < e.layout.pieces.size(); ++i) pieces.chunks[i].box = e.layout.pieces[i].box;
+        for (auto& msg : CheckTiling(key, pieces)) tiling.emplace_back(key, std::move(msg));
+      }
+    }
+  };
+
+  // Data threads: no more than the cores; none when no data is read (the dataset checks
+  // run on this thread: HDF5's lock serialises them anyway).
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  int threads = std::min<int>(std::max(1, o.threads), static_cast<int>(cores));
+  if (o.quick && !o.check_finite) threads = 0;  // no data to read
+
+  // Checks the datasets, checksums and finiteness of `chunks` (key, entry, chunk), all in
+  // the files `group`, and files those files' problems; `meanwhile` runs beside the data.
+  auto run_group = [&](const std::vector<std::size_t>& group, const std::vector<Placed>& chunks,
+                       const std::function<void()>& meanwhile) {
+    std::map<std::string, std::size_t> file_index;  // files worth opening
+    std::vector<std::unique_ptr<FileWork>> files;
+    for (const std::size_t fi : group) {
+      if (!usable[fi]) continue;
+      file_index.emplace(md.files[fi].name, files.size());
+      files.push_back(std::make_unique<FileWork>());
+      files.back()->name = md.files[fi].name;
+    }
+    std::vector<DataJob> jobs;
+    jobs.reserve(chunks.size());
+    for (const Placed& pc : chunks) {
+      const ChunkMeta& chunk = *pc.chunk;
       ++r.chunks;
       const auto fit = file_index.find(chunk.file);
       if (fit == file_index.end()) continue;  // already reported under "files"
       DataJob job;
-      job.key = key;
+      job.key = *pc.key;
       job.file = chunk.file;
-      job.dtype = e.dtype;
+      job.dtype = pc.e->dtype;
       job.chunk = chunk;  // a bytes entry: uint8, its box the 1-D extent (as parsed)
-      const bool floating = e.kind == EntryKind::kTensor && IsFloating(e.dtype);
+      const bool floating = pc.e->kind == EntryKind::kTensor && IsFloating(pc.e->dtype);
       job.finite = o.check_finite && floating && !(o.quick && chunk.stats);  // quick: trust recorded stats
       job.recorded_nonfinite = o.check_finite && floating && o.quick && chunk.stats &&
                                (chunk.stats->nan_count || chunk.stats->inf_count);
@@ -786,48 +869,53 @@ VerifyReport Verify(const fs::path& path, const VerifyOptions& o) {
       fw.jobs.push_back(jobs.size());
       jobs.push_back(std::move(job));
     }
-  }
-
-  // Data threads: no more than the cores; none when no data is read (the dataset checks
-  // run on this thread: HDF5's lock serialises them anyway).
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  int threads = std::min<int>(std::max(1, o.threads), static_cast<int>(cores));
-  if (o.quick && !o.check_finite) threads = 0;  // no data to read
-  std::vector<std::pair<std::string, std::string>> tiling;  // key, message
-  r.bytes_read = RunDataJobs(path, jobs, files, threads, o.progress, [&] {
-    // tiling, on this thread while the data is read
-    for (const auto& [key, e] : md.entries)
-      if (e.kind == EntryKind::kTensor && !incomplete.count(key))
-        for (auto& msg : CheckTiling(key, e)) tiling.emplace_back(key, std::move(msg));
-  });
-
-  for (std::size_t fi = 0; fi < md.files.size(); ++fi) {
-    for (auto& p : file_problems[fi]) r.problems.push_back(std::move(p));
-    if (const auto it = file_index.find(md.files[fi].name); it != file_index.end()) {
-      FileWork& fw = *files[it->second];
-      if (!fw.open_problem.empty()) {
-        // A file that does not open failed its index's resolution the same way: once, here.
-        std::erase_if(r.problems, [&](const VerifyProblem& p) {
-          return p.check == "index" && p.file == fw.name && p.message == fw.open_problem;
-        });
-        c.Add("files", fw.name, "", fw.open_problem);
-        fw.open_problem.clear();  // a name listed twice is reported once
+    r.bytes_read += RunDataJobs(path, jobs, files, threads, o.progress, meanwhile);
+    for (const std::size_t fi : group) {
+      for (auto& p : file_problems[fi]) per_file.push_back(std::move(p));
+      file_problems[fi].clear();
+      if (const auto it = file_index.find(md.files[fi].name); it != file_index.end()) {
+        FileWork& fw = *files[it->second];
+        if (!fw.open_problem.empty()) {
+          // A file that does not open failed its index's resolution the same way: once, here.
+          std::erase_if(index_problems, [&](const VerifyProblem& p) {
+            return p.check == "index" && p.file == fw.name && p.message == fw.open_problem;
+          });
+          per_file.push_back({"files", fw.name, "", fw.open_problem});
+          fw.open_problem.clear();
+        }
+        for (auto& p : fw.link_problems) per_file.push_back({"datasets", fw.name, "", std::move(p)});
+        fw.link_problems.clear();
       }
-      for (auto& p : fw.link_problems) c.Add("datasets", fw.name, "", std::move(p));
-      fw.link_problems.clear();
     }
+    for (const auto& j : jobs) {
+      if (!j.problem.empty()) {
+        per_chunk.push_back({j.problem_check, j.file, j.key, j.problem});
+      } else if (j.located && j.recorded_nonfinite) {
+        per_chunk.push_back({"finite", j.file, j.key,
+                             TensorWhere(j.file, j.key, &j.chunk) + ": " + std::to_string(j.chunk.stats->nan_count) +
+                                 " NaN and " + std::to_string(j.chunk.stats->inf_count) +
+                                 " Inf elements (recorded statistics)"});
+      }
+    }
+  };
+
+  if (!v2) {
+    std::vector<std::size_t> all(md.files.size());
+    for (std::size_t fi = 0; fi < all.size(); ++fi) all[fi] = fi;
+    std::vector<Placed> chunks;
+    for (const auto& [key, e] : md.entries) {
+      if (e.kind == EntryKind::kScalar || e.kind == EntryKind::kJson) continue;
+      for (const auto& chunk : e.chunks) chunks.push_back({&key, &e, &chunk});
+    }
+    run_group(all, chunks, check_tiling);
+  } else {
+    VerifyIndexes(path, md, usable, index_problems, check_tiling, run_group);
   }
+
+  for (auto& p : index_problems) r.problems.push_back(std::move(p));
+  for (auto& p : per_file) r.problems.push_back(std::move(p));
   for (auto& [key, msg] : tiling) c.Add("tiling", "", key, std::move(msg));
-  for (const auto& j : jobs) {
-    if (!j.problem.empty()) {
-      c.Add(j.problem_check, j.file, j.key, j.problem);
-    } else if (j.located && j.recorded_nonfinite) {
-      c.Add("finite", j.file, j.key, TensorWhere(j.file, j.key, &j.chunk) + ": " +
-                                         std::to_string(j.chunk.stats->nan_count) + " NaN and " +
-                                         std::to_string(j.chunk.stats->inf_count) +
-                                         " Inf elements (recorded statistics)");
-    }
-  }
+  for (auto& p : per_chunk) r.problems.push_back(std::move(p));
   schema_problems();
 
   if (o.expect) CheckExpect(md, *o.expect, c);

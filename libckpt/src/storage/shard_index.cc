@@ -3,7 +3,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
+
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "ckpt/error.h"
@@ -73,15 +77,48 @@ void ShardIndexBuilder::Add(const ShardIndexEntry& e) {
     for (int i = 0; i < 3; ++i) o[kStatCount[i]] = count[i];
     j[names::kStats] = std::move(o);
   }
-  if (!chunks_.empty()) chunks_ += ',';
+  if (any_) chunks_ += ',';
+  any_ = true;
   chunks_ += j.dump();
+  if (!spill_dir_.empty() && chunks_.size() >= kSpillBytes) Spill();
 }
 
-std::string ShardIndexBuilder::Finish() const {
+void ShardIndexBuilder::Spill() {
+  const fs::path what = spill_dir_ / "(shard index spill)";
+  if (!spill_) {
+    const int fd = Fs().Open(spill_dir_, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0) {
+      const int err = errno;
+      if (err == EOPNOTSUPP || err == EISDIR || err == EINVAL) {  // no unnamed files here: keep it in memory
+        spill_dir_.clear();
+        return;
+      }
+      throw Error(ErrorCode::kIO,
+                  spill_dir_.string() + ": creating a temporary file for the shard index: " + std::strerror(err));
+    }
+    spill_ = Fd(fd);
+  }
+  WriteExact(spill_.get(), chunks_.data(), chunks_.size(), spilled_, what);
+  spilled_ += chunks_.size();
+  chunks_.clear();
+}
+
+std::string ShardIndexBuilder::Finish() {
   const ordered_json head = {{names::kFormat, names::kShardIndexFormat}, {names::kFormatVersion, kFormatVersion}};
   std::string text = head.dump();
   text.pop_back();  // '}'
-  return text + ",\"" + names::kChunks + "\":[" + chunks_ + "]}";
+  text += ",\"" + std::string(names::kChunks) + "\":[";
+  if (spilled_ > 0) {
+    const std::size_t at = text.size();
+    text.resize(at + static_cast<std::size_t>(spilled_));
+    ReadExact(spill_.get(), text.data() + at, static_cast<std::size_t>(spilled_), 0,
+              spill_dir_ / "(shard index spill)");
+    spill_.Close(spill_dir_ / "(shard index spill)");
+    spilled_ = 0;
+  }
+  text += chunks_;
+  std::string().swap(chunks_);
+  return text + "]}";
 }
 
 std::string IndexDigest(std::string_view text) { return FormatChecksum(HashBlock(text.data(), text.size())); }

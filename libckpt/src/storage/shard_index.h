@@ -4,12 +4,14 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "ckpt/metadata.h"
+#include "storage/fs.h"
 
 namespace ckpt::storage {
 
@@ -31,15 +33,27 @@ struct ShardIndex {
   std::vector<ShardIndexEntry> entries;
 };
 
-// Builds the index text entry by entry (kept as text, not as a JSON tree).
+// Builds the index text entry by entry (kept as text, not as a JSON tree). Given a
+// directory, the text beyond kSpillBytes goes to an unnamed temporary file there
+// (O_TMPFILE, gone when closed), so a shard of millions of chunks holds at most that much
+// of its index in memory until Finish reads it back.
 class ShardIndexBuilder {
  public:
+  static constexpr std::size_t kSpillBytes = std::size_t{1} << 20;
+  ShardIndexBuilder() = default;
+  explicit ShardIndexBuilder(std::filesystem::path spill_dir) : spill_dir_(std::move(spill_dir)) {}
   void Add(const ShardIndexEntry& entry);
   // {"format": "ckpt-shard", "format_version": 2, "chunks": [...]}.
-  std::string Finish() const;
+  std::string Finish();
+  uint64_t spilled_bytes() const { return spilled_; }
 
  private:
+  void Spill();
   std::string chunks_;
+  bool any_ = false;
+  std::filesystem::path spill_dir_;
+  Fd spill_;
+  uint64_t spilled_ = 0;
 };
 
 // Parses index text strictly: any malformed member, an unknown dtype, a bad rank, a chunk

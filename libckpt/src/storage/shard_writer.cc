@@ -28,6 +28,7 @@ namespace {
 constexpr std::size_t kStreamBlock = std::size_t{8} << 20;      // pwrite + digest block
 constexpr uint64_t kWritebackBytes = uint64_t{64} << 20;          // start writeback this often
 constexpr std::size_t kCompressChunkBytes = std::size_t{1} << 20;  // HDF5 chunk target
+constexpr std::size_t kMetadataCacheBytes = std::size_t{1} << 20;  // HDF5's metadata cache, per shard
 
 std::vector<hsize_t> Dims(const Shape& s) { return std::vector<hsize_t>(s.begin(), s.end()); }
 
@@ -264,10 +265,25 @@ ShardWriter::ShardWriter(const std::filesystem::path& dir, std::string file_name
   h5::Init();
   impl_->path = dir / file_name_;
   impl_->compression = compression;
+  impl_->index = ShardIndexBuilder(dir);
   h5::Handle fapl = h5::Plist(H5Pcreate(H5P_FILE_ACCESS));
   // 1.8 object formats: compact/dense link storage, so a root group with many thousands
   // of datasets stays fast, and large attributes (the shard index) are allowed.
   h5::Check(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_V18), "H5Pset_libver_bounds");
+  // HDF5's metadata cache grows (adaptively, to 32 MiB by default) with the object headers
+  // and link-index nodes of datasets just created, which this writer never reads back: a
+  // small fixed size keeps a writer of many chunks, with many shards open, small.
+  H5AC_cache_config_t mdc{};
+  mdc.version = H5AC__CURR_CACHE_CONFIG_VERSION;
+  h5::Check(H5Pget_mdc_config(fapl.get(), &mdc), "H5Pget_mdc_config");
+  mdc.set_initial_size = true;
+  mdc.initial_size = kMetadataCacheBytes;
+  mdc.max_size = kMetadataCacheBytes;
+  mdc.min_size = std::min<size_t>(mdc.min_size, kMetadataCacheBytes);
+  mdc.incr_mode = H5C_incr__off;
+  mdc.flash_incr_mode = H5C_flash_incr__off;
+  mdc.decr_mode = H5C_decr__off;
+  h5::Check(H5Pset_mdc_config(fapl.get(), &mdc), "H5Pset_mdc_config");
   impl_->file = h5::File(h5::Check(H5Fcreate(impl_->path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()),
                                    impl_->path.string() + ": creating HDF5 file"));
   impl_->fd = OpenFile(impl_->path, O_WRONLY);
