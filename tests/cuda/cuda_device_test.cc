@@ -11,7 +11,7 @@
 #include "ckpt/ckpt.h"
 #include "ckpt/cuda.h"
 #include "gpu_util.h"
-#include "test_util.h"
+#include "device_util.h"
 
 namespace fs = std::filesystem;
 using namespace ckpt;
@@ -20,18 +20,12 @@ using gpu_test::DeviceBuffer;
 
 namespace {
 
-struct Item {
-  std::string key;
-  DType dtype;
-  Shape shape;
-  std::vector<uint8_t> bytes;
-};
+using Item = ckpt_test::TensorBytes;
 
 std::vector<Item> Items() {
   std::vector<Item> out;
   const auto add = [&](std::string key, DType dtype, Shape shape, uint64_t seed) {
-    const auto n = static_cast<std::size_t>(NumElements(shape)) * DTypeSize(dtype);
-    out.push_back(Item{std::move(key), dtype, std::move(shape), ckpt_test::RandomBytes(n, seed)});
+    out.push_back(ckpt_test::MakeTensorBytes(std::move(key), dtype, std::move(shape), seed));
   };
   add("w.big", DType::kFloat32, {1536, 4096}, 1);  // 24 MiB: many pieces of a 1 MiB buffer
   add("w.bf16", DType::kBFloat16, {3, 1000, 333}, 2);

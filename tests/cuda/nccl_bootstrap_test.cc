@@ -7,23 +7,12 @@
 #include "ckpt/ckpt.h"
 #include "ckpt/cuda.h"
 #include "ckpt/nccl.h"
-#include "test_util.h"
+#include "device_util.h"
 
 using namespace ckpt;
 using namespace std::chrono_literals;
 
-namespace {
-
-std::pair<ErrorCode, std::string> ErrorOf(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return {e.code(), e.what()};
-  }
-  return {ErrorCode::kInternal, "no error"};
-}
-
-}  // namespace
+using ckpt_test::ErrorOf;
 
 TEST_CASE("a rank waiting for the NCCL id file gives up at the timeout, naming the file") {
   ckpt_test::TempDir tmp("nccl");

@@ -14,7 +14,7 @@
 #include <random>
 
 #include "ckpt/ckpt.h"
-#include "test_util.h"
+#include "device_util.h"
 
 namespace fs = std::filesystem;
 using namespace ckpt;
@@ -188,18 +188,13 @@ struct Registered {
   ~Registered() { SetDeviceBackend(nullptr); }
 };
 
-struct Source {
-  std::string key;
-  DType dtype;
-  Shape shape;
-  std::vector<uint8_t> bytes;
-};
+using Source = ckpt_test::TensorBytes;
+using ckpt_test::ErrorOf;
 
 std::vector<Source> Sources() {
   std::vector<Source> out;
   const auto add = [&](std::string key, DType dtype, Shape shape, uint64_t seed) {
-    const auto n = static_cast<std::size_t>(NumElements(shape)) * DTypeSize(dtype);
-    out.push_back(Source{std::move(key), dtype, std::move(shape), ckpt_test::RandomBytes(n, seed)});
+    out.push_back(ckpt_test::MakeTensorBytes(std::move(key), dtype, std::move(shape), seed));
   };
   add("w.big", DType::kFloat32, {37, 29}, 1);         // 4292 B: many pieces of a 1002-B buffer
   add("w.cube", DType::kBFloat16, {5, 7, 41}, 2);     // rows of 82 B along the last dimension
@@ -250,17 +245,6 @@ void CheckSameChunks(const Metadata& a, const Metadata& b) {
       }
     }
   }
-}
-
-// The code and message of the Error fn throws (kInternal, "no error" if none).
-template <typename Fn>
-std::pair<ErrorCode, std::string> ErrorOf(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return {e.code(), e.what()};
-  }
-  return {ErrorCode::kInternal, "no error"};
 }
 
 }  // namespace
