@@ -2,7 +2,6 @@
 #include "checkpoint/device_io.h"
 
 #include <algorithm>
-#include <cstring>
 #include <mutex>
 
 #include "checkpoint/reader.h"
@@ -202,17 +201,6 @@ void ReadDeviceChunk(Reader& reader, DeviceWriter& out, const std::string& key, 
     reader.ReadRegion(key, piece, buffer, verify);
     out.Send(base + offset, n, c.device);
   });
-}
-
-void CopyToHost(DeviceBackend& backend, void* dst, const void* src, std::size_t n, int device) {
-  const std::unique_ptr<DeviceStaging> staging = backend.AcquireStaging();
-  DeviceReader reader(*staging, {DeviceReader::Source{src, n, device}});
-  auto* out = static_cast<uint8_t*>(dst);
-  std::size_t got = 0, source = 0;
-  while (const void* piece = reader.Next(got, source)) {
-    std::memcpy(out, piece, got);
-    out += got;
-  }
 }
 
 std::string DeviceChecksum(DeviceStaging& staging, const void* data, std::size_t n, int device) {

@@ -97,10 +97,6 @@ ChunkMeta WriteDeviceChunk(storage::ShardWriter& writer, DeviceReader& pieces, c
 void ReadDeviceChunk(Reader& reader, DeviceWriter& out, const std::string& key, const Chunk& c, std::size_t item,
                      bool verify);
 
-// Copies `n` bytes at `src` on `device` to host memory `dst` through a staging pair of
-// `backend`, the copy of one piece overlapping the memcpy out of the other (a snapshot).
-void CopyToHost(DeviceBackend& backend, void* dst, const void* src, std::size_t n, int device);
-
 // The v1 checksum of `n` bytes at `data` on `device`, copied through `staging`.
 std::string DeviceChecksum(DeviceStaging& staging, const void* data, std::size_t n, int device);
 
