@@ -4,6 +4,7 @@
 #include "ckpt/checkpoint.h"
 #include "ckpt/comm.h"
 #include "ckpt/config.h"
+#include "ckpt/device.h"
 #include "ckpt/dtype.h"
 #include "ckpt/error.h"
 #include "ckpt/files.h"

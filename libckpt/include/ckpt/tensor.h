@@ -34,11 +34,16 @@ struct CKPT_API Box {
   friend bool operator==(const Box&, const Box&) = default;
 };
 
+// Chunk::device of a chunk in host memory.
+inline constexpr int kHostDevice = -1;
+
 // One rank's piece of a tensor: `data` holds box.NumElements() elements in row-major
-// order over box.sizes. For Save the memory is only read.
+// order over box.sizes. For Save the memory is only read. With `device` >= 0, `data` is in
+// the memory of that accelerator, copied through the registered backend (ckpt/device.h).
 struct Chunk {
   Box box;
   void* data = nullptr;
+  int device = kHostDevice;
 };
 
 struct CKPT_API Tensor {

@@ -13,6 +13,7 @@
 #include <unordered_set>
 
 #include "checkpoint/commit.h"
+#include "checkpoint/device_io.h"
 #include "checkpoint/reader.h"
 #include "ckpt/checkpoint.h"
 #include "format/grid.h"
@@ -127,15 +128,17 @@ Scalar ScalarFromJson(DType dtype, const std::string& text) {
 }
 
 // Reads every tensor chunk of `target` with up to `threads` readers, each with its own
-// shard handles; chunks are handed out largest first so the threads finish together.
+// shard handles; chunks are handed out largest first so the threads finish together. A
+// reader meeting a device chunk takes a staging pair of `device` for the rest of its work.
 void ReadTensors(const storage::Dir& dir, const std::shared_ptr<const Metadata>& metadata,
                  const std::shared_ptr<internal::ChunkCatalog>& catalog,
                  StateDict& target, const std::unordered_set<std::string>& skip, const LoadOptions& options,
-                 uint64_t& bytes_read) {
+                 DeviceBackend* device, uint64_t& bytes_read) {
   struct Task {
     const std::string* key;
     Chunk* chunk;
     uint64_t bytes;
+    std::size_t item;
   };
   std::vector<Task> tasks;
   for (auto& [key, entry] : target) {
@@ -143,7 +146,8 @@ void ReadTensors(const storage::Dir& dir, const std::shared_ptr<const Metadata>&
     auto* t = std::get_if<Tensor>(&entry);
     if (!e || !t || skip.count(key) || e->kind != EntryKind::kTensor) continue;
     for (Chunk& c : t->chunks) {
-      tasks.push_back(Task{&key, &c, static_cast<uint64_t>(c.box.NumElements()) * DTypeSize(t->dtype)});
+      tasks.push_back(Task{&key, &c, static_cast<uint64_t>(c.box.NumElements()) * DTypeSize(t->dtype),
+                           DTypeSize(t->dtype)});
     }
   }
   std::stable_sort(tasks.begin(), tasks.end(), [](const Task& a, const Task& b) { return a.bytes > b.bytes; });
@@ -157,9 +161,21 @@ void ReadTensors(const storage::Dir& dir, const std::shared_ptr<const Metadata>&
   auto work = [&] {
     try {
       internal::Reader reader(dir, metadata, /*check_tiling=*/false, catalog);  // checked by Load's first reader
+      std::unique_ptr<DeviceStaging> staging;
+      std::unique_ptr<internal::DeviceWriter> to_device;
       for (std::size_t i; !failed && (i = next.fetch_add(1)) < tasks.size();) {
-        reader.ReadRegion(*tasks[i].key, tasks[i].chunk->box, tasks[i].chunk->data, options.verify_checksums);
+        const Task& task = tasks[i];
+        if (task.chunk->device == kHostDevice) {
+          reader.ReadRegion(*task.key, task.chunk->box, task.chunk->data, options.verify_checksums);
+          continue;
+        }
+        if (!to_device) {
+          staging = device->AcquireStaging();
+          to_device = std::make_unique<internal::DeviceWriter>(*staging);
+        }
+        internal::ReadDeviceChunk(reader, *to_device, *task.key, *task.chunk, task.item, options.verify_checksums);
       }
+      if (to_device) to_device->Finish();
       total += reader.bytes_read();
     } catch (...) {
       std::lock_guard lock(mu);
@@ -180,7 +196,9 @@ void ReadTensors(const storage::Dir& dir, const std::shared_ptr<const Metadata>&
 LoadReport Load(const std::filesystem::path& dir, StateDict& target, Comm& comm, const LoadOptions& options) {
   LoadReport report;
   uint64_t version = 0;
+  std::shared_ptr<DeviceBackend> device;
   internal::Phase(comm, [&] {
+    device = internal::DeviceBackendFor(target, "load");
     // One directory handle for metadata.json and every shard: a load racing an overwrite
     // reads the old checkpoint or the new one, never a mix.
     const storage::Dir handle = storage::Dir::Open(dir);
@@ -204,7 +222,8 @@ LoadReport Load(const std::filesystem::path& dir, StateDict& target, Comm& comm,
       }
     }
     report.bytes_read = reader.bytes_read();
-    ReadTensors(handle, reader.shared_metadata(), reader.catalog(), target, skip, options, report.bytes_read);
+    ReadTensors(handle, reader.shared_metadata(), reader.catalog(), target, skip, options, device.get(),
+                report.bytes_read);
   });
   // Each rank read one checkpoint whole; if it was replaced while they opened it, they
   // may have read different ones: an error on every rank rather than a mixed state.

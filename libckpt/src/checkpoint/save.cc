@@ -11,6 +11,7 @@
 //  4. write: each writer streams its chunks into its shard, fsyncs it, and reports them;
 //  5. commit: rank 0 writes metadata.json and renames the directory into place.
 #include "checkpoint/commit.h"
+#include "checkpoint/device_io.h"
 #include "ckpt/checkpoint.h"
 #include "layout/save_messages.h"
 #include "layout/save_plan.h"
@@ -40,22 +41,29 @@ const Entry& Referenced(const StateDict& state, const layout::ChunkRef& ref) {
   return e;
 }
 
-std::pair<const void*, std::size_t> LocalData(const StateDict& state, const layout::ChunkRef& ref) {
+struct LocalBytes {
+  const void* data;
+  std::size_t n;
+  int device;
+};
+LocalBytes LocalData(const StateDict& state, const layout::ChunkRef& ref) {
   const Entry& e = Referenced(state, ref);
   if (const auto* t = std::get_if<Tensor>(&e)) {
     const Chunk& c = t->chunks[ref.chunk];
-    return {c.data, static_cast<std::size_t>(c.box.NumElements()) * DTypeSize(t->dtype)};
+    return {c.data, static_cast<std::size_t>(c.box.NumElements()) * DTypeSize(t->dtype), c.device};
   }
   const auto& b = std::get<Bytes>(e);
-  return {b.data.data(), b.data.size()};
+  return {b.data.data(), b.data.size(), kHostDevice};
 }
 
 // Steps 1 and 2: rank 0 returns the merged and checked plan, the others an empty one.
-layout::SavePlan DescribeAndPlan(const StateDict& state, Comm& comm) {
+// `device` gets the backend for this rank's device chunks (null if it has none).
+layout::SavePlan DescribeAndPlan(const StateDict& state, Comm& comm, std::shared_ptr<DeviceBackend>& device) {
   const bool root = comm.rank() == 0;
   layout::RankDescription mine;
   layout::Message message;  // rank 0 keeps its own description as it is
   internal::Phase(comm, [&] {
+    device = internal::DeviceBackendFor(state, "save");
     mine = layout::Describe(state);
     if (!root) message = layout::EncodeDescription(mine);
   });
@@ -75,7 +83,8 @@ layout::SavePlan DescribeAndPlan(const StateDict& state, Comm& comm) {
 }
 
 // Step 2, replicas: the holders of each replicated region send digests of their copies.
-void CompareReplicas(const StateDict& state, Comm& comm, const layout::SavePlan& plan, bool check) {
+void CompareReplicas(const StateDict& state, Comm& comm, const layout::SavePlan& plan, bool check,
+                     DeviceBackend* device) {
   const bool root = comm.rank() == 0;
   ByteBuffer requests;
   if (root) {
@@ -87,9 +96,15 @@ void CompareReplicas(const StateDict& state, Comm& comm, const layout::SavePlan&
   layout::Message digests;
   internal::Phase(comm, [&] {
     std::vector<std::string> mine;
+    std::unique_ptr<DeviceStaging> staging;
     for (const layout::ChunkRef& ref : layout::DecodeRequests(requests, comm.rank(), comm.size(), any)) {
-      auto [data, n] = LocalData(state, ref);
-      mine.push_back(storage::ChecksumOf(data, n));
+      const LocalBytes b = LocalData(state, ref);
+      if (b.device == kHostDevice || b.n == 0) {
+        mine.push_back(storage::ChecksumOf(b.data, b.n));
+        continue;
+      }
+      if (!staging) staging = device->AcquireStaging();
+      mine.push_back(internal::DeviceChecksum(*staging, b.data, b.n, b.device));
     }
     digests = layout::EncodeDigests(mine);
   });
@@ -120,19 +135,36 @@ ByteBuffer Distribute(const fs::path& dir, Comm& comm, bool overwrite, layout::S
   return message;
 }
 
-// Step 4: this rank's chunks streamed into its shard, which is fsynced.
+// Step 4: this rank's chunks streamed into its shard, which is fsynced. Device chunks come
+// through one staging pipeline in write order, each copied while the one before is written.
 layout::RankResult WriteShard(const fs::path& staging, const std::vector<layout::ChunkRef>& writes,
-                              const StateDict& state, int rank, int world, const Compression& compression) {
+                              const StateDict& state, int rank, int world, const Compression& compression,
+                              DeviceBackend* device) {
   layout::RankResult result;
   if (writes.empty()) return result;
   result.file = internal::ShardFileName(rank, world);
   storage::ShardWriter writer(staging, result.file, compression);
   result.chunks.reserve(writes.size());
-  // Announced first, so that their datasets are made in batches (storage/shard_writer.h).
+  std::vector<internal::DeviceReader::Source> sources;
   for (const layout::ChunkRef& ref : writes) {
-    if (const auto* t = std::get_if<Tensor>(&Referenced(state, ref))) {
-      const Chunk& c = t->chunks[ref.chunk];
-      writer.Reserve(std::next(state.begin(), ref.entry)->first, t->dtype, t->shape, c.box, c.data);
+    const LocalBytes b = LocalData(state, ref);
+    if (b.device != kHostDevice && b.n > 0) sources.push_back({b.data, b.n, b.device});
+  }
+  std::unique_ptr<DeviceStaging> device_staging;
+  std::unique_ptr<internal::DeviceReader> pieces;
+  if (!sources.empty()) {
+    device_staging = device->AcquireStaging();
+    pieces = std::make_unique<internal::DeviceReader>(*device_staging, std::move(sources));
+  }
+  // Host chunks are announced first, so that their datasets are made in batches
+  // (storage/shard_writer.h). A shard with device chunks, written from staging buffers as
+  // they arrive, is written chunk by chunk.
+  if (!pieces) {
+    for (const layout::ChunkRef& ref : writes) {
+      if (const auto* t = std::get_if<Tensor>(&Referenced(state, ref))) {
+        const Chunk& c = t->chunks[ref.chunk];
+        writer.Reserve(std::next(state.begin(), ref.entry)->first, t->dtype, t->shape, c.box, c.data);
+      }
     }
   }
   for (const layout::ChunkRef& ref : writes) {
@@ -140,6 +172,10 @@ layout::RankResult WriteShard(const fs::path& staging, const std::vector<layout:
     const std::string& key = std::next(state.begin(), ref.entry)->first;
     if (const auto* t = std::get_if<Tensor>(&e)) {
       const Chunk& c = t->chunks[ref.chunk];
+      if (c.device != kHostDevice && c.box.NumElements() > 0) {
+        result.chunks.push_back(internal::WriteDeviceChunk(writer, *pieces, key, *t, c));
+        continue;
+      }
       result.chunks.push_back(writer.WriteChunk(key, t->dtype, t->shape, c.box, c.data));
     } else {
       const auto& b = std::get<Bytes>(e);
@@ -173,8 +209,9 @@ void Save(const std::filesystem::path& dir, const StateDict& state, Comm& comm, 
   const int world = comm.size();
   const bool root = rank == 0;
 
-  layout::SavePlan plan = DescribeAndPlan(state, comm);
-  CompareReplicas(state, comm, plan, options.check_replicas);
+  std::shared_ptr<DeviceBackend> device;
+  layout::SavePlan plan = DescribeAndPlan(state, comm, device);
+  CompareReplicas(state, comm, plan, options.check_replicas, device.get());
   std::vector<std::vector<layout::Write>> writes;  // rank 0: every rank's
   fs::path staging;
   const ByteBuffer plan_message = Distribute(dir, comm, options.overwrite, plan, writes, staging);
@@ -184,7 +221,7 @@ void Save(const std::filesystem::path& dir, const StateDict& state, Comm& comm, 
   try {
     const layout::PlanMessage mine = layout::DecodePlan(plan_message, rank, world);
     staging = mine.staging;
-    written = WriteShard(staging, mine.writes, state, rank, world, options.compression);
+    written = WriteShard(staging, mine.writes, state, rank, world, options.compression, device.get());
   } catch (...) {
     failure = internal::DescribeCurrentException();
   }

@@ -1,0 +1,139 @@
+// ckpt-gpu-bench: the figures scripts/gpu-check.sh prints. cudaMemcpy's pinned bandwidth
+// (device to host, host to device), ckpt::cuda's staging pipeline in both directions against
+// it, Save and Load of the same state from device and from host memory, and the statistics of
+// a float32 chunk by the CUDA kernel. Usage: ckpt-gpu-bench [--mib N] [--dir DIR]
+#include <cuda_runtime.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "ckpt/ckpt.h"
+#include "ckpt/cuda.h"
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+void Ok(cudaError_t rc, const char* what) {
+  if (rc != cudaSuccess) {
+    std::fprintf(stderr, "ckpt-gpu-bench: %s: %s\n", what, cudaGetErrorString(rc));
+    std::exit(1);
+  }
+}
+
+double Seconds(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double GBs(std::size_t bytes, double s) { return static_cast<double>(bytes) / s / 1e9; }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::size_t mib = 1024;
+  fs::path dir = fs::exists("/dev/shm") ? fs::path("/dev/shm") : fs::temp_directory_path();
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--mib" && i + 1 < argc) {
+      mib = std::strtoull(argv[++i], nullptr, 10);
+    } else if (a == "--dir" && i + 1 < argc) {
+      dir = argv[++i];
+    } else {
+      std::fprintf(stderr, "usage: ckpt-gpu-bench [--mib N] [--dir DIR]\n");
+      return 2;
+    }
+  }
+  if (ckpt::cuda::DeviceCount() == 0) {
+    std::printf("ckpt-gpu-bench: no CUDA device here\n");
+    return 1;
+  }
+  const std::size_t bytes = mib << 20;
+  void* dev = nullptr;
+  void* pinned = nullptr;
+  Ok(cudaMalloc(&dev, bytes), "cudaMalloc");
+  Ok(cudaHostAlloc(&pinned, bytes, cudaHostAllocDefault), "cudaHostAlloc");
+  std::memset(pinned, 0x3c, bytes);  // small finite floats
+  Ok(cudaMemcpy(dev, pinned, bytes, cudaMemcpyHostToDevice), "warm-up");
+
+  auto t0 = Clock::now();
+  Ok(cudaMemcpy(pinned, dev, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+  const double pin_d2h = GBs(bytes, Seconds(t0));
+  t0 = Clock::now();
+  Ok(cudaMemcpy(dev, pinned, bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+  const double pin_h2d = GBs(bytes, Seconds(t0));
+
+  ckpt::cuda::Options options;
+  auto backend = ckpt::cuda::Register(options);
+  double stage_d2h = 0, stage_h2d = 0;
+  {
+    auto staging = backend->AcquireStaging();
+    const std::size_t piece = staging->buffer_bytes();
+    // The whole buffer through the two staging slots, each waited for before it is reused.
+    const auto pass = [&](bool to_host) {
+      auto* d = static_cast<uint8_t*>(dev);
+      bool busy[2] = {false, false};
+      const auto start = Clock::now();
+      int slot = 0;
+      for (std::size_t off = 0; off < bytes; off += piece, slot ^= 1) {
+        if (busy[slot]) staging->Wait(slot);
+        const std::size_t n = std::min(piece, bytes - off);
+        if (to_host) {
+          staging->CopyToHostAsync(slot, d + off, n, 0);
+        } else {
+          staging->CopyToDeviceAsync(slot, d + off, n, 0);
+        }
+        busy[slot] = true;
+      }
+      for (int s = 0; s < 2; ++s)
+        if (busy[s]) staging->Wait(s);
+      return GBs(bytes, Seconds(start));
+    };
+    stage_d2h = pass(true);
+    stage_h2d = pass(false);
+  }
+  std::printf("pinned cudaMemcpy   D2H %6.2f GB/s   H2D %6.2f GB/s   (%zu MiB)\n", pin_d2h, pin_h2d, mib);
+  std::printf("ckpt staging        D2H %6.2f GB/s   H2D %6.2f GB/s   (%.0f%% / %.0f%% of pinned; 2 x %zu MiB buffers)\n",
+              stage_d2h, stage_h2d, 100 * stage_d2h / pin_d2h, 100 * stage_h2d / pin_h2d, options.buffer_bytes >> 20);
+
+  // Save and Load of one float32 tensor of `bytes`, from device and from host memory.
+  const auto count = static_cast<int64_t>(bytes / 4);
+  ckpt::SingleComm comm;
+  ckpt::StateDict on_device, on_host;
+  ckpt::Tensor t = ckpt::Tensor::Full(ckpt::DType::kFloat32, {count}, dev);
+  t.chunks[0].device = 0;
+  on_device.Add("w", std::move(t));
+  on_host.Add("w", ckpt::Tensor::Full(ckpt::DType::kFloat32, {count}, pinned));
+  const fs::path base = dir / ("ckpt-gpu-bench-" + std::to_string(::getpid()));
+  ckpt::SaveOptions overwrite;
+  overwrite.overwrite = true;
+  double save[2], load[2];
+  for (int host = 0; host < 2; ++host) {
+    ckpt::StateDict& sd = host ? on_host : on_device;
+    t0 = Clock::now();
+    ckpt::Save(base, sd, comm, overwrite);
+    save[host] = GBs(bytes, Seconds(t0));
+    t0 = Clock::now();
+    ckpt::Load(base, sd, comm);
+    load[host] = GBs(bytes, Seconds(t0));
+  }
+  ckpt::files::RemoveCheckpoint(base);
+  std::printf("Save  device %6.2f GB/s   host %6.2f GB/s   (%s; hashing and stats on the host in both)\n", save[0],
+              save[1], dir.c_str());
+  std::printf("Load  device %6.2f GB/s   host %6.2f GB/s   (verified reads)\n", load[0], load[1]);
+
+  (void)ckpt::cuda::DeviceStatsFloat32(dev, 1024, 0);  // warm-up
+  t0 = Clock::now();
+  const ckpt::ChunkStats s = ckpt::cuda::DeviceStatsFloat32(dev, static_cast<std::size_t>(count), 0);
+  const double kernel = GBs(bytes, Seconds(t0));
+  std::printf("stats kernel        %6.2f GB/s   (finite %lld; the host computes them inside Save above)\n", kernel,
+              static_cast<long long>(s.finite_count));
+  ckpt::SetDeviceBackend(nullptr);
+  Ok(cudaFreeHost(pinned), "cudaFreeHost");
+  Ok(cudaFree(dev), "cudaFree");
+  return 0;
+}
