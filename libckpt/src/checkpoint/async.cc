@@ -122,9 +122,9 @@ std::unique_ptr<StagingLease> StagingAccess::Acquire(StagingPool& pool, uint64_t
     p.in_use -= size;
     throw Error(ErrorCode::kInternal, "SaveAsync: cannot allocate " + Mib(size) + " of staging memory");
   }
-#ifdef MADV_HUGEPAGE
-  ::madvise(data, static_cast<std::size_t>(size), MADV_HUGEPAGE);  // fewer faults and TLB misses; a hint
-#endif
+  // No MADV_HUGEPAGE: with the kernel's THP defrag at "madvise" (the default), faulting in a
+  // madvised region compacts memory first: measured here (ckpt-bench-async, a loaded machine),
+  // the first 1.49 GB snapshot into fresh staging took 18.5 s with it and 4.1 s without.
   return std::make_unique<StagingLease>(pool.impl_, data, size);
 }
 
