@@ -8,7 +8,8 @@ namespace ckpt::tools {
 
 int InspectMain(int argc, char** argv) {
   CLI::App app("Summarise a checkpoint directory, a single shard (.h5) or a .safetensors file:\n"
-               "format, files, and one line per key (dtype, shape, chunks, bytes, layout).",
+               "format, files, the recorded save timings, and one line per key (dtype, shape, chunks,\n"
+               "bytes, layout).",
                "ckpt-inspect");
   app.footer("Examples:\n  ckpt-inspect ckpt/step-1000\n  ckpt-inspect ckpt/step-1000 --tree --key 'model.*'\n"
              "  ckpt-inspect model.safetensors --stats --json\n\n"

@@ -12,6 +12,7 @@
 #include "ckpt/ckpt.h"
 #include "ckpt/runtime/runtime.h"
 #include "ckpt_demo/trainer.h"
+#include "common/example_model.h"
 
 namespace fs = std::filesystem;
 namespace rt = ckpt::runtime;
@@ -43,13 +44,7 @@ int main(int argc, char** argv) {
   int world = 4, steps = 5, warmup = 2, repeats = 2;
   int64_t save_every = 100;
   std::string strategy = "fsdp", dir = "build-bench/scratch/runtime";
-  demo::TrainerConfig cfg;
-  cfg.model.vocab = 8192;
-  cfg.model.dim = 1024;
-  cfg.model.hidden = 4096;
-  cfg.model.layers = 2;
-  cfg.model.context = 8;
-  cfg.global_batch = 32;
+  demo::TrainerConfig cfg = ckpt_bench::ExampleModelConfig();
   app.add_option("--world", world);
   app.add_option("--strategy", strategy)->check(CLI::IsMember({"ddp", "fsdp", "tp", "fsdp_tp"}));
   app.add_option("--dir", dir, "scratch directory (removed at the end)");

@@ -5,6 +5,7 @@
 //
 //   train --world 4 --strategy fsdp --steps 100 --save-every 50 --ckpt-dir /tmp/ck
 //   train --world 3 --strategy tp   --steps 200 --save-every 50 --ckpt-dir /tmp/ck --resume
+//   train --world 4 --steps 100 --save-every 20 --ckpt-dir /tmp/ck --async-save
 //   mpiexec -n 4 train --mpi --strategy fsdp_tp ...     (real processes, when built with MPI)
 #include <CLI/CLI.hpp>
 
@@ -51,6 +52,9 @@ int main(int argc, char** argv) {
   app.add_flag("--full", full, "also write a FULL export to <ckpt-dir>/full at the end");
   bool zstd = false;
   app.add_flag("--zstd", zstd, "compress checkpoints (zstd, HDF5 filter 32015)");
+  bool async_save = false;
+  app.add_flag("--async-save", async_save,
+               "save in the background: training resumes once the state is copied to staging memory");
   app.add_option("--log-every", log_every, "print the loss every N steps");
   app.add_option("--dim", cfg.model.dim, "model width");
   app.add_option("--hidden", cfg.model.hidden, "MLP hidden width");
@@ -129,10 +133,22 @@ int main(int argc, char** argv) {
           const auto t0 = std::chrono::steady_clock::now();
           rt::SaveStateOptions so;
           if (zstd) so.compression.codec = ckpt::Compression::Codec::kZstd;
-          const auto dir = mgr->Save(s, so);
-          const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-          if (root) std::printf("saved %s (%.1f ms)\n", dir.string().c_str(), ms);
+          if (async_save) {
+            const ckpt::SaveHandle h = mgr->SaveAsync(s, so);
+            if (root)
+              std::printf("saving %s in the background (training blocked %.1f ms)\n", h.dir().string().c_str(),
+                          1e3 * h.blocked_seconds());
+          } else {
+            const auto dir = mgr->Save(s, so);
+            const double ms =
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+            if (root) std::printf("saved %s (%.1f ms)\n", dir.string().c_str(), ms);
+          }
         }
+      }
+      if (mgr && async_save) {
+        mgr->Wait();  // the last background save committed (or its failure thrown)
+        if (root) std::printf("background saves committed\n");
       }
       if (full) {
         rt::SaveFullOptions o;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cerrno>
+#include <condition_variable>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -94,6 +95,30 @@ class FaultFs : public ckpt::storage::FileSystem {
   const std::string only_;
   std::string failed_;
   fs::path failed_path_;
+};
+
+// Holds every write of chunk data into a staging shard (a save in progress) until Open():
+// a background save kept running for as long as a test needs, without timing anything.
+class GateFs : public ckpt::storage::FileSystem {
+ public:
+  ssize_t Pwrite(int fd, const void* buf, std::size_t n, off_t offset, const fs::path& path) override {
+    const std::string p = path.string();
+    if (p.find(".ckpt-tmp-") != std::string::npos && p.find("shard-") != std::string::npos) {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return open_; });
+    }
+    return FileSystem::Pwrite(fd, buf, n, offset, path);
+  }
+  void Open() {
+    std::lock_guard lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
 };
 
 // Installs a FileSystem for the scope.

@@ -29,6 +29,7 @@ using ckpt_test::FaultFs;
 using ckpt_test::Installed;
 using ckpt_test::kCols;
 using ckpt_test::kRows;
+using ckpt_test::Leftovers;
 using ckpt_test::SaveVersion;
 using ckpt_test::Value;
 using ckpt_test::VersionOf;
@@ -43,16 +44,6 @@ int VersionOfSafetensors(const fs::path& file) {
   const int v = static_cast<int>(w[0] / 1000);
   for (std::size_t i = 0; i < w.size(); ++i) REQUIRE(w[i] == Value(v, static_cast<int64_t>(i)));
   return v;
-}
-
-// Names in `dir` that are ckpt staging or aside siblings.
-std::vector<std::string> Leftovers(const fs::path& dir) {
-  std::vector<std::string> out;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    const std::string n = e.path().filename().string();
-    if (n.find(".ckpt-") != std::string::npos) out.push_back(n);
-  }
-  return out;
 }
 
 struct Outcome {
@@ -188,6 +179,21 @@ TEST_CASE("fault sweep: 4-rank save over a checkpoint") {
         if (VersionOf(dst) != 1) SaveVersion(dst, 1, true);
       },
       [&] { return Catch([&] { SaveVersion(dst, 2, true); }); },
+      [&](const Outcome& o) { CHECK(VersionOf(dst) == (o.ok ? 2 : 1)); }, [&] { SaveVersion(dst, 3, true); });
+}
+
+// SaveAsync runs Save's protocol in the background: a fault anywhere in it (seen on Wait)
+// leaves the last committed checkpoint whole, as for Save.
+TEST_CASE("fault sweep: 4-rank async save over a checkpoint") {
+  ckpt_test::TempDir tmp("sweep-async");
+  const fs::path dst = tmp / "ck";
+  SaveVersion(dst, 1, false);
+  Sweep(
+      "async save (overwrite)", tmp.path(),
+      [&] {
+        if (VersionOf(dst) != 1) SaveVersion(dst, 1, true);
+      },
+      [&] { return Catch([&] { ckpt_test::SaveVersion(dst, 2, true, /*async=*/true); }); },
       [&](const Outcome& o) { CHECK(VersionOf(dst) == (o.ok ? 2 : 1)); }, [&] { SaveVersion(dst, 3, true); });
 }
 

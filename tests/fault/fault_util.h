@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <filesystem>
+#include <string>
 #include <vector>
 
 #include "ckpt/ckpt.h"
@@ -19,8 +20,9 @@ constexpr int64_t kRows = 24, kCols = 8;
 
 inline float Value(int version, int64_t i) { return static_cast<float>(version * 1000 + i); }
 
-// A 4-rank save of row shards plus a replicated bias, all values from `version`.
-inline void SaveVersion(const fs::path& dir, int version, bool overwrite) {
+// A 4-rank save of row shards plus a replicated bias, all values from `version`; with
+// `async`, through SaveAsync (the caller's buffers freed before the write) and Wait.
+inline void SaveVersion(const fs::path& dir, int version, bool overwrite, bool async = false) {
   RunThreads(4, [&](Comm& comm) {
     const int64_t per = kRows / 4, begin = per * comm.rank();
     std::vector<float> w(static_cast<std::size_t>(per * kCols)), b(kCols);
@@ -30,9 +32,12 @@ inline void SaveVersion(const fs::path& dir, int version, bool overwrite) {
     sd.Add("w", Tensor::Slice(DType::kFloat32, {kRows, kCols}, 0, begin, per, w.data()));
     sd.Add("b", Tensor::Full(DType::kFloat32, {kCols}, b.data()));
     sd.Add("version", Scalar::Int(version));
-    SaveOptions o;
+    AsyncSaveOptions o;
     o.overwrite = overwrite;
-    Save(dir, sd, comm, o);
+    if (!async) return Save(dir, sd, comm, o);
+    const SaveHandle h = SaveAsync(dir, sd, comm, o);
+    std::vector<float>().swap(w);
+    h.Wait();
   });
 }
 
@@ -48,6 +53,17 @@ inline int VersionOf(const fs::path& dir) {
   for (int64_t i = 0; i < kCols; ++i) REQUIRE(b[i] == Value(v, -i));
   REQUIRE(ckpt::ops::Verify(dir, {}).ok());
   return v;
+}
+
+// Names in `dir` that are ckpt staging or aside siblings (what a failed or killed call could
+// leave behind).
+inline std::vector<std::string> Leftovers(const fs::path& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string n = e.path().filename().string();
+    if (n.find(".ckpt-") != std::string::npos) out.push_back(n);
+  }
+  return out;
 }
 
 }  // namespace ckpt_test

@@ -3,6 +3,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <optional>
 #include <vector>
@@ -94,6 +95,36 @@ TEST_CASE("one process failing before commit fails the save on every process") {
   injected.reset();
   comm->Barrier();
   CHECK_FALSE(fs::exists(dir));
+}
+
+TEST_CASE("an async save across processes: snapshot, background write over a Dup, failure on every process") {
+  auto comm = MpiWorld();
+  const int rank = comm->rank(), size = comm->size();
+  std::vector<int32_t> v(64, rank);
+  StateDict sd;
+  sd.Add("x", Tensor::Slice(DType::kInt32, {64 * static_cast<int64_t>(size)}, 0, 64 * rank, 64, v.data()));
+  SaveHandle h = SaveAsync(g_dir / "async", sd, *comm);
+  std::fill(v.begin(), v.end(), -1);  // the snapshot was taken: this is not saved
+  comm->Barrier();                    // the caller's communicator while the background one writes
+  h.Wait();
+  const Metadata md = ReadMetadata(g_dir / "async", false);
+  REQUIRE(md.save_timings.has_value());
+  CHECK(md.save_timings->async);
+  std::vector<int32_t> all(static_cast<std::size_t>(64 * size));
+  CheckpointReader::Open(g_dir / "async")->ReadRegion("x", Box::Full({64 * static_cast<int64_t>(size)}), all.data());
+  for (std::size_t i = 0; i < all.size(); ++i) REQUIRE(all[i] == static_cast<int32_t>(i / 64));
+
+  // Process 1's disk fails in the background: every process's Wait and next SaveAsync throw.
+  ckpt_test::FaultFs failing(1, EIO, "shard-00001-of-");
+  std::optional<ckpt_test::Installed> injected;
+  if (rank == 1) injected.emplace(failing);
+  h = SaveAsync(g_dir / "async-failing", sd, *comm);
+  CHECK_THROWS_WITH_AS(h.Wait(), doctest::Contains("rank 1: "), Error);
+  injected.reset();
+  CHECK_THROWS_WITH_AS(SaveAsync(g_dir / "async-next", sd, *comm), doctest::Contains("rank 1: "), Error);
+  WaitForSaves(*comm);
+  comm->Barrier();
+  CHECK_FALSE(fs::exists(g_dir / "async-failing"));
 }
 
 TEST_CASE("replicas that differ between processes are refused, naming the ranks") {

@@ -275,6 +275,24 @@ TEST_CASE("device chunks save through the staging buffers, checksums and stats a
   }
 }
 
+TEST_CASE("SaveAsync snapshots device chunks through the staging buffers: the checkpoint is the host one") {
+  Registered reg(1002);
+  std::vector<Source> sources = Sources();
+  TempDir tmp("device-async");
+  SingleComm comm;
+  Save(tmp / "host", StateOf(sources, nullptr), comm);
+  SaveHandle h = SaveAsync(tmp / "dev", StateOf(sources, reg.backend.get()), comm);
+  h.Wait();
+  CHECK(reg.backend->violations.empty());
+  CHECK(reg.backend->acquires > 0);
+  CheckSameChunks(ReadMetadata(tmp / "host"), ReadMetadata(tmp / "dev"));
+  std::vector<Source> back = Sources();
+  for (Source& s : back) std::fill(s.bytes.begin(), s.bytes.end(), uint8_t{0});
+  StateDict host_target = StateOf(back, nullptr);
+  Load(tmp / "dev", host_target, comm);
+  for (std::size_t i = 0; i < sources.size(); ++i) CHECK(back[i].bytes == sources[i].bytes);
+}
+
 TEST_CASE("device targets load through the staging buffers, bit-exact, with several reader threads") {
   for (const int threads : {1, 4}) {
     CAPTURE(threads);

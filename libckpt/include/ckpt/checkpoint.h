@@ -46,6 +46,99 @@ struct SaveOptions {
 CKPT_API void Save(const std::filesystem::path& dir, const StateDict& state, Comm& comm,
           const SaveOptions& options = {});
 
+// ---- Asynchronous save ------------------------------------------------------------
+//
+// SaveAsync returns once a consistent snapshot of the state is copied into staging memory;
+// planning, writing, fsync and the commit then run on a background thread (one per rank,
+// over its own Dup of the Comm: comm.h), with Save's protocol and its guarantees: if any
+// rank fails, no rank commits and whatever was at `dir` is untouched.
+
+namespace internal {
+struct AsyncJob;
+struct StagingAccess;
+}  // namespace internal
+
+// Memory the snapshots are copied into, kept from one save to the next (pages already
+// faulted in copy several times faster than fresh ones). A snapshot takes one buffer of its
+// size (rounded up to a page); a free buffer that fits is reused, free ones too small for
+// it are released. At most `capacity_bytes` are held at once: a snapshot that does not fit
+// beside the buffers in use is an error (kInvalidArgument), never a wait.
+// Thread-safe. Give each rank its own pool (or the default): ranks of one group sharing a
+// pool can fail each other's saves for want of room.
+class CKPT_API StagingPool {
+ public:
+  static constexpr uint64_t kUnbounded = ~uint64_t{0};
+  explicit StagingPool(uint64_t capacity_bytes = kUnbounded);
+  ~StagingPool();
+  StagingPool(const StagingPool&) = delete;
+  StagingPool& operator=(const StagingPool&) = delete;
+
+  uint64_t capacity_bytes() const;
+  uint64_t reserved_bytes() const;  // held now: in use by saves in flight, or kept for reuse
+  uint64_t in_use_bytes() const;
+  void Trim();  // releases the buffers no save is using
+
+  struct Impl;  // checkpoint/async.cc
+
+ private:
+  friend struct internal::StagingAccess;
+  std::shared_ptr<Impl> impl_;
+};
+
+struct AsyncSaveOptions : SaveOptions {
+  // Saves of this rank in flight (snapshotted, not yet finished) at most: a SaveAsync that
+  // would exceed it first waits for the oldest to finish. >= 1.
+  int max_in_flight = 1;
+  // Where snapshots are staged; null: the Comm's own pool, unbounded, which therefore holds
+  // at most max_in_flight snapshots.
+  std::shared_ptr<StagingPool> staging;
+  // Run on the background thread after a successful commit, on every rank, with the
+  // background group (collectives allowed there; never on the caller's Comm). Its failure
+  // is the save's. (The checkpoint manager moves `latest` and prunes here.)
+  std::function<void(Comm& background)> on_commit;
+};
+
+// One asynchronous save. Copyable (copies refer to the same save); an empty handle (default
+// constructed) refers to none. Thread-safe.
+class CKPT_API SaveHandle {
+ public:
+  SaveHandle() = default;
+  bool valid() const { return job_ != nullptr; }
+  // True once the save has finished: committed, failed or cancelled (Poll). Never blocks.
+  bool Done() const;
+  // Blocks until the save has finished; throws its failure (kCancelled if Cancel stopped it).
+  // Every call reports the same outcome.
+  void Wait() const;
+  // Asks the save to stop, without waiting. A save cancelled before its commit never
+  // commits, on any rank (the ranks agree), and leaves `dir` as it was; one that had
+  // committed already is unaffected. Wait() tells which. Cancelling on one rank suffices.
+  void Cancel() const;
+  const std::filesystem::path& dir() const;
+  uint64_t staging_bytes() const;  // of this rank's snapshot
+  double blocked_seconds() const;  // how long SaveAsync held the caller (FORMAT.md §3.8)
+
+ private:
+  friend struct internal::AsyncJob;
+  explicit SaveHandle(std::shared_ptr<internal::AsyncJob> job) : job_(std::move(job)) {}
+  std::shared_ptr<internal::AsyncJob> job_;
+};
+
+// COLLECTIVE (every rank calls it, in the same order as its other SaveAsync calls; it
+// exchanges no messages itself except at the first call on a Comm, which Dup()s it).
+// Snapshots `state` (tensor chunks and bytes entries copied, so the caller may change its
+// buffers as soon as this returns) and saves it to `dir` in the background, as Save would.
+// A save that failed in the background makes the next SaveAsync on the same Comm throw its
+// error, on every rank, whether or not Wait() reported it already (every rank learns every
+// failure without another message); the call after that starts afresh. Not so a save that
+// failed because SaveAsync threw on some rank (that throw reported it; the other ranks' Wait
+// does), nor a cancelled one. A SaveAsync that throws still fails that save on every rank.
+// Destroying the Comm waits for its saves (a failure never reported is printed to stderr).
+CKPT_API SaveHandle SaveAsync(const std::filesystem::path& dir, const StateDict& state, Comm& comm,
+                              const AsyncSaveOptions& options = {});
+// Waits for every save of this rank in flight on `comm`, then throws the failure the next
+// SaveAsync would throw, if any (it stays pending for that SaveAsync). Not collective.
+CKPT_API void WaitForSaves(Comm& comm);
+
 struct LoadOptions {
   // How the caller holds its state. FULL and SHARDED checkpoints load into either;
   // LOCAL loads only into LOCAL with the identical layout, and the reverse.

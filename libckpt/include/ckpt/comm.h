@@ -6,6 +6,10 @@
 // virtual functions; the tensor collectives have generic fallbacks built on them.
 //
 // Every function here is COLLECTIVE: all ranks of the group call it, in the same order.
+//
+// Threads: one group is used by one thread at a time. SaveAsync (ckpt/checkpoint.h) runs
+// its collectives on a background thread over its own group, a Dup() of the caller's made
+// at the first SaveAsync, so they never interleave with the caller's use of this one.
 #pragma once
 
 #include <cstddef>
@@ -19,6 +23,11 @@
 #include "ckpt/dtype.h"
 
 namespace ckpt {
+
+namespace internal {
+class AsyncSaves;
+struct AsyncSavesSlot;
+}  // namespace internal
 
 using ByteBuffer = std::vector<uint8_t>;
 
@@ -52,12 +61,23 @@ class CKPT_API Comm {
   // Splits the group: ranks with the same color form a new group, ordered by key then
   // by rank. Used for the rows and columns of a 2-D device mesh.
   virtual std::unique_ptr<Comm> Split(int color, int key) = 0;
+  // A new group of the same ranks in the same order whose messages never match this one's,
+  // usable from another thread while this one is in use. The backend must allow two groups
+  // to run collectives at once from different threads (MPI: MPI_THREAD_MULTIPLE, which
+  // MpiComm's Dup requires). The default is Split(0, rank()).
+  virtual std::unique_ptr<Comm> Dup();
 
   // Agreement: returns true on every rank if `ok` is true on every rank.
   bool AllOk(bool ok);
   // Agreement with messages: every rank gets every failing rank's message,
   // "rank R: message" joined by newlines; empty when all ranks passed "".
   std::string AgreeOnErrors(const std::string& my_error);
+
+ private:
+  friend struct internal::AsyncSavesSlot;
+  // SaveAsync's state on this rank (its background thread and group, the saves in
+  // flight, the default staging pool). Destroying the Comm waits for those saves.
+  std::shared_ptr<internal::AsyncSaves> async_saves_;
 };
 
 // One process, one rank.

@@ -23,6 +23,7 @@ enum class ErrorCode {
   kUnsupported,      // a newer format version, an unknown dtype or filter
   kComm,             // a collective failed or another rank failed
   kInternal,
+  kCancelled,        // SaveHandle::Cancel stopped the save before it committed
 };
 
 CKPT_API std::string_view ErrorCodeName(ErrorCode code);

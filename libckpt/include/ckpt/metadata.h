@@ -129,6 +129,38 @@ struct FileMeta {
   std::string index;  // v2: "xxh3-64:<hex>" of the shard's ckpt_shard_index text; v1: empty
 };
 
+// How long a save took, per phase, over its ranks (FORMAT.md §3.8). Seconds of wall time
+// each rank measured; the ranks' values summarised as min, median (the mean of the two
+// middle values for an even count) and max, with the rank that had the max.
+struct PhaseTiming {
+  double min = 0, median = 0, max = 0;
+  int slowest_rank = 0;
+  friend bool operator==(const PhaseTiming&, const PhaseTiming&) = default;
+};
+
+struct SaveTimings {
+  bool async = false;  // SaveAsync (the write ran in the background) or Save
+  // snapshot: copying the state into staging (SaveAsync; 0 for Save). plan: describing,
+  // planning, checking replicas and distributing the plan. write: streaming the chunks
+  // (hashing included). fsync: the shard's fsync. commit: from the end of the write until
+  // the rank's timings are gathered (agreement, results gathered; rank 0: until the metadata
+  // is assembled); the write and rename of metadata.json come after and are not in it.
+  // blocked: how long the caller waited: SaveAsync's own time (a wait for a free slot, the
+  // snapshot); for Save, the whole save up to where its commit phase ends.
+  PhaseTiming snapshot, plan, write, fsync, commit, blocked;
+  friend bool operator==(const SaveTimings&, const SaveTimings&) = default;
+};
+
+// The phases in the order metadata.json lists them, with their names there.
+inline constexpr const char* kSavePhaseNames[] = {"snapshot", "plan", "write", "fsync", "commit", "blocked"};
+inline PhaseTiming& SavePhase(SaveTimings& t, std::size_t i) {
+  PhaseTiming* all[] = {&t.snapshot, &t.plan, &t.write, &t.fsync, &t.commit, &t.blocked};
+  return *all[i];
+}
+inline const PhaseTiming& SavePhase(const SaveTimings& t, std::size_t i) {
+  return SavePhase(const_cast<SaveTimings&>(t), i);
+}
+
 struct CKPT_API Metadata {
   int format_version = kFormatVersion;
   StateDictType state_dict_type = StateDictType::kSharded;
@@ -139,6 +171,9 @@ struct CKPT_API Metadata {
   std::string user;        // JSON text: user metadata object
   std::vector<FileMeta> files;
   std::vector<std::pair<std::string, EntryMeta>> entries;  // in save order
+  // Written by Save and SaveAsync (version 2); absent in older files and in what the
+  // single-process writer and the tools write.
+  std::optional<SaveTimings> save_timings;
   // Every entry's `chunks` filled (v1 always; v2 once the shard indexes were read).
   bool resolved = true;
 

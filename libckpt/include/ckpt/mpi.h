@@ -9,7 +9,8 @@
 
 namespace ckpt {
 
-// Initialises MPI (if nobody has yet) for the life of this object and finalises it
+// Initialises MPI (if nobody has yet; asking for MPI_THREAD_MULTIPLE, which SaveAsync's
+// background thread needs) for the life of this object and finalises it
 // when the object goes away, if it did the initialising.
 class CKPT_API MpiSession {
  public:

@@ -10,6 +10,13 @@
 //     bytes), creates the staging directory and broadcasts the plan;
 //  4. write: each writer streams its chunks into its shard, fsyncs it, and reports them;
 //  5. commit: rank 0 writes metadata.json and renames the directory into place.
+// Each rank times its phases; rank 0 gathers them into metadata.json (FORMAT.md §3.8).
+#include "checkpoint/save.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
 #include "checkpoint/commit.h"
 #include "checkpoint/device_io.h"
 #include "ckpt/checkpoint.h"
@@ -137,9 +144,10 @@ ByteBuffer Distribute(const fs::path& dir, Comm& comm, bool overwrite, layout::S
 
 // Step 4: this rank's chunks streamed into its shard, which is fsynced. Device chunks come
 // through one staging pipeline in write order, each copied while the one before is written.
+// `check` runs before each chunk; the shard's fsync time goes to `fsync_seconds`.
 layout::RankResult WriteShard(const fs::path& staging, const std::vector<layout::ChunkRef>& writes,
                               const StateDict& state, int rank, int world, const Compression& compression,
-                              DeviceBackend* device) {
+                              DeviceBackend* device, const std::function<void()>& check, double& fsync_seconds) {
   layout::RankResult result;
   if (writes.empty()) return result;
   result.file = internal::ShardFileName(rank, world);
@@ -168,6 +176,7 @@ layout::RankResult WriteShard(const fs::path& staging, const std::vector<layout:
     }
   }
   for (const layout::ChunkRef& ref : writes) {
+    if (check) check();
     const Entry& e = Referenced(state, ref);
     const std::string& key = std::next(state.begin(), ref.entry)->first;
     if (const auto* t = std::get_if<Tensor>(&e)) {
@@ -183,15 +192,17 @@ layout::RankResult WriteShard(const fs::path& staging, const std::vector<layout:
     }
   }
   const storage::ShardWriter::Written shard = writer.Finish();
+  fsync_seconds = shard.fsync_seconds;
   result.bytes = shard.bytes;
   result.index = shard.index;
   return result;
 }
 
-// Step 5 on rank 0: metadata.json from every rank's result, and the rename.
+// Step 5 on rank 0: metadata.json from every rank's result, and the rename. `finish` adds
+// the timings to the assembled metadata (and may still stop the save) just before.
 void Commit(const fs::path& dir, const fs::path& staging, const layout::SavePlan& plan,
             const std::vector<std::vector<layout::Write>>& writes, std::vector<layout::RankResult> results, int world,
-            const SaveOptions& options) {
+            const SaveOptions& options, const std::function<void(Metadata&)>& finish) {
   Metadata m;
   m.state_dict_type = options.state_dict_type;
   m.world_size = world;
@@ -199,12 +210,62 @@ void Commit(const fs::path& dir, const fs::path& staging, const layout::SavePlan
   m.user = options.user_metadata;
   internal::StampMetadata(m);
   layout::Assemble(plan, writes, std::move(results), m);
+  finish(m);
   internal::CommitStaging(staging, dir, m);
+}
+
+using Clock = std::chrono::steady_clock;
+double Since(Clock::time_point t0, Clock::time_point t1 = Clock::now()) {
+  return std::chrono::duration<double>(t1 - t0).count();
+}
+
+layout::Message EncodeSeconds(const internal::PhaseSeconds& t) {
+  layout::Message m(sizeof t);
+  std::memcpy(m.data(), t.data(), sizeof t);
+  return m;
+}
+
+internal::PhaseSeconds DecodeSeconds(const ByteBuffer& m, int rank) {
+  internal::PhaseSeconds t{};
+  if (m.size() != sizeof t) {
+    throw Error(ErrorCode::kComm, "save: rank " + std::to_string(rank) + " sent " + std::to_string(m.size()) +
+                                      " bytes of timings, not " + std::to_string(sizeof t));
+  }
+  std::memcpy(t.data(), m.data(), sizeof t);
+  return t;
 }
 
 }  // namespace
 
 void Save(const std::filesystem::path& dir, const StateDict& state, Comm& comm, const SaveOptions& options) {
+  internal::SaveWithContext(dir, state, comm, options, {});
+}
+
+namespace internal {
+
+SaveTimings SummarizeTimings(bool async, const std::vector<PhaseSeconds>& ranks) {
+  SaveTimings out;
+  out.async = async;
+  if (ranks.empty()) return out;
+  std::vector<double> v(ranks.size());
+  for (std::size_t p = 0; p < std::size(kSavePhaseNames); ++p) {
+    PhaseTiming& t = SavePhase(out, p);
+    for (std::size_t r = 0; r < ranks.size(); ++r) v[r] = std::max(0.0, ranks[r][p]);
+    t.slowest_rank = static_cast<int>(std::max_element(v.begin(), v.end()) - v.begin());
+    std::sort(v.begin(), v.end());
+    const std::size_t n = v.size();
+    t.min = v.front();
+    t.max = v.back();
+    t.median = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+  }
+  return out;
+}
+
+void SaveWithContext(const std::filesystem::path& dir, const StateDict& state, Comm& comm,
+                     const SaveOptions& options, const SaveContext& context) {
+  const Clock::time_point start = Clock::now();
+  PhaseSeconds seconds{};  // kSavePhaseNames order: snapshot, plan, write, fsync, commit, blocked
+  seconds[0] = context.snapshot_seconds;
   const int rank = comm.rank();
   const int world = comm.size();
   const bool root = rank == 0;
@@ -215,13 +276,17 @@ void Save(const std::filesystem::path& dir, const StateDict& state, Comm& comm, 
   std::vector<std::vector<layout::Write>> writes;  // rank 0: every rank's
   fs::path staging;
   const ByteBuffer plan_message = Distribute(dir, comm, options.overwrite, plan, writes, staging);
+  const Clock::time_point planned = Clock::now();
+  seconds[1] = Since(start, planned);
 
   layout::RankResult written;
   std::string failure;
   try {
     const layout::PlanMessage mine = layout::DecodePlan(plan_message, rank, world);
     staging = mine.staging;
-    written = WriteShard(staging, mine.writes, state, rank, world, options.compression, device.get());
+    written = WriteShard(staging, mine.writes, state, rank, world, options.compression, device.get(), context.check,
+                         seconds[3]);
+    if (context.check) context.check();
   } catch (...) {
     failure = internal::DescribeCurrentException();
   }
@@ -231,8 +296,14 @@ void Save(const std::filesystem::path& dir, const StateDict& state, Comm& comm, 
     if (root) storage::RemoveAllQuietly(staging);
     throw;
   }
+  const Clock::time_point wrote = Clock::now();
+  seconds[2] = std::max(0.0, Since(planned, wrote) - seconds[3]);
   // Rank 0 keeps its own result as it is.
   std::vector<ByteBuffer> all = comm.Gather(root ? layout::Message() : layout::EncodeResult(written), 0);
+  // The others' timings end here; rank 0's when the metadata is assembled.
+  seconds[4] = Since(wrote);
+  seconds[5] = context.async ? context.blocked_seconds : Since(start);
+  std::vector<ByteBuffer> timings = comm.Gather(root ? layout::Message() : EncodeSeconds(seconds), 0);
 
   internal::Phase(comm, [&] {
     if (!root) return;
@@ -241,7 +312,16 @@ void Save(const std::filesystem::path& dir, const StateDict& state, Comm& comm, 
       results.reserve(static_cast<std::size_t>(world));
       results.push_back(std::move(written));
       for (int r = 1; r < world; ++r) results.push_back(layout::DecodeResult(all[r], r));
-      Commit(dir, staging, plan, writes, std::move(results), world, options);
+      std::vector<PhaseSeconds> per_rank(static_cast<std::size_t>(world));
+      for (int r = 1; r < world; ++r) per_rank[r] = DecodeSeconds(timings[r], r);
+      Commit(dir, staging, plan, writes, std::move(results), world, options, [&](Metadata& m) {
+        const Clock::time_point now = Clock::now();
+        seconds[4] = Since(wrote, now);
+        if (!context.async) seconds[5] = Since(start, now);
+        per_rank[0] = seconds;
+        m.save_timings = SummarizeTimings(context.async, per_rank);
+        if (context.check) context.check();
+      });
     } catch (...) {
       storage::RemoveAllQuietly(staging);
       throw;
@@ -249,4 +329,5 @@ void Save(const std::filesystem::path& dir, const StateDict& state, Comm& comm, 
   }, /*name_ranks=*/false);
 }
 
+}  // namespace internal
 }  // namespace ckpt

@@ -113,6 +113,8 @@ void Comm::AllGatherInto(const void* send, void* recv, std::size_t block_bytes) 
   }
 }
 
+std::unique_ptr<Comm> Comm::Dup() { return Split(0, rank()); }
+
 bool Comm::AllOk(bool ok) {
   uint8_t v = ok ? 1 : 0;
   AllReduce(&v, 1, DType::kUInt8, ReduceOp::kMin);

@@ -126,6 +126,21 @@ class MpiComm final : public Comm {
     return std::make_unique<MpiComm>(sub);
   }
 
+  // For another thread (SaveAsync's background): MPI must allow concurrent calls.
+  std::unique_ptr<Comm> Dup() override {
+    int level = MPI_THREAD_SINGLE;
+    Check(MPI_Query_thread(&level), "MPI_Query_thread");
+    if (level < MPI_THREAD_MULTIPLE) {
+      throw Error(ErrorCode::kUnsupported,
+                  "MpiComm::Dup: a group used from a second thread (SaveAsync) needs MPI initialised with "
+                  "MPI_THREAD_MULTIPLE (ckpt::MpiSession does; MPI_Init_thread gave less)");
+    }
+    MPI_Comm dup;
+    Check(MPI_Comm_dup(comm_, &dup), "MPI_Comm_dup");
+    MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN);
+    return std::make_unique<MpiComm>(dup);
+  }
+
  private:
   void Send(const uint8_t* p, std::size_t n, int to) {
     for (std::size_t pos = 0; pos < n; pos += kMaxCount) {
@@ -160,7 +175,9 @@ MpiSession::MpiSession(int* argc, char*** argv) {
   MPI_Initialized(&initialized);
   if (!initialized) {
     int provided = 0;
-    Check(MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
+    // MULTIPLE: SaveAsync's background thread runs collectives on its own communicator
+    // while the caller's thread uses another.
+    Check(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
     owns_ = true;
   }
 }

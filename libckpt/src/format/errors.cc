@@ -14,6 +14,7 @@ std::string_view ErrorCodeName(ErrorCode code) {
     case ErrorCode::kUnsupported: return "unsupported";
     case ErrorCode::kComm: return "communication error";
     case ErrorCode::kInternal: return "internal error";
+    case ErrorCode::kCancelled: return "cancelled";
   }
   return "unknown";
 }

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <exception>
+#include <iterator>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
@@ -637,6 +638,49 @@ EntryMeta CheckEntry(const Ctx& ctx, RawEntry& e, const DocContext& doc, const P
   return m;
 }
 
+// §3.8: small, read as a tree. Members it does not know are ignored (§1.5).
+[[noreturn]] void TimingsProblem(const Ctx& ctx, const std::string& what) {
+  ctx.Fail(std::string(n::kSaveTimings) + ": " + what);
+}
+
+SaveTimings ParseTimings(const Ctx& ctx, const Val& v, int world_size) {
+  if (v.type != Next::kObject) TimingsProblem(ctx, "must be an object");
+  SaveTimings t;
+  json j;
+  try {
+    j = json::parse(v.text);
+  } catch (const json::exception& e) {
+    TimingsProblem(ctx, e.what());
+  }
+  const auto mode = j.find(n::kMode);
+  if (mode == j.end() || !mode->is_string() || (*mode != "sync" && *mode != "async")) {
+    TimingsProblem(ctx, "'mode' must be \"sync\" or \"async\"");
+  }
+  t.async = *mode == "async";
+  for (std::size_t i = 0; i < std::size(kSavePhaseNames); ++i) {
+    const std::string name = kSavePhaseNames[i];
+    const auto p = j.find(name);
+    if (p == j.end() || !p->is_object()) TimingsProblem(ctx, "'" + name + "' must be an object");
+    PhaseTiming& out = SavePhase(t, i);
+    double* values[] = {&out.min, &out.median, &out.max};
+    const char* keys[] = {"min", "median", "max"};
+    for (int k = 0; k < 3; ++k) {
+      const auto x = p->find(keys[k]);
+      if (x == p->end() || !x->is_number() || !(x->get<double>() >= 0) || !std::isfinite(x->get<double>())) {
+        TimingsProblem(ctx, "'" + name + "." + keys[k] + "' must be a non-negative number of seconds");
+      }
+      *values[k] = x->get<double>();
+    }
+    if (!(out.min <= out.median && out.median <= out.max)) TimingsProblem(ctx, "'" + name + "': min <= median <= max does not hold");
+    const auto r = p->find(n::kSlowestRank);
+    if (r == p->end() || !r->is_number_integer() || r->get<int64_t>() < 0 || r->get<int64_t>() >= world_size) {
+      TimingsProblem(ctx, "'" + name + ".slowest_rank' must be a rank below world_size " + std::to_string(world_size));
+    }
+    out.slowest_rank = static_cast<int>(r->get<int64_t>());
+  }
+  return t;
+}
+
 // The whole document. Top-level fields are read, then checked in the fixed order when the
 // document ends; `files` and `entries` are read and checked element by element, their
 // first problem kept for its turn.
@@ -662,6 +706,7 @@ class MetadataParser {
       else if (key == n::kCreated) Read(r, created_);
       else if (key == n::kMesh) Read(r, mesh_);
       else if (key == n::kUser) Read(r, user_);
+      else if (key == n::kSaveTimings) Read(r, timings_);
       else if (key == n::kFiles) ReadFiles(r);
       else if (key == n::kEntries && files_.present && version_.present) ReadEntries(r);
       else if (key == n::kEntries) Read(r, entries_), entries_later = true;
@@ -697,6 +742,7 @@ class MetadataParser {
     if (created_.present && created_.type == Next::kString) m.created = created_.str;
     m.mesh = mesh_.present ? mesh_.Dump() : "null";
     m.user = user_.present ? user_.Dump() : "{}";
+    if (timings_.present) m.save_timings = ParseTimings(ctx_, timings_, m.world_size);
 
     if (!files_.present) ctx_.Fail("missing field 'files'");
     if (files_.type != Next::kArray) ctx_.Fail("'files' must be an array");
@@ -813,7 +859,8 @@ class MetadataParser {
   Ctx ctx_;
   const ParseLimits& limits_;
   Metadata m_;
-  Val format_, version_, state_dict_type_, world_size_, library_version_, created_, mesh_, user_, files_, entries_;
+  Val format_, version_, state_dict_type_, world_size_, library_version_, created_, mesh_, user_, timings_, files_,
+      entries_;
   std::unordered_map<std::string, int32_t> file_index_;  // name -> position in 'files'
 
   // The document's version as far as it reads (its checks come first, when it ends).
@@ -1082,6 +1129,22 @@ std::optional<ChunkStats> CombineStats(const std::vector<const ChunkStats*>& par
 
 namespace {
 
+// Seconds to the microsecond: what a clock read twice tells, without digits of noise.
+double Microseconds(double s) { return std::round(s * 1e6) / 1e6; }
+
+ojson TimingsJson(const SaveTimings& t) {
+  ojson j;
+  j[n::kMode] = t.async ? "async" : "sync";
+  for (std::size_t i = 0; i < std::size(kSavePhaseNames); ++i) {
+    const PhaseTiming& p = SavePhase(t, i);
+    j[kSavePhaseNames[i]] = {{"min", Microseconds(p.min)},
+                             {"median", Microseconds(p.median)},
+                             {"max", Microseconds(p.max)},
+                             {n::kSlowestRank, p.slowest_rank}};
+  }
+  return j;
+}
+
 void Field(std::string& out, const char* key, const ojson& value) {
   out += "  " + ojson(key).dump() + ": " + value.dump() + ",\n";
 }
@@ -1097,6 +1160,7 @@ std::string Head(const Metadata& m) {
   Field(out, n::kCreated, m.created);
   Field(out, n::kMesh, ojson::parse(m.mesh.empty() ? "null" : m.mesh));
   Field(out, n::kUser, ojson::parse(m.user.empty() ? "{}" : m.user));
+  if (m.save_timings && m.format_version >= 2) Field(out, n::kSaveTimings, TimingsJson(*m.save_timings));
   return out;
 }
 

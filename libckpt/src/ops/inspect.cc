@@ -4,6 +4,8 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -124,6 +126,7 @@ InspectReport Inspect(const std::filesystem::path& path, const InspectOptions& o
   r.library_version = md.library_version;
   r.created = md.created;
   r.user = md.user;
+  r.save_timings = md.save_timings;
   // The directory the files are in: the checkpoint's, or a Hub model directory given as such.
   std::error_code ec;
   const std::filesystem::path dir =
@@ -305,6 +308,18 @@ std::string RenderInspectText(const InspectReport& r, bool tree, bool stats) {
     if (!f.problem.empty()) out << "  PROBLEM: " << f.problem;
     out << "\n";
   }
+  if (r.save_timings) {
+    const SaveTimings& st = *r.save_timings;
+    out << "saved       " << (st.async ? "async" : "sync") << " by " << r.world_size
+        << (r.world_size == 1 ? " rank" : " ranks") << ", seconds min / median / max (slowest rank)\n";
+    for (std::size_t i = 0; i < std::size(kSavePhaseNames); ++i) {
+      const PhaseTiming& p = SavePhase(st, i);
+      char line[160];
+      std::snprintf(line, sizeof line, "  %-9s %10.6f / %10.6f / %10.6f  (rank %d)\n", kSavePhaseNames[i], p.min,
+                    p.median, p.max, p.slowest_rank);
+      out << line;
+    }
+  }
   std::size_t counts[4] = {0, 0, 0, 0};
   for (const auto& k : r.keys) ++counts[static_cast<int>(k.kind)];
   out << "keys        " << r.keys.size();
@@ -412,6 +427,16 @@ std::string RenderInspectJson(const InspectReport& r) {
   j["library_version"] = r.library_version;
   j["created"] = r.created;
   j["user"] = ordered_json::parse(r.user.empty() ? "{}" : r.user, nullptr, false);
+  if (r.save_timings) {
+    ordered_json t = {{"mode", r.save_timings->async ? "async" : "sync"}};
+    for (std::size_t i = 0; i < std::size(kSavePhaseNames); ++i) {
+      const PhaseTiming& p = SavePhase(*r.save_timings, i);
+      t[kSavePhaseNames[i]] = {{"min", p.min}, {"median", p.median}, {"max", p.max}, {"slowest_rank", p.slowest_rank}};
+    }
+    j["save_timings"] = std::move(t);
+  } else {
+    j["save_timings"] = nullptr;
+  }
   j["files"] = ordered_json::array();
   for (const auto& f : r.files) {
     ordered_json fj = {{"name", f.name}, {"rank", f.rank}, {"bytes", f.bytes}};

@@ -593,6 +593,10 @@ void Accelerator::SaveState(const std::filesystem::path& dir, const SaveStateOpt
     return;
   }
   StateDict sd = CollectState(options.state_dict_type);
+  Save(dir, sd, *world_, CoreSaveOptions(options));
+}
+
+SaveOptions Accelerator::CoreSaveOptions(const SaveStateOptions& options) {
   json user;
   user["ckpt_runtime"] = {{"strategy", std::string(StrategyName(options_.strategy))},
                           {"world", world_->size()},
@@ -608,7 +612,18 @@ void Accelerator::SaveState(const std::filesystem::path& dir, const SaveStateOpt
   so.compression = options.compression;
   so.user_metadata = user.dump();
   so.mesh = MeshJson();
-  Save(dir, sd, *world_, so);
+  return so;
+}
+
+SaveHandle Accelerator::SaveStateAsync(const std::filesystem::path& dir, const SaveStateOptions& options,
+                                       std::function<void(Comm&)> on_commit) {
+  if (options.state_dict_type == StateDictType::kFull)
+    throw Error(ErrorCode::kUnsupported, "save_state_async: FULL exports are synchronous (SaveFull)");
+  StateDict sd = CollectState(options.state_dict_type);
+  AsyncSaveOptions so;
+  static_cast<SaveOptions&>(so) = CoreSaveOptions(options);
+  so.on_commit = std::move(on_commit);
+  return SaveAsync(dir, sd, *world_, so);
 }
 
 LoadReport Accelerator::LoadState(const std::filesystem::path& dir, const LoadStateOptions& options) {

@@ -29,6 +29,19 @@ bool IsCommitted(const fs::path& dir) {
   std::error_code ec;
   return fs::is_regular_file(dir / kMetadataFileName, ec);
 }
+
+// Committed checkpoints under `root`, oldest first (by step).
+std::vector<std::pair<int64_t, fs::path>> CommittedIn(const fs::path& root) {
+  std::vector<std::pair<int64_t, fs::path>> out;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return out;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const auto step = StepOf(e.path());
+    if (step && e.is_directory() && IsCommitted(e.path())) out.emplace_back(*step, e.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
 }  // namespace
 
 CheckpointManager::CheckpointManager(Accelerator& accel, fs::path root, int keep_last)
@@ -40,17 +53,7 @@ fs::path CheckpointManager::DirFor(const fs::path& root, int64_t step) {
   return root / buf;
 }
 
-std::vector<std::pair<int64_t, fs::path>> CheckpointManager::Committed() const {
-  std::vector<std::pair<int64_t, fs::path>> out;
-  std::error_code ec;
-  if (!fs::is_directory(root_, ec)) return out;
-  for (const auto& e : fs::directory_iterator(root_, ec)) {
-    const auto step = StepOf(e.path());
-    if (step && e.is_directory() && IsCommitted(e.path())) out.emplace_back(*step, e.path());
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
+std::vector<std::pair<int64_t, fs::path>> CheckpointManager::Committed() const { return CommittedIn(root_); }
 
 std::optional<std::pair<int64_t, fs::path>> CheckpointManager::Latest() const {
   std::string name;
@@ -70,9 +73,46 @@ std::optional<std::pair<int64_t, fs::path>> CheckpointManager::Latest() const {
   return all.back();
 }
 
-fs::path CheckpointManager::Save(int64_t step, const SaveStateOptions& options) {
+namespace {
+
+// After `dir` committed, on every rank of `comm`: rank 0 points `latest` at it and prunes
+// beyond `keep` (each pruned step un-committed before its files go); agreed.
+void MarkLatestAndPrune(Comm& comm, const fs::path& root, const fs::path& dir, int keep) {
+  std::string error;
+  if (comm.rank() == 0) {
+    try {
+      files::CommitFile(root / kLatest, dir.filename().string() + "\n");
+      auto all = CommittedIn(root);
+      for (std::size_t i = 0; i + static_cast<std::size_t>(keep) < all.size(); ++i)
+        files::RemoveCheckpoint(all[i].second);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  const std::string agreed = comm.AgreeOnErrors(error);
+  if (!agreed.empty()) throw Error(ErrorCode::kIO, agreed);
+}
+
+}  // namespace
+
+CheckpointManager::~CheckpointManager() {
+  if (!in_flight_.valid()) return;
+  try {
+    in_flight_.Wait();
+  } catch (const std::exception&) {
+    // Kept by the world Comm for its next SaveAsync (ckpt/checkpoint.h).
+  }
+}
+
+void CheckpointManager::Wait() {
+  if (!in_flight_.valid()) return;
+  const SaveHandle h = in_flight_;
+  in_flight_ = SaveHandle();
+  h.Wait();
+}
+
+void CheckpointManager::PrepareRoot() {
   Comm& comm = accel_->world();
-  const fs::path dir = DirFor(root_, step);
   std::string error;
   if (comm.rank() == 0) {
     try {
@@ -84,26 +124,32 @@ fs::path CheckpointManager::Save(int64_t step, const SaveStateOptions& options) 
     }
   }
   if (!comm.AllOk(error.empty())) throw Error(ErrorCode::kIO, "checkpoint manager: cannot create " + root_.string() + (error.empty() ? "" : ": " + error));
+}
+
+fs::path CheckpointManager::Save(int64_t step, const SaveStateOptions& options) {
+  Wait();
+  PrepareRoot();
+  const fs::path dir = DirFor(root_, step);
   SaveStateOptions so = options;
   so.overwrite = true;  // a re-run of the same step replaces it atomically
   accel_->SaveState(dir, so);
-  if (comm.rank() == 0) {
-    try {
-      files::CommitFile(root_ / kLatest, dir.filename().string() + "\n");
-      // Each pruned step is un-committed (renamed away, parent fsynced) before its files go.
-      auto all = Committed();
-      for (std::size_t i = 0; i + static_cast<std::size_t>(keep_last_) < all.size(); ++i)
-        files::RemoveCheckpoint(all[i].second);
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-  }
-  const std::string agreed = comm.AgreeOnErrors(error);
-  if (!agreed.empty()) throw Error(ErrorCode::kIO, agreed);
+  MarkLatestAndPrune(accel_->world(), root_, dir, keep_last_);
   return dir;
 }
 
+SaveHandle CheckpointManager::SaveAsync(int64_t step, const SaveStateOptions& options) {
+  Wait();  // rotation and the leftover cleanup wait for the save in flight
+  PrepareRoot();
+  const fs::path dir = DirFor(root_, step);
+  SaveStateOptions so = options;
+  so.overwrite = true;
+  in_flight_ = accel_->SaveStateAsync(
+      dir, so, [root = root_, dir, keep = keep_last_](Comm& background) { MarkLatestAndPrune(background, root, dir, keep); });
+  return in_flight_;
+}
+
 std::optional<int64_t> CheckpointManager::Resume(const LoadStateOptions& options) {
+  Wait();
   Comm& comm = accel_->world();
   ByteBuffer choice;
   if (comm.rank() == 0) {

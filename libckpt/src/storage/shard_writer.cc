@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -542,7 +543,9 @@ ShardWriter::Written ShardWriter::Finish() {
   if (impl_->file.Close() < 0) {
     throw Error(ErrorCode::kIO, impl_->path.string() + ": closing HDF5 file" + h5::ErrorStack());
   }
+  const auto fsync_start = std::chrono::steady_clock::now();
   FsyncFd(impl_->fd.get(), impl_->path);
+  out.fsync_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - fsync_start).count();
   out.bytes = FileSize(impl_->fd.get(), impl_->path);
   impl_->fd.Close(impl_->path);
   return out;

@@ -81,6 +81,7 @@ class ShardWriter {
   struct Written {
     uint64_t bytes = 0;  // the file's size
     std::string index;   // IndexDigest of the index text written (metadata.json files[i].index)
+    double fsync_seconds = 0;  // the file's fsync (the save's recorded timings, FORMAT.md §3.8)
   };
   Written Finish();
 

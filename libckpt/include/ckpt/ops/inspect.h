@@ -56,6 +56,7 @@ struct InspectReport {
   std::string state_dict_type;
   int world_size = 1;
   std::string library_version, created, user;  // user: JSON text
+  std::optional<SaveTimings> save_timings;     // how long the save took (FORMAT.md §3.8)
   std::vector<FileInfo> files;
   std::vector<KeyInfo> keys;  // after filtering
   std::size_t total_keys = 0;

@@ -152,6 +152,12 @@ class Accelerator {
   // (each rank its chunks, replicas once) or LOCAL (flat per-rank layout). FULL is
   // SaveFull: whole tensors, gathered one at a time on rank 0.
   void SaveState(const std::filesystem::path& dir, const SaveStateOptions& options = {});
+  // COLLECTIVE. SaveState through ckpt::SaveAsync: returns once the state is copied into
+  // staging memory (training may go on and change it); the write and commit run in the
+  // background. `on_commit` runs after the commit on the background group (AsyncSaveOptions).
+  // SHARDED or LOCAL only (a FULL export is SaveFull, synchronous).
+  SaveHandle SaveStateAsync(const std::filesystem::path& dir, const SaveStateOptions& options = {},
+                            std::function<void(Comm&)> on_commit = {});
   // COLLECTIVE. Loads into the prepared objects, resharding from whatever saved it.
   LoadReport LoadState(const std::filesystem::path& dir, const LoadStateOptions& options = {});
   // COLLECTIVE. Writes a FULL checkpoint (one file, one chunk per tensor) from rank 0,
@@ -186,6 +192,8 @@ class Accelerator {
                           const std::string& prefix);
   void LayOut(Module& module);
   std::string LayoutFingerprint();
+  // The core options SaveState writes with (user metadata, mesh).
+  SaveOptions CoreSaveOptions(const SaveStateOptions& options);
 
   Comm* world_;
   AcceleratorOptions options_;

@@ -5,7 +5,11 @@
 // directory without metadata.json (a save that crashed) is never resumed from and never
 // counted among the N kept.
 //
-// Threading: one manager per rank; Save and Resume are COLLECTIVE.
+// Asynchronous saves (SaveAsync) write in the background; `latest` moves, and the oldest
+// checkpoints are pruned, only after the new one has committed. At most one is in flight:
+// every other call (Save, SaveAsync, Resume) first waits for it.
+//
+// Threading: one manager per rank; Save, SaveAsync and Resume are COLLECTIVE.
 #pragma once
 
 #include <cstdint>
@@ -20,10 +24,21 @@ namespace ckpt::runtime {
 class CheckpointManager {
  public:
   CheckpointManager(Accelerator& accel, std::filesystem::path root, int keep_last = 3);
+  // Waits for the save in flight (its failure, if any, is then the next SaveAsync's on the
+  // world Comm, or printed when that goes too: call Wait() to see it).
+  ~CheckpointManager();
+  CheckpointManager(const CheckpointManager&) = delete;
+  CheckpointManager& operator=(const CheckpointManager&) = delete;
 
   // COLLECTIVE. Saves the accelerator's state as root/step-<step>, marks it latest and
   // removes the oldest committed checkpoints beyond keep_last. Returns its directory.
   std::filesystem::path Save(int64_t step, const SaveStateOptions& options = {});
+  // COLLECTIVE. Save in the background: returns once the state is snapshotted (the caller
+  // may train on). The handle tells when root/step-<step> has committed, `latest` moved and
+  // the pruning is done, and throws what failed.
+  SaveHandle SaveAsync(int64_t step, const SaveStateOptions& options = {});
+  // Waits for the save in flight, if any; throws its failure. Not collective.
+  void Wait();
   // COLLECTIVE. Loads the latest complete checkpoint; its step, or nullopt when none.
   std::optional<int64_t> Resume(const LoadStateOptions& options = {});
 
@@ -34,9 +49,12 @@ class CheckpointManager {
   static std::filesystem::path DirFor(const std::filesystem::path& root, int64_t step);
 
  private:
+  // Before a save: the root made, leftovers of killed saves removed (rank 0, agreed).
+  void PrepareRoot();
   Accelerator* accel_;
   std::filesystem::path root_;
   int keep_last_;
+  SaveHandle in_flight_;
 };
 
 }  // namespace ckpt::runtime
