@@ -230,7 +230,9 @@ class Writer:
 
     def write(self, key, value, *, offsets=None, shape=None, file_index=0):
         """A tensor chunk (array `value` at global `offsets` of a tensor of global `shape`;
-        by default the whole tensor), or a scalar, bytes or JSON value."""
+        by default the whole tensor; or a ckpt.Shard), or a scalar, bytes or JSON value."""
+        if isinstance(value, Shard):
+            value, offsets, shape = value.array, value.offsets, value.shape
         if _arrays.is_array(value):
             dtype, sizes, data = _arrays.read_view(value, key)
             shape = sizes if shape is None else list(shape)

@@ -371,11 +371,15 @@ class Writer {
                       file_index);
   }
   void WriteJson(const std::string& key, const std::string& text) { Live().WriteJson(key, text); }
+  // A failed commit drops the checkpoint too: the writer is done either way.
   std::string Commit() {
     ckpt::Metadata m;
-    {
+    try {
       nb::gil_scoped_release release;
       m = Live().Commit();
+    } catch (...) {
+      w_.reset();
+      throw;
     }
     w_.reset();
     return ckpt::SerializeMetadata(m);

@@ -8,17 +8,20 @@ Scenarios (gloo, CPU):
   fsdp_load     a fresh FSDP2 model at this world size <- dcp.load of DIR/dcp; checked
   tp_fsdp_save  tensor parallel (2 ranks) x FSDP2 (WORLD/2) on a 2-D mesh -> DIR/dcp
   tp_load       a fresh tensor-parallel model at this world size <- dcp.load; checked
-Every check compares each rank's shard, bit for bit, with the same region of the reference
-(the model and optimizer step built unsharded from the same seed: reference()).
+Every tensor (parameters, AdamW's exp_avg, exp_avg_sq and step) is set to pattern(key):
+values fixed by the key and the global element index, so that each rank's shard has a
+known value whatever the layout, and every check compares shards bit for bit with the same
+region of it. The non-tensor values (param_groups) come from reference(), unsharded.
 """
+import math
 import os
 import sys
+import zlib
 
 import torch
 import torch.nn as nn
 
 SEED = 1234
-STEP_SCALE = 0.5
 
 
 def build_model(seed=SEED):
@@ -28,9 +31,9 @@ def build_model(seed=SEED):
 
 def take_step(model, opt):
     """One optimizer step with gradients made from the parameters (no forward, no
-    collectives): AdamW's state then differs per element and per parameter."""
+    collectives), which creates AdamW's state."""
     for p in model.parameters():
-        p.grad = p.detach() * STEP_SCALE + 0.01
+        p.grad = p.detach() * 0.5 + 0.01
     opt.step()
 
 
@@ -39,11 +42,27 @@ def make_optimizer(model):
 
 
 def reference():
-    """(model, optimizer) unsharded, in the state every scenario saves."""
+    """(model, optimizer) unsharded, with optimizer state: the keys and non-tensor values of
+    every scenario's state."""
     model = build_model()
     opt = make_optimizer(model)
     take_step(model, opt)
     return model, opt
+
+
+def pattern(key, shape, dtype, salt=0):
+    """The full tensor `key` holds: a function of the key and the element index only."""
+    base = zlib.crc32(key.encode()) % 1000 + salt * 7919
+    n = math.prod(shape)
+    return (torch.arange(n, dtype=torch.float64) * 0.001 + base).reshape(tuple(shape)).to(dtype)
+
+
+def fill(state, salt=0):
+    """Sets every tensor of `state` (this rank's shard of it) to its region of pattern()."""
+    for key, value in flat(state).items():
+        if isinstance(value, torch.Tensor):
+            local, region = local_region(value)
+            local.copy_(pattern(key, value.shape, value.dtype, salt)[region])
 
 
 def state_dicts(model, opt):
@@ -75,20 +94,20 @@ def local_region(value):
 
 
 def check(state, ref_state, where):
-    """Every tensor of `state` (this rank's shards) equals its region of `ref_state`."""
+    """`state` has the keys and non-tensor values of `ref_state`, and every tensor (this
+    rank's shard of it) is its region of pattern(), bit for bit."""
     got, want = flat(state), flat(ref_state)
     assert set(got) == set(want), (where, sorted(set(got) ^ set(want)))
     checked = 0
     for key, value in got.items():
-        ref = want[key]
         if isinstance(value, torch.Tensor):
             local, region = local_region(value)
-            ref_local = ref.full_tensor() if hasattr(ref, "full_tensor") else ref
-            expect = ref_local[region] if region else ref_local
+            expect = pattern(key, value.shape, want[key].dtype)[region]
+            assert list(value.shape) == list(want[key].shape), (where, key)
             assert local.dtype == expect.dtype and torch.equal(local, expect), (where, key)
             checked += 1
-        else:
-            assert value == ref, (where, key, value, ref)
+        elif key != "step":
+            assert value == want[key], (where, key, value, want[key])
     assert checked >= 8, (where, checked)
 
 
@@ -110,7 +129,7 @@ def main():
         ref = state_dicts(ref_model, ref_opt)
         if scenario in ("fsdp_save", "fsdp_load"):
             mesh = init_device_mesh("cpu", (world,))
-            model = build_model(SEED if scenario == "fsdp_save" else SEED + rank + 1)
+            model = build_model()
             fully_shard(model[0], mesh=mesh)
             fully_shard(model[2], mesh=mesh)
             fully_shard(model, mesh=mesh)
@@ -120,29 +139,29 @@ def main():
                 tp_mesh = mesh["tp"]
             else:
                 tp_mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
-            model = build_model(SEED if scenario == "tp_fsdp_save" else SEED + rank + 1)
+            model = build_model()
             parallelize_module(model, tp_mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
             if scenario == "tp_fsdp_save":
                 fully_shard(model, mesh=mesh["dp"])
         opt = make_optimizer(model)
+        take_step(model, opt)  # creates the optimizer state
+        state = state_dicts(model, opt)
         if scenario.endswith("_save"):
-            take_step(model, opt)
-            state = state_dicts(model, opt)
+            fill(state)
             check(state, ref, f"rank {rank} before save")
             dcp.save(state, storage_writer=ckpt.torch.StorageWriter(os.path.join(out, "dcp")))
-            if scenario == "fsdp_save":
-                ckpt.save(os.path.join(out, "direct"), model.state_dict(), comm=dist.group.WORLD)
+            if scenario == "fsdp_save":  # the DTensors through ckpt.save itself, over gloo
+                ckpt.save(os.path.join(out, "direct"), state["model"], comm=dist.group.WORLD)
         else:
-            # A different starting point (seed, and a step from it) so a load that did
-            # nothing would be caught.
-            take_step(model, opt)
-            state = state_dicts(model, opt)
+            # Other values everywhere first, so that a load that did nothing is caught.
+            fill(state, salt=1)
             state["step"] = 0
             dcp.load(state, storage_reader=ckpt.torch.StorageReader(os.path.join(out, "dcp")))
+            assert state["step"] == 5, state["step"]
+            check(state, ref, f"rank {rank} after dcp.load")
             from torch.distributed.checkpoint.state_dict import set_state_dict
             set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
-            assert state["step"] == 5, state["step"]
-            check(state_dicts(model, opt), ref, f"rank {rank} after load")
+            check(state_dicts(model, opt), ref, f"rank {rank} in the model and optimizer")
         dist.barrier()
     finally:
         dist.destroy_process_group()
