@@ -57,6 +57,15 @@ def _comm(process_group, single_process):
     return _ckpt.ProcessGroupComm(process_group)
 
 
+def _placement(p):
+    """"Shard(0)", "StridedShard(0)", "Replicate()", or torch's own text for the others."""
+    if p.is_shard():
+        return f"{type(p).__name__.lstrip('_')}({p.dim})"
+    if p.is_replicate():
+        return "Replicate()"
+    return str(p)
+
+
 def _mesh_record(state_dict):
     """JSON of the meshes and placements of the DTensors in DCP's flattened state dict."""
     meshes, tensors = [], {}
@@ -68,7 +77,7 @@ def _mesh_record(state_dict):
                 "dim_names": list(m.mesh_dim_names) if m.mesh_dim_names else None, "ranks": m.mesh.tolist()}
         if desc not in meshes:
             meshes.append(desc)
-        tensors[fqn] = {"mesh": meshes.index(desc), "placements": [str(p) for p in value.placements]}
+        tensors[fqn] = {"mesh": meshes.index(desc), "placements": [_placement(p) for p in value.placements]}
     if not meshes:
         return None
     return {"framework": "torch.distributed.checkpoint", "meshes": meshes, "tensors": tensors}

@@ -89,14 +89,14 @@ def test_fsdp2_saved_by_2_loads_at_3_at_1_and_in_libckpt(tmp):
     md = ckpt.read_metadata(path)
     assert md["state_dict_type"] == "SHARDED" and md["world_size"] == 2
     placements = md["mesh"]["tensors"]["model.0.weight"]["placements"]
-    assert len(placements) == 1 and placements[0].startswith("Shard(dim=0")
+    assert placements == ["Shard(0)"]
     assert md["mesh"]["meshes"][0]["shape"] == [2]
     with ckpt.open(path) as c:
         assert len(c.chunks("model.0.weight")) == 2
         assert len(c.chunks("optim.state.0.weight.exp_avg")) == 2
         # AdamW's step is a plain tensor on both ranks: written once.
         assert len(c.chunks("optim.state.0.weight.step")) == 1
-        assert "optim.param_groups" in c and c.entry("optim.param_groups")["kind"] == "bytes"
+        assert c.entry("optim.param_groups.0.lr")["kind"] == "bytes"  # DCP's pickle
     want = reference_flat()
     check_full(path, want)
     check_full(os.path.join(tmp, "direct"), {k[len("model."):]: v for k, v in want.items()
@@ -147,7 +147,7 @@ def test_dcp_loads_checkpoints_libckpt_wrote(tmp):
         dcp.load(state, storage_reader=ckpt.torch.StorageReader(path), no_dist=True)
         for key, value in want.items():
             if isinstance(value, torch.Tensor):
-                assert torch.equal(state[key].view(torch.uint8), value.view(torch.uint8)), (case, key)
+                assert torch.equal(state[key].reshape(-1).view(torch.uint8), value.reshape(-1).view(torch.uint8)), (case, key)
             else:
                 assert state[key] == value, (case, key)
 
@@ -159,7 +159,7 @@ def test_storage_writer_single_process_round_trip_and_overwrite(tmp):
     md = ckpt.read_metadata(path)
     assert md["state_dict_type"] == "FULL" and md["mesh"] is None
     assert md["user"][ckpt.torch.USER_KEY]["pickled"] == ["meta.epoch", "meta.name"]
-    with pytest.raises(Exception) as e:  # DCP wraps it; ckpt's message is kept
+    with pytest.raises(BaseException) as e:  # DCP wraps it (CheckpointException); the message is kept
         dcp.save(state, storage_writer=ckpt.torch.StorageWriter(path), no_dist=True)
     assert "already exists" in str(e.value) or "already exists" in repr(e.value)
     state["w"] = state["w"] * 2
