@@ -44,10 +44,11 @@ def import_dcp(src, dst, overwrite=False, compression=None):
                 state = {key: None}
             else:
                 state = {key: torch.empty(tuple(meta.size), dtype=meta.properties.dtype)}
-            # One key per load: the planner flattens nothing (the key is DCP's own) and
-            # tolerates the keys left out.
+            # One key per load (the key is DCP's flattened name already); the planner
+            # tolerates the keys left out. (Without flattening, DCP's planner would not put
+            # loaded non-tensor values back into `state`.)
             dcp.load(state, storage_reader=dcp.FileSystemReader(src), no_dist=True,
-                     planner=DefaultLoadPlanner(flatten_state_dict=False, allow_partial_load=True))
+                     planner=DefaultLoadPlanner(allow_partial_load=True))
             value = state[key]
             if isinstance(meta, BytesStorageMetadata):
                 buf = io.BytesIO()
@@ -69,11 +70,8 @@ def export_dcp(src, dst):
             e = c.entry(key)
             state[key] = (torch.empty(e["shape"], dtype=getattr(torch, e["dtype"])) if e["kind"] == "tensor"
                           else None)
-    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
-    dcp.load(state, storage_reader=ckpt.torch.StorageReader(src), no_dist=True,
-             planner=DefaultLoadPlanner(flatten_state_dict=False))
-    dcp.save(state, storage_writer=dcp.FileSystemWriter(dst), no_dist=True,
-             planner=DefaultSavePlanner(flatten_state_dict=False))
+    dcp.load(state, storage_reader=ckpt.torch.StorageReader(src), no_dist=True)
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(dst), no_dist=True)
     return len(state)
 
 
