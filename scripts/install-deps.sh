@@ -6,6 +6,7 @@ packages=(
   libhdf5-dev hdf5-tools nlohmann-json3-dev libzstd-dev libxxhash-dev doctest-dev libcli11-dev
   libopenblas-dev libopenmpi-dev openmpi-bin
   python3-h5py python3-numpy python3-jsonschema python3-xxhash
+  python3-venv python3-dev  # the Python package's venv (scripts/test.sh) and its headers
   hdf5-filter-plugin strace  # the suite must pass with Debian's HDF5 filter plugins present; fault injection
 )
 missing=()

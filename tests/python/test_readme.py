@@ -1,0 +1,54 @@
+"""The README's Python blocks (between <!-- python:begin --> and <!-- python:end -->) run as
+written: each in a fresh interpreter in a scratch directory; a block that mentions torchrun
+runs as 4 gloo processes on the loopback, as `torchrun --nproc-per-node 4` would start it."""
+import os
+import re
+import socket
+import subprocess
+import sys
+
+import pytest
+
+README = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
+
+
+def blocks():
+    text = open(README, encoding="utf-8").read()
+    out = []
+    for part in re.findall(r"<!-- python:begin -->(.*?)<!-- python:end -->", text, re.S):
+        out += re.findall(r"```python\n(.*?)```", part, re.S)
+    return out
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_readme_has_python_blocks():
+    assert len(blocks()) >= 1
+
+
+@pytest.mark.parametrize("index", range(len(blocks())))
+def test_readme_python_block_runs(index, tmp):
+    code = blocks()[index]
+    if "import torch" in code and not os.environ.get("CKPT_REQUIRE_TORCH"):
+        pytest.importorskip("torch")
+    script = os.path.join(tmp, f"block_{index}.py")
+    with open(script, "w") as f:
+        f.write(code)
+    world = 4 if "torchrun" in code else 1
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world),
+               OMP_NUM_THREADS="1")
+    procs = [subprocess.Popen([sys.executable, script], cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, env=dict(env, RANK=str(r), LOCAL_RANK=str(r))) for r in range(world)]
+    outs = []
+    try:
+        outs = [p.communicate(timeout=600)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert all(p.returncode == 0 for p in procs), "\n".join(outs)
