@@ -49,6 +49,16 @@ void operator delete(void* p) noexcept {
   std::free(base);
 }
 void operator delete(void* p, std::size_t) noexcept { operator delete(p); }
+// The nothrow form too (std::stable_sort's buffer): the sanitizers' runtime would otherwise
+// serve it, without the header the delete above expects.
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
+  try {
+    return operator new(n);
+  } catch (...) {
+    return nullptr;
+  }
+}
+void operator delete(void* p, const std::nothrow_t&) noexcept { operator delete(p); }
 
 TEST_CASE("save_full staging on rank 0 stays within 2 x the largest tensor, as reported") {
   // One weight much larger than the rest, sharded over 4 ranks: rank 0 holds the whole

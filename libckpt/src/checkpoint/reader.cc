@@ -88,7 +88,7 @@ ChunkCatalog::File& ChunkCatalog::Load(int32_t index) {
       }
       // By offsets, for Find's binary search (a key may have millions of chunks in a file).
       for (auto& [key, list] : f.records)
-        std::stable_sort(list.begin(), list.end(), [](const storage::ShardIndexEntry& a, const storage::ShardIndexEntry& b) {
+        std::sort(list.begin(), list.end(), [](const storage::ShardIndexEntry& a, const storage::ShardIndexEntry& b) {
           return a.chunk.box.offsets < b.chunk.box.offsets;
         });
     } catch (...) {
