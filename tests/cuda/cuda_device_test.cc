@@ -35,19 +35,6 @@ std::vector<Item> Items() {
   return out;
 }
 
-void CheckSame(const Metadata& a, const Metadata& b) {
-  for (const auto& [key, e] : a.entries) {
-    const EntryMeta* f = b.Find(key);
-    REQUIRE(f);
-    REQUIRE(e.chunks.size() == f->chunks.size());
-    for (std::size_t i = 0; i < e.chunks.size(); ++i) {
-      CAPTURE(key);
-      CHECK(e.chunks[i].checksum == f->chunks[i].checksum);
-      CHECK(e.chunks[i].box == f->chunks[i].box);
-    }
-  }
-}
-
 }  // namespace
 
 TEST_CASE("device chunks save and load bit-exact against the host, through reused pinned staging") {
@@ -72,7 +59,7 @@ TEST_CASE("device chunks save and load bit-exact against the host, through reuse
   SaveOptions overwrite;
   overwrite.overwrite = true;
   for (int i = 0; i < 3; ++i) Save(tmp / "dev", device_state, comm, overwrite);
-  CheckSame(ReadMetadata(tmp / "host"), ReadMetadata(tmp / "dev"));
+  ckpt_test::CheckSameChunks(ReadMetadata(tmp / "host"), ReadMetadata(tmp / "dev"));
   const cuda::PoolStats stats = cuda::Stats(*backend);
   CHECK(stats.pairs == 1);  // pinned once ...
   CHECK(stats.acquires == 3);  // ... reused by every save

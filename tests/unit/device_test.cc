@@ -220,33 +220,6 @@ StateDict StateOf(std::vector<Source>& sources, FakeBackend* device) {
   return sd;
 }
 
-// Equal to rounding, or both NaN (no finite element; random float64 bits overflowing).
-bool Close(double a, double b) { return (std::isnan(a) && std::isnan(b)) || a == doctest::Approx(b); }
-
-void CheckSameChunks(const Metadata& a, const Metadata& b) {
-  for (const auto& [key, e] : a.entries) {
-    const EntryMeta* f = b.Find(key);
-    REQUIRE(f);
-    REQUIRE(e.chunks.size() == f->chunks.size());
-    for (std::size_t i = 0; i < e.chunks.size(); ++i) {
-      CAPTURE(key);
-      CHECK(e.chunks[i].checksum == f->chunks[i].checksum);
-      CHECK(e.chunks[i].box == f->chunks[i].box);
-      CHECK(e.chunks[i].stats.has_value() == f->chunks[i].stats.has_value());
-      if (e.chunks[i].stats && f->chunks[i].stats) {  // summed over other pieces: to rounding
-        const ChunkStats &x = *e.chunks[i].stats, &y = *f->chunks[i].stats;
-        CHECK(Close(x.l2, y.l2));
-        CHECK(Close(x.mean, y.mean));
-        CHECK(Close(x.min, y.min));
-        CHECK(Close(x.max, y.max));
-        CHECK(x.finite_count == y.finite_count);
-        CHECK(x.nan_count == y.nan_count);
-        CHECK(x.inf_count == y.inf_count);
-      }
-    }
-  }
-}
-
 }  // namespace
 
 TEST_CASE("device chunks save through the staging buffers, checksums and stats as from the host") {
@@ -263,8 +236,8 @@ TEST_CASE("device chunks save through the staging buffers, checksums and stats a
     CHECK(reg.backend->violations.empty());
     CHECK(reg.backend->acquires == 1);  // one staging pair for the whole save
     CHECK(reg.backend->overlapped > 0);  // the next piece was copied while this one was written
-    CheckSameChunks(ReadMetadata(tmp / "host"), ReadMetadata(tmp / "dev"));
-    CheckSameChunks(ReadMetadata(tmp / "dev"), ReadMetadata(tmp / "host"));
+    ckpt_test::CheckSameChunks(ReadMetadata(tmp / "host"), ReadMetadata(tmp / "dev"));
+    ckpt_test::CheckSameChunks(ReadMetadata(tmp / "dev"), ReadMetadata(tmp / "host"));
 
     // Loaded into host memory: the same bytes.
     std::vector<Source> back = Sources();
@@ -285,7 +258,7 @@ TEST_CASE("SaveAsync snapshots device chunks through the staging buffers: the ch
   h.Wait();
   CHECK(reg.backend->violations.empty());
   CHECK(reg.backend->acquires > 0);
-  CheckSameChunks(ReadMetadata(tmp / "host"), ReadMetadata(tmp / "dev"));
+  ckpt_test::CheckSameChunks(ReadMetadata(tmp / "host"), ReadMetadata(tmp / "dev"));
   std::vector<Source> back = Sources();
   for (Source& s : back) std::fill(s.bytes.begin(), s.bytes.end(), uint8_t{0});
   StateDict host_target = StateOf(back, nullptr);

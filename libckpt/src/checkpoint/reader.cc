@@ -157,23 +157,16 @@ void Resolve(const storage::Dir& dir, Metadata& m) {
 
 // --- the reader --------------------------------------------------------------------------
 
-namespace {
-
-// A v2 entry's explicit chunk list, as boxes CheckTiling can check.
-EntryMeta PiecesAsChunks(const EntryMeta& e) {
-  EntryMeta copy;
-  copy.kind = e.kind;
-  copy.dtype = e.dtype;
-  copy.shape = e.shape;
-  for (const TensorLayout::Piece& p : e.layout.pieces) {
-    ChunkMeta c;
-    c.box = p.box;
-    copy.chunks.push_back(std::move(c));
-  }
-  return copy;
+std::vector<std::string> EntryTilingProblems(const std::string& key, const EntryMeta& e, bool resolved) {
+  if (e.kind != EntryKind::kTensor) return {};
+  if (!e.chunks.empty() || resolved) return CheckTiling(key, e);
+  if (e.layout.kind != TensorLayout::Kind::kChunks) return {};  // a grid tiles by construction (checked at parse)
+  EntryMeta pieces;  // the explicit list, as boxes CheckTiling can check
+  pieces.shape = e.shape;
+  pieces.chunks.resize(e.layout.pieces.size());
+  for (std::size_t i = 0; i < e.layout.pieces.size(); ++i) pieces.chunks[i].box = e.layout.pieces[i].box;
+  return CheckTiling(key, pieces);
 }
-
-}  // namespace
 
 Reader::Reader(storage::Dir dir, std::shared_ptr<const Metadata> metadata, bool check_tiling,
                std::shared_ptr<ChunkCatalog> catalog)
@@ -181,14 +174,8 @@ Reader::Reader(storage::Dir dir, std::shared_ptr<const Metadata> metadata, bool 
   if (!metadata_->resolved && !catalog_) catalog_ = std::make_shared<ChunkCatalog>(handle_, metadata_);
   if (!check_tiling) return;
   std::vector<std::string> problems;
-  for (const auto& [key, e] : metadata_->entries) {
-    if (e.kind != EntryKind::kTensor) continue;
-    if (!e.chunks.empty() || metadata_->resolved) {
-      for (std::string& p : CheckTiling(key, e)) problems.push_back(std::move(p));
-    } else if (e.layout.kind == TensorLayout::Kind::kChunks) {  // a grid tiles by construction
-      for (std::string& p : CheckTiling(key, PiecesAsChunks(e))) problems.push_back(std::move(p));
-    }
-  }
+  for (const auto& [key, e] : metadata_->entries)
+    for (std::string& p : EntryTilingProblems(key, e, metadata_->resolved)) problems.push_back(std::move(p));
   if (problems.empty()) return;
   std::string msg = (dir_ / names::kMetadataFile).string() + ": chunks do not tile their tensors:";
   for (std::size_t i = 0; i < problems.size() && i < 20; ++i) msg += "\n  " + problems[i];

@@ -41,6 +41,10 @@ class ChunkCatalog {
   std::vector<std::unique_ptr<File>> files_;
 };
 
+// What keeps a tensor entry's chunks from tiling it (FORMAT.md §8.5): over its chunks when
+// it has them (v1, resolved), else over a v2 explicit list; a v2 grid tiles by construction.
+std::vector<std::string> EntryTilingProblems(const std::string& key, const EntryMeta& e, bool resolved);
+
 // Fills every EntryMeta::chunks of a v2 metadata from the shard indexes (layout order).
 void Resolve(const storage::Dir& dir, Metadata& m);
 

@@ -813,18 +813,8 @@ VerifyReport Verify(const fs::path& path, const VerifyOptions& o) {
   std::vector<VerifyProblem> index_problems, per_file, per_chunk;
   std::vector<std::pair<std::string, std::string>> tiling;  // key, message
   auto check_tiling = [&] {
-    for (const auto& [key, e] : md.entries) {
-      if (e.kind != EntryKind::kTensor) continue;
-      if (!v2) {
-        for (auto& msg : CheckTiling(key, e)) tiling.emplace_back(key, std::move(msg));
-      } else if (e.layout.kind == TensorLayout::Kind::kChunks) {  // a grid tiles by construction (checked at parse)
-        EntryMeta pieces;
-        pieces.shape = e.shape;
-        pieces.chunks.resize(e.layout.pieces.size());
-        for (std::size_t i = 0; i < e.layout.pieces.size(); ++i) pieces.chunks[i].box = e.layout.pieces[i].box;
-        for (auto& msg : CheckTiling(key, pieces)) tiling.emplace_back(key, std::move(msg));
-      }
-    }
+    for (const auto& [key, e] : md.entries)
+      for (auto& msg : internal::EntryTilingProblems(key, e, !v2)) tiling.emplace_back(key, std::move(msg));
   };
 
   // Data threads: no more than the cores; none when no data is read (the dataset checks
