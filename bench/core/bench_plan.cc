@@ -123,7 +123,7 @@ int RunPlan(const std::vector<int>& worlds, int tensors) {
     t = std::chrono::steady_clock::now();
     layout::AssignWriters(plan);
     const auto writes = layout::WritesByRank(plan);
-    const layout::Message plan_message = layout::EncodePlan("/checkpoints/.step-1000.staging", writes);
+    const layout::Message plan_message = layout::EncodePlan("/checkpoints/.step-1000.staging", static_cast<uint32_t>(plan.keys.size()), writes);
     const double t_writers = Seconds(t);
     t = std::chrono::steady_clock::now();
     bool any = false;

@@ -11,8 +11,8 @@
 // save, without Comm (layout/save_plan.h): each description encoded and decoded as Gather
 // would hand it over and merged one at a time, Finish, AssignWriters, WritesByRank, the
 // plan message; then the metadata the save commits (Assemble with synthetic RankResults
-// carrying checksums and stats, up to --assemble-max chunks; format v2 also through the
-// layouts of the plan, at every size), and measures:
+// carrying checksums and stats, up to --assemble-max chunks; format v2: each rank's file and
+// chunk count and per-key totals, at every size), and measures:
 //   - rank 0's save-plan heap and time; the descriptions' and plan message's bytes
 //   - metadata.json bytes, parse time and heap
 //   - ckpt-inspect on a directory holding that metadata.json and empty stand-ins of the
@@ -488,6 +488,32 @@ int RunWorld(const Model& model, const std::string& inspect, const fs::path& scr
               MiB(index_total), index_total / static_cast<double>(chunks), Seconds(t));
 #endif
   std::string text;
+#if CKPT_BENCH_V2
+  {
+    // The save's own path (checkpoint/save.cc): each rank reports its file, index digest and
+    // chunk count, and adds its chunks to per-key totals that the ranks reduce (here: added
+    // in rank order in one process); rank 0 then assembles each key's layout from the plan.
+    (void)assemble_max;
+    const double h0 = Heap();
+    t = Clock::now();
+    std::vector<layout::RankResult> results(static_cast<std::size_t>(world));
+    std::vector<layout::KeyTotals> totals(plan.keys.size());
+    for (int r = 0; r < world; ++r) {
+      if (writes[r].empty()) continue;
+      results[r].file = file_of[r];
+      results[r].chunks = writes[r].size();
+      file_bytes[r] = records(r, [&](uint32_t key, uint32_t, const ckpt::ChunkMeta& c) { totals[key].Add(c); });
+      results[r].bytes = file_bytes[r];
+      results[r].index = index_digest[r];
+    }
+    layout::Assemble(plan, writes, results, totals, {}, m);
+    const double heap = Heap() - h0;
+    text = ckpt::SerializeMetadata(m);
+    std::printf("Assemble (the save's path: per-rank results, per-key totals): %.1f MiB of heap (%.1f B per chunk), "
+                "%.2f s with serialising\n",
+                MiB(heap), heap / static_cast<double>(chunks), Seconds(t));
+  }
+#else
   double assemble_s = -1, assemble_heap = -1;
   if (static_cast<int64_t>(chunks) <= assemble_max) {
     // The save's own path: every rank's RankResult, Assemble, SerializeMetadata.
@@ -500,9 +526,6 @@ int RunWorld(const Model& model, const std::string& inspect, const fs::path& scr
       results[r].chunks.reserve(writes[r].size());
       file_bytes[r] = records(r, [&](uint32_t, uint32_t, const ckpt::ChunkMeta& c) { results[r].chunks.push_back(c); });
       results[r].bytes = file_bytes[r];
-#if CKPT_BENCH_V2
-      results[r].index = index_digest[r];
-#endif
     }
     const double results_heap = Heap() - h0;
     layout::Assemble(plan, writes, std::move(results), m);
@@ -515,60 +538,6 @@ int RunWorld(const Model& model, const std::string& inspect, const fs::path& scr
   } else {
     std::printf("Assemble (the save's path): skipped, %zu chunks > --assemble-max %lld\n", chunks,
                 static_cast<long long>(assemble_max));
-  }
-#if CKPT_BENCH_V2
-  {
-    // The same metadata from the plan's layouts: per key its regions' boxes and writers'
-    // files (DescribeLayout) and the aggregate of its chunks' stats, never every chunk at once.
-    const double h0 = Heap();
-    t = Clock::now();
-    ckpt::Metadata ml;
-    ml.world_size = m.world_size;
-    ml.state_dict_type = m.state_dict_type;
-    ml.library_version = m.library_version;
-    ml.created = m.created;
-    std::vector<int32_t> file_pos(static_cast<std::size_t>(world), -1);
-    for (int r = 0; r < world; ++r) {
-      if (writes[r].empty()) continue;
-      if (file_bytes[r] == 0) file_bytes[r] = records(r, [](uint32_t, uint32_t, const ckpt::ChunkMeta&) {});
-      file_pos[r] = static_cast<int32_t>(ml.files.size());
-      ml.files.push_back(ckpt::FileMeta{file_of[r], r, file_bytes[r], index_digest[r]});
-    }
-    for (std::size_t ki = 0; ki < plan.keys.size(); ++ki) {
-      const layout::SaveKey& k = plan.keys[ki];
-      ckpt::EntryMeta e;
-      e.kind = k.kind;
-      e.dtype = k.kind == ckpt::EntryKind::kBytes ? ckpt::DType::kUInt8 : k.dtype;
-      e.value = k.value;
-      if (k.kind == ckpt::EntryKind::kTensor) {
-        e.shape = k.shape;
-        std::vector<ckpt::grid::PlacedBox> placed;
-        std::vector<ckpt::ChunkStats> stats;
-        placed.reserve(RegionCount(k));
-        stats.reserve(RegionCount(k));
-        for (std::size_t g = 0; g < RegionCount(k); ++g) {
-          const layout::SaveRegion region = k.Region(g);
-          placed.push_back(ckpt::grid::PlacedBox{region.box, file_pos[region.writer]});
-          e.stored_bytes += region.bytes;
-          stats.push_back(*SyntheticChunk(k, static_cast<uint32_t>(ki), static_cast<uint32_t>(g), region.box, "", 0).stats);
-        }
-        e.layout = ckpt::grid::DescribeLayout(k.shape, placed);
-        std::vector<const ckpt::ChunkStats*> parts;
-        for (const ckpt::ChunkStats& s : stats) parts.push_back(&s);
-        e.stats = ckpt::CombineStats(parts);
-      }
-      ml.entries.emplace_back(k.key, std::move(e));
-    }
-    const double heap = Heap() - h0;
-    std::string from_layouts = ckpt::SerializeMetadata(ml);
-    std::printf("metadata from the plan's layouts: %.1f MiB of heap, %.2f s with serialising%s\n", MiB(heap), Seconds(t),
-                text.empty() ? "" : (text == from_layouts ? " (the same bytes as through Assemble)"
-                                                          : " (DIFFERS from the text through Assemble)"));
-    if (!text.empty() && text != from_layouts && std::getenv("CKPT_BENCH_DUMP")) {
-      std::ofstream(scratch / "via-assemble.json") << text;
-      std::ofstream(scratch / "via-layouts.json") << from_layouts;
-    }
-    if (text.empty()) text = std::move(from_layouts);
   }
 #endif
   m = ckpt::Metadata();

@@ -535,42 +535,121 @@ TEST_CASE("writers: replicated regions balance bytes, largest first") {
   CHECK(plan.keys[0].regions[0].writer == 1);
 }
 
-TEST_CASE("Assemble: entries in plan order, chunks in region order, files of ranks that wrote") {
-  const SavePlan plan = Plan(2, [](int r) {
-    return RankDescription{TensorClaim("w", {8, 2}, {Box{{4 - 4 * r, 0}, {4, 2}}}), ScalarClaim("step", "5"),
-                           JsonClaim("cfg", "null")};
+TEST_CASE("Assemble: entries in plan order, layouts from the plan, files of ranks that wrote, totals per key") {
+  const SavePlan plan = Plan(3, [](int r) {
+    RankDescription d{TensorClaim("w", {8, 2}, {Box{{4 - 4 * r, 0}, {4, 2}}}), ScalarClaim("step", "5"),
+                      JsonClaim("cfg", "null")};
+    if (r == 2) d[0] = TensorClaim("w", {8, 2}, {});  // rank 2 holds no part of w: it writes nothing
+    d.push_back(BytesClaim("blob", 10));
+    return d;
   });
-  CHECK(plan.keys[0].regular());  // Assemble over a key kept as runs
   const auto writes = WritesByRank(plan);
-  std::vector<RankResult> results(2);
-  for (int r = 0; r < 2; ++r) {
-    results[r].file = "shard-" + std::to_string(r);
+  std::vector<RankResult> results(3);
+  std::vector<KeyTotals> totals(plan.keys.size());
+  for (int r = 0; r < 3; ++r) {
+    results[r].file = writes[r].empty() ? "" : "shard-" + std::to_string(r);
     results[r].bytes = 100 + r;
-    results[r].chunks.push_back(SomeChunk(4 - 4 * r));
+    results[r].index = "xxh3-64:000000000000000" + std::to_string(r);
+    results[r].chunks = writes[r].size();
   }
+  const std::size_t w_key = 0;
+  REQUIRE(plan.keys[w_key].key == "w");
+  for (int r = 0; r < 2; ++r) totals[w_key].Add(SomeChunk(4 - 4 * r));
   Metadata m;
-  Assemble(plan, writes, results, m);
-  REQUIRE(m.files.size() == 2);
-  CHECK(m.files[1].name == "shard-1");
-  CHECK(m.files[1].rank == 1);
-  CHECK(m.files[1].bytes == 101);
-  REQUIRE(m.entries.size() == 3);
+  Assemble(plan, writes, results, totals, Compression{Compression::Codec::kZstd, 7}, m);
+  CHECK_FALSE(m.resolved);
+  std::vector<std::string> files;
+  for (const FileMeta& f : m.files) files.push_back(f.name + "@" + std::to_string(f.rank) + ":" + std::to_string(f.bytes));
+  const bool blob_on_2 = !writes[2].empty();
+  CHECK(files.size() == (blob_on_2 ? 3u : 2u));
+  CHECK(files[0] == "shard-0@0:100");
+  CHECK(files[1] == "shard-1@1:101");
+  REQUIRE(m.entries.size() == 4);
   const EntryMeta* w = m.Find("w");
   REQUIRE(w);
-  REQUIRE(w->chunks.size() == 2);
-  CHECK(w->chunks[0].box.offsets[0] == 0);  // rank 1's
+  CHECK(w->chunks.empty());  // v2: the records stay in the shard indexes
+  CHECK(w->layout.kind == TensorLayout::Kind::kGrid);
+  CHECK(w->stored_bytes == 64);
+  CHECK(w->compression.codec == Compression::Codec::kZstd);
+  CHECK(w->compression.level == 7);
+  REQUIRE(w->stats);
+  CHECK(w->stats->finite_count == 16);
+  CHECK(w->stats->max == 1e300);
+  CHECK(w->stats->min == -1.5);
+  CHECK(w->stats->nan_count == 2);
+  // The layout names the file of each part's writer: rows [0, 4) are rank 1's.
+  const Metadata parsed = ParseMetadata(SerializeMetadata(m));
+  const EntryMeta* pw = parsed.Find("w");
+  REQUIRE(pw);
+  CHECK(pw->layout.kind == TensorLayout::Kind::kGrid);
   CHECK(m.Find("step")->value == "5");
   CHECK(m.Find("step")->dtype == DType::kInt64);
   CHECK(m.Find("cfg")->kind == EntryKind::kJson);
-  results[1].chunks.clear();
+  const EntryMeta* blob = m.Find("blob");
+  REQUIRE(blob);
+  REQUIRE(blob->layout.pieces.size() == 1);
+  CHECK(m.files.at(static_cast<std::size_t>(blob->layout.pieces[0].file)).rank == plan.keys[3].Region(0).writer);
+  CHECK(ParseMetadata(SerializeMetadata(m)).Find("blob")->size == 10);
+  // A rank that reports another number of chunks than it was given, totals of another
+  // plan: kComm.
+  results[1].chunks = 0;
   Metadata bad;
-  try {
-    Assemble(plan, writes, results, bad);
-    FAIL("accepted");
-  } catch (const Error& e) {
-    CHECK(e.code() == ErrorCode::kComm);
-    CHECK(std::string(e.what()) == "save: rank 1 reported 0 chunks written, expected 1");
+  CHECK_THROWS_WITH_AS(Assemble(plan, writes, results, totals, {}, bad),
+                       "save: rank 1 reported 0 chunks written, expected 1", Error);
+  results[1].chunks = 1;
+  totals.pop_back();
+  CHECK_THROWS_WITH_AS(Assemble(plan, writes, results, totals, {}, bad), "save: totals of 3 keys, expected 4", Error);
+}
+
+TEST_CASE("StatsAccumulator: reduced from partial sums as CombineStats gives, up to the order of the sums") {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<double> u(-10, 10);
+  std::vector<ChunkStats> parts(40);
+  for (ChunkStats& c : parts) {
+    c.min = u(rng);
+    c.max = c.min + 5;
+    c.mean = (c.min + c.max) / 2;
+    c.l2 = std::abs(u(rng));
+    c.finite_count = static_cast<int64_t>(rng() % 5);  // some with no finite element
+    c.nan_count = static_cast<int64_t>(rng() % 3);
+    c.inf_count = static_cast<int64_t>(rng() % 2);
   }
+  std::vector<const ChunkStats*> all;
+  for (const ChunkStats& c : parts) all.push_back(&c);
+  const ChunkStats want = *CombineStats(all);
+  // Four "ranks", each with every fourth part; their sums reduced as save.cc does.
+  StatsAccumulator::Sums total;
+  for (int r = 0; r < 4; ++r) {
+    StatsAccumulator a;
+    for (std::size_t i = static_cast<std::size_t>(r); i < parts.size(); i += 4) a.Add(&parts[i]);
+    const StatsAccumulator::Sums s = a.sums();
+    total.sum += s.sum;
+    total.sumsq += s.sumsq;
+    total.min = std::min(total.min, s.min);
+    total.max = std::max(total.max, s.max);
+    total.nan_count += s.nan_count;
+    total.inf_count += s.inf_count;
+    total.finite_count += s.finite_count;
+    total.parts += s.parts;
+    total.missing += s.missing;
+  }
+  const std::optional<ChunkStats> got = StatsAccumulator::FromSums(total).Result();
+  REQUIRE(got);
+  CHECK(got->min == want.min);
+  CHECK(got->max == want.max);
+  CHECK(got->finite_count == want.finite_count);
+  CHECK(got->nan_count == want.nan_count);
+  CHECK(got->inf_count == want.inf_count);
+  CHECK(got->mean == doctest::Approx(want.mean).epsilon(1e-12));
+  CHECK(got->l2 == doctest::Approx(want.l2).epsilon(1e-12));
+  // A rank with no part adds nothing; a null part anywhere makes the result absent.
+  CHECK(StatsAccumulator::FromSums(StatsAccumulator().sums()).Result() == std::nullopt);
+  StatsAccumulator with_null;
+  with_null.Add(&parts[0]);
+  with_null.Add(nullptr);
+  StatsAccumulator::Sums s = with_null.sums();
+  CHECK(s.missing == 1);
+  CHECK(StatsAccumulator::FromSums(s).Result() == std::nullopt);
 }
 
 TEST_CASE("Describe checks this rank's state alone, with the messages Save gives") {
@@ -651,39 +730,31 @@ TEST_CASE("messages round-trip") {
   CHECK(DecodeDigests(EncodeDigests(digests), 1) == digests);
 
   const std::vector<std::vector<Write>> writes{{Write{{3, 4}, 0, 0}}, {}, {Write{{0, 0}, 1, 1}, Write{{5, 1}, 2, 0}}};
-  const PlanMessage p = DecodePlan(EncodePlan("/tmp/x.staging", writes), 2, 3);
+  const PlanMessage p = DecodePlan(EncodePlan("/tmp/x.staging", 3, writes), 2, 3);
   CHECK(p.staging == "/tmp/x.staging");
+  CHECK(p.key_count == 3);
   CHECK(p.writes == std::vector<ChunkRef>{{0, 0}, {5, 1}});
-  CHECK(DecodePlan(EncodePlan("", writes), 1, 3).writes.empty());
+  CHECK(p.keys == std::vector<uint32_t>{1, 2});
+  CHECK(DecodePlan(EncodePlan("", 3, writes), 1, 3).writes.empty());
+  CHECK_THROWS_WITH_AS(DecodePlan(EncodePlan("", 2, writes), 2, 3), doctest::Contains("a write of key 2 of 2"), Error);
 
   RankResult res;
   res.file = "shard-00001-of-00002.h5";
   res.bytes = 12345;
-  res.chunks = {SomeChunk(0), SomeChunk(4)};
-  res.chunks[1].stats.reset();
-  res.chunks[1].compression = Compression{};
+  res.index = "xxh3-64:0123456789abcdef";
+  res.chunks = 1ULL << 40;
   const RankResult rb = DecodeResult(EncodeResult(res), 1);
   CHECK(rb.file == res.file);
   CHECK(rb.bytes == res.bytes);
-  REQUIRE(rb.chunks.size() == 2);
-  for (std::size_t i = 0; i < 2; ++i) {
-    CHECK(rb.chunks[i].box == res.chunks[i].box);
-    CHECK(rb.chunks[i].file == res.chunks[i].file);
-    CHECK(rb.chunks[i].dataset == res.chunks[i].dataset);
-    CHECK(rb.chunks[i].checksum == res.chunks[i].checksum);
-    CHECK(rb.chunks[i].compression == res.chunks[i].compression);
-    CHECK(rb.chunks[i].stored_bytes == res.chunks[i].stored_bytes);
-    CHECK(rb.chunks[i].stats.has_value() == res.chunks[i].stats.has_value());
-  }
-  CHECK(rb.chunks[0].stats->max == 1e300);
-  CHECK(rb.chunks[0].stats->finite_count == 8);
-  CHECK(rb.chunks[0].compression.level == -5);
+  CHECK(rb.index == res.index);
+  CHECK(rb.chunks == res.chunks);
 }
 
 TEST_CASE("malformed messages are kComm errors naming the message, never a crash") {
   RankResult res;
   res.file = "f";
-  res.chunks = {SomeChunk(0)};
+  res.index = "xxh3-64:0123456789abcdef";
+  res.chunks = 3;
   const std::vector<std::pair<Message, std::function<void(std::span<const uint8_t>)>>> cases{
       {EncodeDescription({TensorClaim("w", {4, 4}, {Box{{0, 0}, {4, 4}}}), ScalarClaim("s", "1"), BytesClaim("b", 300),
                           JsonClaim("j", "[]")}),
@@ -694,7 +765,7 @@ TEST_CASE("malformed messages are kComm errors naming the message, never a crash
          DecodeRequests(m, 1, 2, any);
        }},
       {EncodeDigests({"abc", "de"}), [](std::span<const uint8_t> m) { DecodeDigests(m, 1); }},
-      {EncodePlan("dir", {{Write{{1, 0}, 0, 0}}, {Write{{2, 0}, 0, 1}}}), [](std::span<const uint8_t> m) { DecodePlan(m, 1, 2); }},
+      {EncodePlan("dir", 2, {{Write{{1, 0}, 0, 0}}, {Write{{2, 0}, 1, 1}}}), [](std::span<const uint8_t> m) { DecodePlan(m, 1, 2); }},
       {EncodeResult(res), [](std::span<const uint8_t> m) { DecodeResult(m, 1); }},
   };
   auto expect_comm = [](const std::function<void(std::span<const uint8_t>)>& decode, std::span<const uint8_t> m) {
@@ -743,7 +814,7 @@ TEST_CASE("malformed messages are kComm errors naming the message, never a crash
   CHECK_THROWS_WITH_AS(DecodeDigests(overlong, 0), doctest::Contains("a number overflows 64 bits"), Error);
   CHECK_THROWS_WITH_AS(DecodeDescription(Message{'D', 1, 1, 'k', 9}, 0), doctest::Contains("unknown entry kind 9"), Error);
   CHECK_THROWS_WITH_AS(DecodeDescription(Message{'D', 1, 1, 'k', 1, 200, 0}, 0), doctest::Contains("unknown dtype 200"), Error);
-  CHECK_THROWS_WITH_AS(DecodePlan(EncodePlan("d", {{}, {}}), 0, 3), doctest::Contains("lists for 2 ranks, the group has 3"),
+  CHECK_THROWS_WITH_AS(DecodePlan(EncodePlan("d", 0, {{}, {}}), 0, 3), doctest::Contains("lists for 2 ranks, the group has 3"),
                        Error);
   CHECK_THROWS_WITH_AS(DecodeDescription(Message{}, 4),
                        "save: rank 4's description: malformed message (truncated: 1 more bytes needed, at byte 0 of 0)",

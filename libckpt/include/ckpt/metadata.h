@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -47,10 +48,22 @@ class CKPT_API StatsAccumulator {
   void Add(const ChunkStats* part);  // null: the result is nullopt
   std::optional<ChunkStats> Result() const;
 
+  // The running state, for accumulators on several ranks to be reduced element-wise (sums
+  // and counts added, min and max taken) and the result taken once from FromSums. The
+  // reduced result equals CombineStats over all parts up to the order of the floating sums.
+  struct Sums {
+    double sum = 0, sumsq = 0;
+    double min = std::numeric_limits<double>::infinity(), max = -std::numeric_limits<double>::infinity();
+    int64_t nan_count = 0, inf_count = 0, finite_count = 0;
+    int64_t parts = 0, missing = 0;  // parts added, and how many of them were null
+  };
+  Sums sums() const;
+  static StatsAccumulator FromSums(const Sums& sums);
+
  private:
   ChunkStats out_;
   double sum_ = 0, sumsq_ = 0;
-  bool any_ = false, missing_ = false;
+  int64_t parts_ = 0, missing_ = 0;
 };
 
 // Per-chunk storage filter chain. Empty means a contiguous, uncompressed dataset.

@@ -136,7 +136,7 @@ ByteBuffer Distribute(const fs::path& dir, Comm& comm, bool overwrite, layout::S
     layout::AssignWriters(plan);
     writes = layout::WritesByRank(plan);
     staging = internal::MakeStagingDir(dir);
-    message = layout::EncodePlan(staging.string(), writes);
+    message = layout::EncodePlan(staging.string(), static_cast<uint32_t>(plan.keys.size()), writes);
   }, /*name_ranks=*/false);
   comm.Broadcast(message, 0);
   return message;
@@ -145,14 +145,20 @@ ByteBuffer Distribute(const fs::path& dir, Comm& comm, bool overwrite, layout::S
 // Step 4: this rank's chunks streamed into its shard, which is fsynced. Device chunks come
 // through one staging pipeline in write order, each copied while the one before is written.
 // `check` runs before each chunk; the shard's fsync time goes to `fsync_seconds`.
-layout::RankResult WriteShard(const fs::path& staging, const std::vector<layout::ChunkRef>& writes,
-                              const StateDict& state, int rank, int world, const Compression& compression,
-                              DeviceBackend* device, const std::function<void()>& check, double& fsync_seconds) {
+layout::RankResult WriteShard(const fs::path& staging, const layout::PlanMessage& plan, const StateDict& state,
+                              int rank, int world, const Compression& compression, DeviceBackend* device,
+                              const std::function<void()>& check, std::vector<layout::KeyTotals>& totals,
+                              double& fsync_seconds) {
+  const std::vector<layout::ChunkRef>& writes = plan.writes;
   layout::RankResult result;
+  totals.assign(plan.key_count, {});
   if (writes.empty()) return result;
   result.file = internal::ShardFileName(rank, world);
   storage::ShardWriter writer(staging, result.file, compression);
-  result.chunks.reserve(writes.size());
+  auto written = [&](std::size_t i, const ChunkMeta& chunk) {
+    totals[plan.keys[i]].Add(chunk);
+    ++result.chunks;
+  };
   std::vector<internal::DeviceReader::Source> sources;
   for (const layout::ChunkRef& ref : writes) {
     const LocalBytes b = LocalData(state, ref);
@@ -175,20 +181,21 @@ layout::RankResult WriteShard(const fs::path& staging, const std::vector<layout:
       }
     }
   }
-  for (const layout::ChunkRef& ref : writes) {
+  for (std::size_t i = 0; i < writes.size(); ++i) {
+    const layout::ChunkRef& ref = writes[i];
     if (check) check();
     const Entry& e = Referenced(state, ref);
     const std::string& key = std::next(state.begin(), ref.entry)->first;
     if (const auto* t = std::get_if<Tensor>(&e)) {
       const Chunk& c = t->chunks[ref.chunk];
       if (c.device != kHostDevice && c.box.NumElements() > 0) {
-        result.chunks.push_back(internal::WriteDeviceChunk(writer, *pieces, key, *t, c));
+        written(i, internal::WriteDeviceChunk(writer, *pieces, key, *t, c));
         continue;
       }
-      result.chunks.push_back(writer.WriteChunk(key, t->dtype, t->shape, c.box, c.data));
+      written(i, writer.WriteChunk(key, t->dtype, t->shape, c.box, c.data));
     } else {
       const auto& b = std::get<Bytes>(e);
-      result.chunks.push_back(writer.WriteBytes(key, b.data.data(), b.data.size()));
+      written(i, writer.WriteBytes(key, b.data.data(), b.data.size()));
     }
   }
   const storage::ShardWriter::Written shard = writer.Finish();
@@ -198,18 +205,58 @@ layout::RankResult WriteShard(const fs::path& staging, const std::vector<layout:
   return result;
 }
 
-// Step 5 on rank 0: metadata.json from every rank's result, and the rename. `finish` adds
+// Step 5, on every rank: each key's totals summed over the ranks (counts and sums added,
+// min and max taken), so that rank 0 never holds a record per chunk. Three reductions of
+// O(keys) each, whatever the number of chunks.
+void ReduceTotals(Comm& comm, std::vector<layout::KeyTotals>& totals) {
+  const std::size_t n = totals.size();
+  constexpr std::size_t kInts = 7, kDoubles = 2;
+  std::vector<int64_t> ints(n * kInts);
+  std::vector<double> sums(n * kDoubles), mins(n * 2);  // mins: min and -max
+  for (std::size_t k = 0; k < n; ++k) {
+    const StatsAccumulator::Sums s = totals[k].stats.sums();
+    const int64_t in[kInts] = {static_cast<int64_t>(totals[k].stored_bytes), totals[k].compressed, s.nan_count,
+                               s.inf_count, s.finite_count, s.parts, s.missing};
+    std::copy(std::begin(in), std::end(in), ints.begin() + static_cast<std::ptrdiff_t>(k * kInts));
+    sums[k * kDoubles] = s.sum;
+    sums[k * kDoubles + 1] = s.sumsq;
+    mins[k * 2] = s.min;
+    mins[k * 2 + 1] = -s.max;
+  }
+  comm.AllReduce(ints.data(), ints.size(), DType::kInt64, ReduceOp::kSum);
+  comm.AllReduce(sums.data(), sums.size(), DType::kFloat64, ReduceOp::kSum);
+  comm.AllReduce(mins.data(), mins.size(), DType::kFloat64, ReduceOp::kMin);
+  for (std::size_t k = 0; k < n; ++k) {
+    const int64_t* in = ints.data() + k * kInts;
+    StatsAccumulator::Sums s;
+    s.nan_count = in[2];
+    s.inf_count = in[3];
+    s.finite_count = in[4];
+    s.parts = in[5];
+    s.missing = in[6];
+    s.sum = sums[k * kDoubles];
+    s.sumsq = sums[k * kDoubles + 1];
+    s.min = mins[k * 2];
+    s.max = -mins[k * 2 + 1];
+    totals[k].stored_bytes = static_cast<uint64_t>(in[0]);
+    totals[k].compressed = in[1] > 0;
+    totals[k].stats = StatsAccumulator::FromSums(s);
+  }
+}
+
+// Step 6 on rank 0: metadata.json from every rank's result, and the rename. `finish` adds
 // the timings to the assembled metadata (and may still stop the save) just before.
 void Commit(const fs::path& dir, const fs::path& staging, const layout::SavePlan& plan,
-            const std::vector<std::vector<layout::Write>>& writes, std::vector<layout::RankResult> results, int world,
-            const SaveOptions& options, const std::function<void(Metadata&)>& finish) {
+            const std::vector<std::vector<layout::Write>>& writes, const std::vector<layout::RankResult>& results,
+            const std::vector<layout::KeyTotals>& totals, int world, const SaveOptions& options,
+            const std::function<void(Metadata&)>& finish) {
   Metadata m;
   m.state_dict_type = options.state_dict_type;
   m.world_size = world;
   m.mesh = options.mesh;
   m.user = options.user_metadata;
   internal::StampMetadata(m);
-  layout::Assemble(plan, writes, std::move(results), m);
+  layout::Assemble(plan, writes, results, totals, options.compression, m);
   finish(m);
   internal::CommitStaging(staging, dir, m);
 }
@@ -280,11 +327,12 @@ void SaveWithContext(const std::filesystem::path& dir, const StateDict& state, C
   seconds[1] = Since(start, planned);
 
   layout::RankResult written;
+  std::vector<layout::KeyTotals> totals;  // per plan key: this rank's chunks, then every rank's
   std::string failure;
   try {
     const layout::PlanMessage mine = layout::DecodePlan(plan_message, rank, world);
     staging = mine.staging;
-    written = WriteShard(staging, mine.writes, state, rank, world, options.compression, device.get(), context.check,
+    written = WriteShard(staging, mine, state, rank, world, options.compression, device.get(), context.check, totals,
                          seconds[3]);
     if (context.check) context.check();
   } catch (...) {
@@ -298,6 +346,7 @@ void SaveWithContext(const std::filesystem::path& dir, const StateDict& state, C
   }
   const Clock::time_point wrote = Clock::now();
   seconds[2] = std::max(0.0, Since(planned, wrote) - seconds[3]);
+  ReduceTotals(comm, totals);
   // Rank 0 keeps its own result as it is.
   std::vector<ByteBuffer> all = comm.Gather(root ? layout::Message() : layout::EncodeResult(written), 0);
   // The others' timings end here; rank 0's when the metadata is assembled.
@@ -314,7 +363,7 @@ void SaveWithContext(const std::filesystem::path& dir, const StateDict& state, C
       for (int r = 1; r < world; ++r) results.push_back(layout::DecodeResult(all[r], r));
       std::vector<PhaseSeconds> per_rank(static_cast<std::size_t>(world));
       for (int r = 1; r < world; ++r) per_rank[r] = DecodeSeconds(timings[r], r);
-      Commit(dir, staging, plan, writes, std::move(results), world, options, [&](Metadata& m) {
+      Commit(dir, staging, plan, writes, results, totals, world, options, [&](Metadata& m) {
         const Clock::time_point now = Clock::now();
         seconds[4] = Since(wrote, now);
         if (!context.async) seconds[5] = Since(start, now);

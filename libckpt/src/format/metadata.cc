@@ -1090,14 +1090,13 @@ Metadata ParseMetadata(std::string_view text, std::string_view source, const Par
 }
 
 void StatsAccumulator::Add(const ChunkStats* s) {
-  if (!s) {
-    missing_ = true;
-    return;
-  }
-  if (!any_) {
+  if (parts_++ == 0) {
     out_.min = std::numeric_limits<double>::infinity();
     out_.max = -std::numeric_limits<double>::infinity();
-    any_ = true;
+  }
+  if (!s) {
+    ++missing_;
+    return;
   }
   out_.nan_count += s->nan_count;
   out_.inf_count += s->inf_count;
@@ -1110,7 +1109,7 @@ void StatsAccumulator::Add(const ChunkStats* s) {
 }
 
 std::optional<ChunkStats> StatsAccumulator::Result() const {
-  if (!any_ || missing_) return std::nullopt;
+  if (parts_ == 0 || missing_ > 0) return std::nullopt;
   ChunkStats out = out_;
   if (out.finite_count > 0) {
     out.mean = sum_ / static_cast<double>(out.finite_count);
@@ -1119,6 +1118,36 @@ std::optional<ChunkStats> StatsAccumulator::Result() const {
     out.min = out.max = out.mean = std::numeric_limits<double>::quiet_NaN();
   }
   return out;
+}
+
+StatsAccumulator::Sums StatsAccumulator::sums() const {
+  Sums s;
+  s.sum = sum_;
+  s.sumsq = sumsq_;
+  if (parts_ > 0) {
+    s.min = out_.min;
+    s.max = out_.max;
+  }
+  s.nan_count = out_.nan_count;
+  s.inf_count = out_.inf_count;
+  s.finite_count = out_.finite_count;
+  s.parts = parts_;
+  s.missing = missing_;
+  return s;
+}
+
+StatsAccumulator StatsAccumulator::FromSums(const Sums& s) {
+  StatsAccumulator a;
+  a.sum_ = s.sum;
+  a.sumsq_ = s.sumsq;
+  a.out_.min = s.min;
+  a.out_.max = s.max;
+  a.out_.nan_count = s.nan_count;
+  a.out_.inf_count = s.inf_count;
+  a.out_.finite_count = s.finite_count;
+  a.parts_ = s.parts;
+  a.missing_ = s.missing;
+  return a;
 }
 
 std::optional<ChunkStats> CombineStats(const std::vector<const ChunkStats*>& parts) {

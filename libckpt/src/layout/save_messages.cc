@@ -75,45 +75,6 @@ WireReader RankSection(WireReader& r, int rank, int world) {
   return mine;
 }
 
-void WriteChunk(WireWriter& w, const ChunkMeta& c) {
-  WriteBox(w, c.box);
-  w.Str(c.file);
-  w.Str(c.dataset);
-  w.Str(c.checksum);
-  w.U8(static_cast<uint8_t>(c.compression.codec));
-  w.Signed(c.compression.level);
-  w.Varint(c.stored_bytes);
-  w.U8(c.stats.has_value());
-  if (c.stats) {
-    const ChunkStats& s = *c.stats;
-    for (double d : {s.min, s.max, s.mean, s.l2}) w.F64(d);
-    for (int64_t n : {s.nan_count, s.inf_count, s.finite_count}) w.Signed(n);
-  }
-}
-
-ChunkMeta ReadChunk(WireReader& r) {
-  ChunkMeta c;
-  c.box = ReadBox(r);
-  c.file = r.Str();
-  c.dataset = r.Str();
-  c.checksum = r.Str();
-  const uint8_t codec = r.U8();
-  if (codec > static_cast<uint8_t>(Compression::Codec::kZstd)) r.Fail("unknown codec " + std::to_string(codec));
-  c.compression.codec = static_cast<Compression::Codec>(codec);
-  const int64_t level = r.Signed();
-  if (level < INT32_MIN || level > INT32_MAX) r.Fail("compression level " + std::to_string(level) + " out of range");
-  c.compression.level = static_cast<int>(level);
-  c.stored_bytes = r.Varint();
-  const uint8_t has_stats = r.U8();
-  if (has_stats > 1) r.Fail("a flag of " + std::to_string(has_stats));
-  if (has_stats) {
-    ChunkStats& s = c.stats.emplace();
-    for (double* d : {&s.min, &s.max, &s.mean, &s.l2}) *d = r.F64();
-    for (int64_t* n : {&s.nan_count, &s.inf_count, &s.finite_count}) *n = r.Signed();
-  }
-  return c;
-}
-
 }  // namespace
 
 Message EncodeDescription(const RankDescription& description) {
@@ -213,12 +174,16 @@ std::vector<std::string> DecodeDigests(std::span<const uint8_t> message, int ran
   return digests;
 }
 
-Message EncodePlan(const std::string& staging, const std::vector<std::vector<Write>>& writes) {
+Message EncodePlan(const std::string& staging, uint32_t key_count, const std::vector<std::vector<Write>>& writes) {
   WireWriter w(kPlanTag);
   w.Str(staging);
+  w.Varint(key_count);
   w.Varint(writes.size());
   for (const auto& mine : writes) {
-    w.Section([&](WireWriter& s) { WriteRefs(s, mine, [](const Write& x) -> const ChunkRef& { return x.ref; }); });
+    w.Section([&](WireWriter& s) {
+      WriteRefs(s, mine, [](const Write& x) -> const ChunkRef& { return x.ref; });
+      for (const Write& x : mine) s.Varint(x.key);
+    });
   }
   return w.Take();
 }
@@ -227,8 +192,14 @@ PlanMessage DecodePlan(std::span<const uint8_t> message, int rank, int world) {
   WireReader r(message, Who(0, "plan"), kPlanTag);
   PlanMessage p;
   p.staging = r.Str();
+  p.key_count = U32(r);
   WireReader mine = RankSection(r, rank, world);
   p.writes = ReadRefs(mine);
+  p.keys.resize(p.writes.size());
+  for (uint32_t& k : p.keys) {
+    k = U32(mine);
+    if (k >= p.key_count) mine.Fail("a write of key " + std::to_string(k) + " of " + std::to_string(p.key_count));
+  }
   mine.Finish();
   return p;
 }
@@ -238,8 +209,7 @@ Message EncodeResult(const RankResult& result) {
   w.Str(result.file);
   w.Varint(result.bytes);
   w.Str(result.index);
-  w.Varint(result.chunks.size());
-  for (const ChunkMeta& c : result.chunks) WriteChunk(w, c);
+  w.Varint(result.chunks);
   return w.Take();
 }
 
@@ -249,8 +219,7 @@ RankResult DecodeResult(std::span<const uint8_t> message, int rank) {
   res.file = r.Str();
   res.bytes = r.Varint();
   res.index = r.Str();
-  res.chunks.resize(r.Count(8));
-  for (ChunkMeta& c : res.chunks) c = ReadChunk(r);
+  res.chunks = r.Varint();
   r.Finish();
   return res;
 }

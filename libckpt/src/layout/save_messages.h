@@ -4,7 +4,8 @@
 //   requests     rank 0 -> every rank   per rank, the chunks whose digests it sends
 //   digests      every rank -> rank 0   one digest per requested chunk
 //   plan         rank 0 -> every rank   the staging directory; per rank, the chunks it writes
-//   result       every rank -> rank 0   its shard file and one ChunkMeta per chunk written
+//   totals       every rank, reduced     per key, stats and stored bytes (checkpoint/save.cc)
+//   result       every rank -> rank 0   its shard file, index digest and chunk count
 // Each decoder checks every length, count and enum and throws kComm naming the message
 // ("rank 3's description") on a malformed one. The per-rank lists of a broadcast are
 // sections of their own, so a rank decodes only its own list.
@@ -34,9 +35,11 @@ std::vector<std::string> DecodeDigests(std::span<const uint8_t> message, int ran
 
 struct PlanMessage {
   std::string staging;
+  uint32_t key_count = 0;        // the plan's keys: the length of the reduced totals
   std::vector<ChunkRef> writes;  // this rank's, in order
+  std::vector<uint32_t> keys;    // the plan key of each write (< key_count)
 };
-Message EncodePlan(const std::string& staging, const std::vector<std::vector<Write>>& writes);
+Message EncodePlan(const std::string& staging, uint32_t key_count, const std::vector<std::vector<Write>>& writes);
 PlanMessage DecodePlan(std::span<const uint8_t> message, int rank, int world);
 
 Message EncodeResult(const RankResult& result);

@@ -10,6 +10,7 @@
 
 #include "format/checked.h"
 #include "format/flat_index.h"
+#include "format/grid.h"
 #include "layout/box.h"
 
 namespace ckpt::layout {
@@ -492,23 +493,34 @@ std::vector<std::vector<Write>> WritesByRank(const SavePlan& plan) {
   return out;
 }
 
-void Assemble(const SavePlan& plan, const std::vector<std::vector<Write>>& writes, std::vector<RankResult> results,
-              Metadata& m) {
+void KeyTotals::Add(const ChunkMeta& chunk) {
+  stored_bytes += chunk.stored_bytes;
+  compressed = compressed || chunk.compression.codec != Compression::Codec::kNone;
+  stats.Add(chunk.stats ? &*chunk.stats : nullptr);
+}
+
+void Assemble(const SavePlan& plan, const std::vector<std::vector<Write>>& writes,
+              const std::vector<RankResult>& results, const std::vector<KeyTotals>& totals,
+              const Compression& compression, Metadata& m) {
   if (results.size() != writes.size()) {
     throw Error(ErrorCode::kComm, "save: " + std::to_string(results.size()) + " ranks reported what they wrote, expected " +
                                       std::to_string(writes.size()));
   }
-  std::vector<std::vector<std::pair<uint32_t, ChunkMeta>>> placed(plan.keys.size());
+  if (totals.size() != plan.keys.size()) {
+    throw Error(ErrorCode::kComm, "save: totals of " + std::to_string(totals.size()) + " keys, expected " +
+                                      std::to_string(plan.keys.size()));
+  }
+  // Each rank's file position, and per key its regions' writers.
+  std::vector<int32_t> file_of(results.size(), -1);
   for (std::size_t r = 0; r < results.size(); ++r) {
-    RankResult& res = results[r];
-    if (res.chunks.size() != writes[r].size()) {
-      throw Error(ErrorCode::kComm, "save: rank " + std::to_string(r) + " reported " + std::to_string(res.chunks.size()) +
+    const RankResult& res = results[r];
+    if (res.chunks != writes[r].size()) {
+      throw Error(ErrorCode::kComm, "save: rank " + std::to_string(r) + " reported " + std::to_string(res.chunks) +
                                         " chunks written, expected " + std::to_string(writes[r].size()));
     }
-    if (!res.chunks.empty()) m.files.push_back(FileMeta{res.file, static_cast<int>(r), res.bytes, res.index});
-    for (std::size_t i = 0; i < res.chunks.size(); ++i) {
-      placed[writes[r][i].key].emplace_back(writes[r][i].region, std::move(res.chunks[i]));
-    }
+    if (res.chunks == 0) continue;
+    file_of[r] = static_cast<int32_t>(m.files.size());
+    m.files.push_back(FileMeta{res.file, static_cast<int>(r), res.bytes, res.index});
   }
   m.entries.reserve(m.entries.size() + plan.keys.size());
   for (std::size_t k = 0; k < plan.keys.size(); ++k) {
@@ -520,11 +532,27 @@ void Assemble(const SavePlan& plan, const std::vector<std::vector<Write>>& write
     if (p.kind == EntryKind::kTensor) e.shape = p.shape;
     if (p.kind == EntryKind::kBytes) e.size = p.size;
     if (p.kind == EntryKind::kScalar || p.kind == EntryKind::kJson) e.value = p.value;
-    std::stable_sort(placed[k].begin(), placed[k].end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-    e.chunks.reserve(placed[k].size());
-    for (auto& [g, c] : placed[k]) e.chunks.push_back(std::move(c));
+    if (p.kind == EntryKind::kTensor || p.kind == EntryKind::kBytes) {
+      std::vector<grid::PlacedBox> placed;
+      placed.reserve(p.RegionCount());
+      for (std::size_t g = 0; g < p.RegionCount(); ++g) {
+        const SaveRegion region = p.Region(g);
+        placed.push_back({region.box, file_of.at(static_cast<std::size_t>(region.writer))});
+      }
+      if (p.kind == EntryKind::kTensor) {
+        e.layout = grid::DescribeLayout(p.shape, placed);
+      } else {
+        e.layout.kind = TensorLayout::Kind::kChunks;
+        e.layout.pieces.push_back({placed.at(0).box, placed.at(0).file});
+      }
+      const KeyTotals& t = totals[k];
+      e.stored_bytes = t.stored_bytes;
+      if (t.compressed) e.compression = compression;
+      if (p.kind == EntryKind::kTensor && IsFloating(p.dtype)) e.stats = t.stats.Result();
+    }
     m.entries.emplace_back(p.key, std::move(e));
   }
+  m.resolved = false;  // the chunk records are in the shard indexes
   m.BuildIndex();
 }
 

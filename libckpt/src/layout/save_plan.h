@@ -156,17 +156,32 @@ struct Write {
 // REQUIRES: AssignWriters. Per rank, its writes in plan order.
 std::vector<std::vector<Write>> WritesByRank(const SavePlan& plan);
 
-// What one rank wrote: its shard file (if it wrote anything) and one ChunkMeta per
-// planned write, in the order of its writes.
+// What one rank wrote: its shard file (if it wrote anything) and how many chunks. The
+// chunks' records are in the shard's index, which `index` proves; rank 0 never sees them
+// one by one (its memory stays O(keys + ranks + plan), however many chunks there are).
 struct RankResult {
   std::string file;
   uint64_t bytes = 0;
   std::string index;  // the digest of the shard's index (FORMAT.md §3.1 files[].index)
-  std::vector<ChunkMeta> chunks;
+  uint64_t chunks = 0;
 };
-// Fills m.files and m.entries (in plan order, each tensor's chunks in region order).
+
+// Per key, what metadata.json aggregates over its chunks (FORMAT.md §3.3): totals that
+// every rank adds its own chunks to and that are then reduced across ranks.
+struct KeyTotals {
+  uint64_t stored_bytes = 0;
+  bool compressed = false;  // some chunk is stored compressed
+  StatsAccumulator stats;
+  void Add(const ChunkMeta& chunk);
+};
+
+// Fills m.files (the ranks that wrote, in rank order) and m.entries (in plan order) in the
+// unresolved version 2 form: each tensor's layout from its regions and their writers'
+// files, its stats, stored bytes and compression (`compression`, where some chunk is
+// compressed) from `totals` (one per plan key, reduced over every rank).
 // Throws kComm if a rank reports a different number of chunks than it was asked to write.
-void Assemble(const SavePlan& plan, const std::vector<std::vector<Write>>& writes, std::vector<RankResult> results,
-              Metadata& m);
+void Assemble(const SavePlan& plan, const std::vector<std::vector<Write>>& writes,
+              const std::vector<RankResult>& results, const std::vector<KeyTotals>& totals,
+              const Compression& compression, Metadata& m);
 
 }  // namespace ckpt::layout

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <future>
@@ -25,10 +26,9 @@ namespace {
 constexpr std::size_t kDirectRunBytes = std::size_t{256} << 10;  // pread runs this big directly
 constexpr std::size_t kBounceBytes = std::size_t{16} << 20;      // else through a bounce buffer
 constexpr std::size_t kDigestBlock = std::size_t{8} << 20;
-// Verified reads: read and hashed at a time (stays in the CPU's cache between the two);
-// an interior of twice this or more is shared with a helper thread.
-constexpr uint64_t kHashPiece = uint64_t{256} << 10;
-constexpr uint64_t kSplitBytes = uint64_t{4} << 20;
+// Verified reads from a file: the interior of a large run is read in pieces of this size
+// on a helper thread, each hashed here while the next one is read.
+constexpr uint64_t kPipePiece = uint64_t{4} << 20;
 // Small runs closer than this share one read.
 constexpr uint64_t kGapBytes = uint64_t{256} << 10;
 // How far ahead of the block being read the kernel is asked to fetch, so the disk stays
@@ -52,17 +52,17 @@ struct ByteRun {
 // hashed to its digest (FORMAT.md §7). Runs are taken in increasing order: small ones
 // share windows of whole blocks (read once, however many runs meet them, but never a
 // block no run touches); a large one is read straight into the destination, its
-// interior blocks hashed there (half of them on a helper thread), and only its partial
+// interior blocks hashed there (the next piece read on a helper thread meanwhile), and only its partial
 // first and last blocks go through the window.
 class BlockReader {
  public:
   // fetch(from, n, to): the chunk's raw bytes [from, from + n) into `to`. `pipelined`: a
   // fetch may run on a helper thread while this thread hashes.
   using Fetch = std::function<void(uint64_t, uint64_t, unsigned char*)>;
-  BlockReader(std::string what, const ChunkMeta& chunk, uint64_t n, Fetch fetch, bool pipelined, int fd,
-              uint64_t base, std::vector<unsigned char>& window)
+  BlockReader(std::string what, const ChunkMeta& chunk, uint64_t n, Fetch fetch, bool pipelined,
+              std::vector<unsigned char>& window)
       : what_(std::move(what)), chunk_(chunk), b_(chunk.block_bytes), n_(n), fetch_(std::move(fetch)),
-        pipelined_(pipelined), fd_(fd), base_(base), window_(window) {}
+        pipelined_(pipelined), window_(window) {}
 
   void Read(const std::vector<ByteRun>& runs) {
     for (std::size_t i = 0; i < runs.size();) {
@@ -150,40 +150,37 @@ class BlockReader {
     const uint64_t e = r.src + r.len;
     const auto [a, z] = Interior(r);
     if (r.src < a) FromWindow(r.src / b_, r.src, a - r.src, r.to);
-    // The interior, read straight into the destination a piece at a time, each piece
-    // hashed right after it is read (while it is in the CPU's cache). A large interior is
-    // cut in two halves at a block boundary, the second read and hashed on a helper
-    // thread; each half asks the kernel to fetch ahead of it.
+    // The interior, read straight into the destination a piece at a time and hashed there.
+    // From a file, piece i + 1 is read on a helper thread while this one hashes piece i: one
+    // sequential read in flight, as a raw read has, so the kernel's own read-ahead keeps the
+    // disk busy (an explicit POSIX_FADV_WILLNEED blocks its caller while it queues the
+    // reads, and two streams at once compete for the disk; both measured slower, cold).
+    // Through HDF5, one piece at a time: each read selects and decompresses whole HDF5 chunks.
     unsigned char* out = r.to + (a - r.src);
     const uint64_t len = z - a;
-    // (Through HDF5, larger pieces: fewer selections, each decompressing whole HDF5 chunks.)
-    const uint64_t piece = std::max<uint64_t>(b_, (pipelined_ ? kHashPiece : kDigestBlock) / b_ * b_);
-    auto work = [this, out, a, piece](uint64_t from, uint64_t to) {
-      uint64_t advised = from;
-      for (uint64_t pos = from; pos < to; pos += piece) {
-        const uint64_t k = std::min(piece, to - pos);
-        if (fd_ >= 0 && advised < std::min(to, pos + kReadAhead)) {
-          const uint64_t until = std::min(to, pos + 2 * kReadAhead);
-          ::posix_fadvise(fd_, static_cast<off_t>(base_ + a + advised), static_cast<off_t>(until - advised),
-                          POSIX_FADV_WILLNEED);
-          advised = until;
-        }
-        fetch_(a + pos, k, out + pos);
-        for (uint64_t b = 0; b < k; b += b_) Check((a + pos + b) / b_, out + pos + b);
-      }
+    const uint64_t piece = std::max<uint64_t>(b_, (pipelined_ ? kPipePiece : kDigestBlock) / b_ * b_);
+    auto check = [this, out, a](uint64_t pos, uint64_t k) {
+      for (uint64_t b = 0; b < k; b += b_) Check((a + pos + b) / b_, out + pos + b);
     };
-    const uint64_t half = len / 2 / b_ * b_;
-    if (pipelined_ && half >= kSplitBytes) {
-      std::future<void> second = std::async(std::launch::async, work, half, len);
-      try {
-        work(0, half);
-      } catch (...) {
-        second.wait();  // the first half's error names the lower block
-        throw;
+    if (pipelined_ && len > piece) {
+      auto read = [this, out, a, len, piece](uint64_t pos) { fetch_(a + pos, std::min(piece, len - pos), out + pos); };
+      std::future<void> reading = std::async(std::launch::async, read, 0);
+      for (uint64_t pos = 0; pos < len; pos += piece) {
+        reading.get();
+        if (pos + piece < len) reading = std::async(std::launch::async, read, pos + piece);
+        try {
+          check(pos, std::min(piece, len - pos));
+        } catch (...) {
+          if (reading.valid()) reading.wait();  // the block named is the first bad one
+          throw;
+        }
       }
-      second.get();
     } else {
-      work(0, len);
+      for (uint64_t pos = 0; pos < len; pos += piece) {
+        const uint64_t k = std::min(piece, len - pos);
+        fetch_(a + pos, k, out + pos);
+        check(pos, k);
+      }
     }
     bytes_read_ += len;
     if (z < e) FromWindow(z / b_, z, e - z, r.to + (z - r.src));
@@ -194,8 +191,6 @@ class BlockReader {
   const uint64_t b_, n_;
   const Fetch fetch_;
   const bool pipelined_;
-  const int fd_;
-  const uint64_t base_;
   std::vector<unsigned char>& window_;
   uint64_t wb_ = 0, we_ = 0;  // blocks [wb_, we_) are in the window
   std::vector<char> ok_;      // which of them were checked
@@ -550,8 +545,7 @@ uint64_t ShardReader::ReadBlocks(const Located& at, const std::string& key, DTyp
         throw Error(ErrorCode::kCorrupt, m.Where(key, chunk) + ": cannot read data" + h5::ErrorStack());
     };
   }
-  BlockReader reader(m.Chunk(key, chunk), chunk, n, fetch, at.contiguous, at.contiguous ? m.fd.get() : -1,
-                     at.base, m.bounce);
+  BlockReader reader(m.Chunk(key, chunk), chunk, n, fetch, at.contiguous, m.bounce);
   reader.Read(runs);
   if (m.bounce.capacity() > kBounceBytes * 2) std::vector<unsigned char>().swap(m.bounce);
   return reader.bytes_read();
