@@ -139,9 +139,10 @@ class CKPT_API SaveHandle {
 // another did not) therefore disagree on that next SaveAsync, which then fails on every rank:
 // the throwing ranks have reported it, the others' Wait() does. A save that failed because
 // SaveAsync threw on some rank (that throw reported it there), or that was cancelled, is
-// reported by Wait() only. A failure reported by none of these is printed to stderr when the
-// last reference to the save goes (its last SaveHandle, or the Comm's list of pending
-// failures when the Comm is destroyed, which first waits for its saves).
+// reported by Wait() only. A failure (not a cancellation) reported by none of these is
+// printed to stderr when the last reference to the save goes (its last SaveHandle, or the
+// Comm's list of pending failures when the Comm is destroyed, which first waits for its
+// saves).
 CKPT_API SaveHandle SaveAsync(const std::filesystem::path& dir, const StateDict& state, Comm& comm,
                               const AsyncSaveOptions& options = {});
 // Waits for every save of this rank in flight on `comm`, then throws (and so reports) the
