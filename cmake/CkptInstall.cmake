@@ -12,6 +12,11 @@ install(EXPORT ckptTargets NAMESPACE ckpt:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/
 if(TARGET ckpt_mpi)
   install(EXPORT ckptMpiTargets NAMESPACE ckpt:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/ckpt)
 endif()
+foreach(_gpu cuda nccl)
+  if(TARGET ckpt_${_gpu})
+    install(EXPORT ckpt${_gpu}Targets NAMESPACE ckpt:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/ckpt)
+  endif()
+endforeach()
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/ckptConfig.cmake.in
   ${PROJECT_BINARY_DIR}/ckptConfig.cmake INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/ckpt)
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/ckptConfigVersion.cmake

@@ -1,6 +1,6 @@
 // ckpt::cuda on a real device (skipped without one): device chunks save and load bit-exact
 // against the same bytes saved from the host, reshard device -> host -> device, staging pairs
-// are pinned once and reused, the stats kernel agrees with the host's statistics, bad memory
+// are pinned once and reused (by Save and by SaveAsync's snapshots), the stats kernel agrees with the host's statistics, bad memory
 // is refused naming the key, and the caller's current device is left alone.
 #include <doctest/doctest.h>
 
@@ -35,22 +35,31 @@ std::vector<Item> Items() {
   return out;
 }
 
+// Items() in host memory and copied to device 0, each as a whole-tensor state.
+struct Placed {
+  std::vector<Item> items = Items();
+  std::vector<std::unique_ptr<DeviceBuffer>> device;
+  StateDict host_state, device_state;
+  Placed() {
+    for (Item& it : items) {
+      host_state.Add(it.key, Tensor::Full(it.dtype, it.shape, it.bytes.data()));
+      device.push_back(std::make_unique<DeviceBuffer>(it.bytes));
+      Tensor t = Tensor::Full(it.dtype, it.shape, device.back()->get());
+      t.chunks[0].device = 0;
+      device_state.Add(it.key, std::move(t));
+    }
+  }
+};
+
 }  // namespace
 
 TEST_CASE("device chunks save and load bit-exact against the host, through reused pinned staging") {
   cuda::Options options;
   options.buffer_bytes = std::size_t{1} << 20;
   auto backend = cuda::Register(options);
-  std::vector<Item> items = Items();
-  std::vector<std::unique_ptr<DeviceBuffer>> device;
-  StateDict host_state, device_state;
-  for (Item& it : items) {
-    host_state.Add(it.key, Tensor::Full(it.dtype, it.shape, it.bytes.data()));
-    device.push_back(std::make_unique<DeviceBuffer>(it.bytes));
-    Tensor t = Tensor::Full(it.dtype, it.shape, device.back()->get());
-    t.chunks[0].device = 0;
-    device_state.Add(it.key, std::move(t));
-  }
+  Placed placed;
+  std::vector<Item>& items = placed.items;
+  StateDict &host_state = placed.host_state, &device_state = placed.device_state;
   TempDir tmp("gpu");
   SingleComm comm;
   int before = -1;
@@ -82,6 +91,43 @@ TEST_CASE("device chunks save and load bit-exact against the host, through reuse
   int after = -1;
   gpu_test::Ok(cudaGetDevice(&after));
   CHECK(after == before);
+  SetDeviceBackend(nullptr);
+}
+
+TEST_CASE("SaveAsync from device memory: the snapshot as it was, through one pinned pair reused by every save") {
+  cuda::Options options;
+  options.buffer_bytes = std::size_t{1} << 20;
+  auto backend = cuda::Register(options);
+  Placed placed;
+  std::vector<Item>& items = placed.items;
+  StateDict &host_state = placed.host_state, &device_state = placed.device_state;
+  TempDir tmp("gpu-async");
+  SingleComm comm;
+  Save(tmp / "host", host_state, comm);
+  AsyncSaveOptions o;
+  o.overwrite = true;
+  o.staging = std::make_shared<StagingPool>();
+  uint64_t reserved = 0;
+  for (int i = 0; i < 3; ++i) {
+    const SaveHandle h = SaveAsync(tmp / "dev", device_state, comm, o);
+    // The device memory changes as soon as SaveAsync returns: the checkpoint holds the bytes
+    // it had then.
+    for (std::size_t k = 0; k < items.size(); ++k) {
+      gpu_test::Ok(cudaMemset(placed.device[k]->get(), 0x5a, items[k].bytes.size()));
+    }
+    h.Wait();
+    ckpt_test::CheckSameChunks(ReadMetadata(tmp / "host"), ReadMetadata(tmp / "dev"));
+    for (std::size_t k = 0; k < items.size(); ++k) {
+      gpu_test::Ok(
+          cudaMemcpy(placed.device[k]->get(), items[k].bytes.data(), items[k].bytes.size(), cudaMemcpyHostToDevice));
+    }
+    if (i == 0) reserved = o.staging->reserved_bytes();
+  }
+  const cuda::PoolStats stats = cuda::Stats(*backend);
+  CHECK(stats.pairs == 1);     // pinned once, by the first snapshot ...
+  CHECK(stats.acquires == 3);  // ... and reused by the next two
+  CHECK(stats.pinned_bytes == 2 * options.buffer_bytes);
+  CHECK(o.staging->reserved_bytes() == reserved);  // the host staging, reused too
   SetDeviceBackend(nullptr);
 }
 

@@ -4,6 +4,8 @@
 // commit, and resuming from the background checkpoint is bit-exact.
 #include <doctest/doctest.h>
 
+#include <optional>
+
 #include "ckpt/files.h"
 #include "fault/fault_fs.h"
 #include "runtime_helpers.h"
@@ -102,4 +104,31 @@ TEST_CASE("checkpoint manager: background saves rotate after each commit") {
     full.state_dict_type = ckpt::StateDictType::kFull;
     CHECK_THROWS_AS(t.accelerator().SaveStateAsync(tmp / "full", full), ckpt::Error);
   });
+}
+
+TEST_CASE("checkpoint manager: a background failure its destructor waited for is the next save's to report") {
+  ckpt_test::TempDir tmp("rt-async-fail");
+  const fs::path root = tmp / "run";
+  ckpt_test::FaultFs failing(1, EIO, "shard-00001-of-");
+  std::optional<ckpt_test::Installed> on(std::in_place, failing);
+  ckpt::RunThreads(2, [&](ckpt::Comm& c) {
+    Trainer t(c, SmallConfig(Strategy::kDdp));
+    t.Step();
+    {
+      CheckpointManager mgr(t.accelerator(), root, 2);
+      mgr.SaveAsync(1);
+    }  // waits for it, and reports nothing
+    c.Barrier();
+    if (c.rank() == 0) on.reset();
+    c.Barrier();
+    SaveStateOptions so;
+    CHECK_THROWS_WITH_AS(t.accelerator().SaveStateAsync(tmp / "next", so), doctest::Contains("shard-00001-of-"),
+                         ckpt::Error);
+    CheckpointManager mgr(t.accelerator(), root, 2);
+    mgr.SaveAsync(2);  // reported once: this one commits
+    mgr.Wait();
+    CHECK(mgr.Latest()->first == 2);
+  });
+  CHECK_FALSE(fs::exists(root / "step-00000001"));
+  CHECK_FALSE(fs::exists(tmp / "next"));
 }

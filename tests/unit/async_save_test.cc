@@ -3,7 +3,12 @@
 // test needs it still running, so that nothing here depends on how long anything takes.
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <cstdio>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
@@ -228,40 +233,164 @@ TEST_CASE("async save: the checkpoint holds the state as it was when SaveAsync r
   CHECK(VersionOf(tmp / "ck") == 1);
 }
 
-TEST_CASE("async save: a background failure surfaces on Wait and on the next SaveAsync, on every rank") {
+TEST_CASE("async save: a background failure is reported once on every rank: by Wait, else by the next SaveAsync") {
   ckpt_test::TempDir tmp("async-fail");
   FsyncFailFs faulty("shard-00001-of");
   Installed on(faulty);
-  std::atomic<int> wait_threw{0}, next_threw{0}, later_threw{0};
+  std::atomic<int> wait_threw{0}, next_threw{0}, next_failed{0}, later_threw{0};
   RunThreads(4, [&](Comm& comm) {
     RankState s(comm, 1);
     const SaveHandle h = SaveAsync(tmp / "a", s.sd, comm);
+    std::string message;
     if (comm.rank() < 2) {  // ranks 0 and 1 wait; 2 and 3 never do
-      std::string message;
       CHECK(CodeOf([&] { h.Wait(); }, &message) == ErrorCode::kIO);
       CHECK(message.find("shard-00001-of-00004.h5") != std::string::npos);
       ++wait_threw;
+      // Wait reported it: this rank's next SaveAsync does not throw it again. But ranks 2 and
+      // 3 throw it there, so that save fails here with their reason, told by its Wait.
+      const SaveHandle next = SaveAsync(tmp / "b", s.sd, comm);
+      CHECK(CodeOf([&] { next.Wait(); }, &message) == ErrorCode::kIO);
+      CHECK(message.find("rank 2: ") != std::string::npos);
+      CHECK(message.find("shard-00001-of-00004.h5") != std::string::npos);
+      ++next_failed;
+    } else {
+      CHECK(CodeOf([&] { SaveAsync(tmp / "b", s.sd, comm); }, &message) == ErrorCode::kIO);
+      CHECK(message.find("shard-00001-of-00004.h5") != std::string::npos);
+      ++next_threw;
     }
-    std::string message;
-    CHECK(CodeOf([&] { SaveAsync(tmp / "b", s.sd, comm); }, &message) == ErrorCode::kIO);
-    CHECK(message.find("shard-00001-of-00004.h5") != std::string::npos);
-    ++next_threw;
     comm.Barrier();
     if (comm.rank() == 0) faulty.armed = false;
     comm.Barrier();
-    // The failure was reported once; the next save starts afresh.
+    // Every failure was reported once; the next save starts afresh on every rank.
     SaveAsync(tmp / "c", s.sd, comm).Wait();
-    // And the failed one still says so.
+    WaitForSaves(comm);  // nothing left to report
+    // And the failed one still says so when asked.
     CHECK(CodeOf([&] { h.Wait(); }) == ErrorCode::kIO);
     ++later_threw;
   });
   CHECK(wait_threw == 2);
-  CHECK(next_threw == 4);
+  CHECK(next_failed == 2);
+  CHECK(next_threw == 2);
   CHECK(later_threw == 4);
   CHECK_FALSE(fs::exists(tmp / "a"));
   CHECK_FALSE(fs::exists(tmp / "b"));
   CHECK(VersionOf(tmp / "c") == 1);
   CHECK(Leftovers(tmp.path()).empty());
+}
+
+// Captures what is written to stderr (fd 2) during its life.
+class StderrCapture {
+ public:
+  explicit StderrCapture(const fs::path& file) : file_(file) {
+    std::fflush(stderr);
+    saved_ = ::dup(2);
+    const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    REQUIRE(fd >= 0);
+    ::dup2(fd, 2);
+    ::close(fd);
+  }
+  std::string Stop() {
+    std::fflush(stderr);
+    ::dup2(saved_, 2);
+    ::close(saved_);
+    std::ifstream in(file_);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+
+ private:
+  fs::path file_;
+  int saved_;
+};
+
+TEST_CASE("async save: failures reported by nobody are printed once; several pending are thrown together") {
+  ckpt_test::TempDir tmp("async-unreported");
+  FsyncFailFs faulty("shard-00000-of");
+  Installed on(faulty);
+  SUBCASE("a failed save whose handle was dropped unwaited is printed when the Comm goes") {
+    StderrCapture err(tmp / "stderr");
+    {
+      SingleComm comm;
+      RankState s(comm, 1);
+      SaveAsync(tmp / "dropped", s.sd, comm);  // the handle goes at once
+    }
+    const std::string printed = err.Stop();
+    CHECK(printed.find("asynchronous save to " + (tmp / "dropped").string() + " failed") != std::string::npos);
+    CHECK(printed.find("shard-00000-of-00001.h5") != std::string::npos);
+  }
+  SUBCASE("one reported by Wait is not printed, nor thrown again") {
+    StderrCapture err(tmp / "stderr");
+    {
+      SingleComm comm;
+      RankState s(comm, 1);
+      CHECK(CodeOf([&] { SaveAsync(tmp / "waited", s.sd, comm).Wait(); }) == ErrorCode::kIO);
+      WaitForSaves(comm);
+    }
+    CHECK(err.Stop().find("asynchronous save") == std::string::npos);
+  }
+  SUBCASE("two unwaited failures: the next SaveAsync throws one error naming both, then none") {
+    SingleComm comm;
+    RankState s(comm, 1);
+    AsyncSaveOptions two;
+    two.max_in_flight = 2;
+    const SaveHandle h1 = SaveAsync(tmp / "one", s.sd, comm, two);
+    const SaveHandle h2 = SaveAsync(tmp / "two", s.sd, comm, two);
+    h1.WaitQuietly();  // finished, and reported to nobody
+    h2.WaitQuietly();
+    CHECK(h1.Done());
+    std::string message;
+    CHECK(CodeOf([&] { SaveAsync(tmp / "three", s.sd, comm, two); }, &message) == ErrorCode::kIO);
+    CHECK(message.find("2 asynchronous saves failed") != std::string::npos);
+    CHECK(message.find((tmp / "one").string() + ": ") != std::string::npos);
+    CHECK(message.find((tmp / "two").string() + ": ") != std::string::npos);
+    faulty.armed = false;
+    SaveAsync(tmp / "four", s.sd, comm, two).Wait();
+    WaitForSaves(comm);
+    CHECK(VersionOf(tmp / "four") == 1);
+  }
+}
+
+TEST_CASE("async save: bytes entries are staged in the pool too, so its bound holds for every byte") {
+  ckpt_test::TempDir tmp("async-bytes");
+  SingleComm comm;
+  std::vector<float> w(1024, 1.0f);  // 4 KiB
+  StateDict sd;
+  sd.Add("w", Tensor::Full(DType::kFloat32, {1024}, w.data()));
+  sd.Add("blob", Bytes{std::vector<uint8_t>(256 * 1024, 7)});
+  sd.Add("empty", Bytes{});
+  sd.Add("step", Scalar::Int(3));
+  // A pool with room for the tensor but not the bytes entry refuses the snapshot.
+  AsyncSaveOptions small;
+  small.staging = std::make_shared<StagingPool>(64 * 1024);
+  std::string message;
+  CHECK(CodeOf([&] { SaveAsync(tmp / "small", sd, comm, small); }, &message) == ErrorCode::kInvalidArgument);
+  CHECK(message.find("staging") != std::string::npos);
+  CHECK(small.staging->reserved_bytes() == 0);
+  // With room for both, the snapshot holds both, and only the pool's memory.
+  AsyncSaveOptions o;
+  o.staging = std::make_shared<StagingPool>(1024 * 1024);
+  {
+    GateFs gate;
+    Installed on(gate);
+    const SaveHandle h = SaveAsync(tmp / "ck", sd, comm, o);
+    CHECK(h.staging_bytes() >= 4096 + 256 * 1024);
+    CHECK(o.staging->in_use_bytes() == h.staging_bytes());
+    // The caller's bytes change, and their old memory is freed, while the write is held.
+    std::get<Bytes>(sd.At("blob")).data = std::vector<uint8_t>(10, 9);
+    std::get<Bytes>(sd.At("empty")).data = std::vector<uint8_t>(5, 1);
+    gate.Open();
+    h.Wait();
+  }
+  CHECK(o.staging->in_use_bytes() == 0);
+  auto r = CheckpointReader::Open(tmp / "ck");
+  CHECK(r->ReadBytes("blob") == std::vector<uint8_t>(256 * 1024, 7));
+  CHECK(r->ReadBytes("empty").empty());
+  // A state of bytes entries only is staged the same way.
+  StateDict only;
+  only.Add("blob", Bytes{std::vector<uint8_t>(100, 5)});
+  const SaveHandle h = SaveAsync(tmp / "only", only, comm, o);
+  CHECK(h.staging_bytes() >= 100);
+  h.Wait();
+  CHECK(CheckpointReader::Open(tmp / "only")->ReadBytes("blob") == std::vector<uint8_t>(100, 5));
 }
 
 TEST_CASE("async save: a failure on one rank's SaveAsync fails that save on every rank") {

@@ -405,3 +405,30 @@ TEST_CASE("each save returns its staging pair, and the next one reuses it") {
   CHECK(reg.backend->pairs == 1);
   CHECK(reg.backend->violations.empty());
 }
+
+TEST_CASE("SaveAsync of device chunks: one staging pair per snapshot; later saves pin and allocate nothing new") {
+  Registered reg(512);
+  std::vector<Source> sources = Sources();
+  TempDir tmp("device-async-reuse");
+  SingleComm comm;
+  StateDict sd = StateOf(sources, reg.backend.get());
+  AsyncSaveOptions options;
+  options.overwrite = true;
+  options.staging = std::make_shared<StagingPool>();
+  SaveAsync(tmp / "c", sd, comm, options).Wait();
+  CHECK(reg.backend->acquires == 1);  // the snapshot's device chunks share one pair
+  CHECK(reg.backend->pairs == 1);
+  CHECK(reg.backend->overlapped > 0);  // pieces of 512 B: copies overlapped
+  const uint64_t reserved = options.staging->reserved_bytes();
+  CHECK(reserved > 0);
+  for (int i = 0; i < 2; ++i) SaveAsync(tmp / "c", sd, comm, options).Wait();
+  CHECK(reg.backend->acquires == 3);
+  CHECK(reg.backend->pairs == 1);                         // the pinned pair, reused
+  CHECK(options.staging->reserved_bytes() == reserved);  // the host snapshot buffer, reused
+  CHECK(reg.backend->violations.empty());
+  std::vector<Source> back = Sources();
+  for (Source& s : back) std::fill(s.bytes.begin(), s.bytes.end(), uint8_t{0});
+  StateDict host_target = StateOf(back, nullptr);
+  Load(tmp / "c", host_target, comm);
+  for (std::size_t i = 0; i < sources.size(); ++i) CHECK(back[i].bytes == sources[i].bytes);
+}

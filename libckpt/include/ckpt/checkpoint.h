@@ -107,8 +107,12 @@ class CKPT_API SaveHandle {
   // True once the save has finished: committed, failed or cancelled (Poll). Never blocks.
   bool Done() const;
   // Blocks until the save has finished; throws its failure (kCancelled if Cancel stopped it).
-  // Every call reports the same outcome.
+  // Every call reports the same outcome. A failure Wait() has thrown is this rank's to
+  // handle: no later SaveAsync or WaitForSaves throws it again.
   void Wait() const;
+  // Blocks until the save has finished and reports nothing: a failure stays pending for the
+  // next SaveAsync (for destructors that must not throw).
+  void WaitQuietly() const;
   // Asks the save to stop, without waiting. A save cancelled before its commit never
   // commits, on any rank (the ranks agree), and leaves `dir` as it was; one that had
   // committed already is unaffected. Wait() tells which. Cancelling on one rank suffices.
@@ -125,18 +129,24 @@ class CKPT_API SaveHandle {
 
 // COLLECTIVE (every rank calls it, in the same order as its other SaveAsync calls; it
 // exchanges no messages itself except at the first call on a Comm, which Dup()s it).
-// Snapshots `state` (tensor chunks and bytes entries copied, so the caller may change its
-// buffers as soon as this returns) and saves it to `dir` in the background, as Save would.
-// A save that failed in the background makes the next SaveAsync on the same Comm throw its
-// error, on every rank, whether or not Wait() reported it already (every rank learns every
-// failure without another message); the call after that starts afresh. Not so a save that
-// failed because SaveAsync threw on some rank (that throw reported it; the other ranks' Wait
-// does), nor a cancelled one. A SaveAsync that throws still fails that save on every rank.
-// Destroying the Comm waits for its saves (a failure never reported is printed to stderr).
+// Snapshots `state` (tensor chunks and bytes entries copied into the staging pool, so the
+// caller may change its buffers as soon as this returns) and saves it to `dir` in the
+// background, as Save would.
+// Failures are reported once per rank. A save that failed in the background fails on every
+// rank; on each, its Wait() throws the failure, and if no Wait() has thrown it by then, the
+// next SaveAsync (or WaitForSaves) on the same Comm throws it instead (several such failures
+// at once: one Error naming each, with the first one's code). Ranks that differ (one waited,
+// another did not) therefore disagree on that next SaveAsync, which then fails on every rank:
+// the throwing ranks have reported it, the others' Wait() does. A save that failed because
+// SaveAsync threw on some rank (that throw reported it there), or that was cancelled, is
+// reported by Wait() only. A failure (not a cancellation) reported by none of these is
+// printed to stderr when the last reference to the save goes (its last SaveHandle, or the
+// Comm's list of pending failures when the Comm is destroyed, which first waits for its
+// saves).
 CKPT_API SaveHandle SaveAsync(const std::filesystem::path& dir, const StateDict& state, Comm& comm,
                               const AsyncSaveOptions& options = {});
-// Waits for every save of this rank in flight on `comm`, then throws the failure the next
-// SaveAsync would throw, if any (it stays pending for that SaveAsync). Not collective.
+// Waits for every save of this rank in flight on `comm`, then throws (and so reports) the
+// failures the next SaveAsync would have thrown, if any. Not collective.
 CKPT_API void WaitForSaves(Comm& comm);
 
 struct LoadOptions {

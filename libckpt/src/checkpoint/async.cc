@@ -19,6 +19,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "checkpoint/commit.h"
 #include "checkpoint/save.h"
@@ -131,20 +132,21 @@ std::unique_ptr<StagingLease> StagingAccess::Acquire(StagingPool& pool, uint64_t
 
 // ---- the snapshot --------------------------------------------------------------------
 
-void CopyChunkToStaging(const Tensor&, const Chunk& chunk, void* staging, std::size_t bytes) {
+void CopyChunkToStaging(const Chunk& chunk, void* staging, std::size_t bytes, DevicePipe& device) {
   if (chunk.device == kHostDevice) {
     std::memcpy(staging, chunk.data, bytes);
     return;
   }
   // A device chunk: through the backend's two staging buffers, the copy of one piece to the
   // host overlapping the memcpy of the one before into the snapshot.
-  const std::shared_ptr<DeviceBackend> backend = GetDeviceBackend();
-  if (!backend) {
+  if (!device.backend) device.backend = GetDeviceBackend();
+  if (!device.backend) {
     throw Error(ErrorCode::kInvalidArgument, "SaveAsync: chunk " + chunk.box.ToString() + " lives on device " +
                                                  std::to_string(chunk.device) + " and no device backend is registered");
   }
-  backend->CheckMemory(chunk.data, bytes, chunk.device, "SaveAsync: chunk " + chunk.box.ToString());
-  const std::unique_ptr<DeviceStaging> pipe = backend->AcquireStaging();
+  device.backend->CheckMemory(chunk.data, bytes, chunk.device, "SaveAsync: chunk " + chunk.box.ToString());
+  if (!device.staging) device.staging = device.backend->AcquireStaging();
+  DeviceStaging* const pipe = device.staging.get();
   const std::size_t piece = pipe->buffer_bytes();
   const auto* src = static_cast<const unsigned char*>(chunk.data);
   auto* dst = static_cast<unsigned char*>(staging);
@@ -180,12 +182,28 @@ Snapshot TakeSnapshot(const StateDict& state, StagingPool& pool) {
   for (const auto& [key, e] : state) {
     if (const auto* t = std::get_if<Tensor>(&e)) {
       for (const Chunk& c : t->chunks) total += RoundUp(ChunkBytes(key, *t, c), kChunkAlign);
+    } else if (const auto* b = std::get_if<Bytes>(&e)) {
+      total += RoundUp(b->data.size(), kChunkAlign);
     }
   }
   Snapshot snap;
   if (total > 0) snap.lease = StagingAccess::Acquire(pool, total);
+  snap.bytes.resize(state.size());
+  DevicePipe device;  // one staging pair for every device chunk of the snapshot
   uint64_t offset = 0;
+  std::size_t index = 0;
   for (const auto& [key, e] : state) {
+    const std::size_t i = index++;
+    if (const auto* b = std::get_if<Bytes>(&e)) {
+      const std::size_t n = b->data.size();
+      if (n > 0) {
+        std::memcpy(snap.lease->data() + offset, b->data.data(), n);
+        snap.bytes[i] = {reinterpret_cast<const uint8_t*>(snap.lease->data() + offset), n};
+      }
+      offset += RoundUp(n, kChunkAlign);
+      snap.state.Add(key, Bytes{});
+      continue;
+    }
     const auto* t = std::get_if<Tensor>(&e);
     if (!t) {
       snap.state.Add(key, e);
@@ -196,7 +214,7 @@ Snapshot TakeSnapshot(const StateDict& state, StagingPool& pool) {
     for (const Chunk& c : t->chunks) {
       const std::size_t bytes = ChunkBytes(key, *t, c);
       void* to = bytes > 0 ? snap.lease->data() + offset : nullptr;
-      if (bytes > 0) CopyChunkToStaging(*t, c, to, bytes);
+      if (bytes > 0) CopyChunkToStaging(c, to, bytes, device);
       copy.chunks.push_back(Chunk{c.box, to});
       offset += RoundUp(bytes, kChunkAlign);
     }
@@ -217,13 +235,25 @@ std::function<void()> SlotWaitHook() {
   return g_slot_wait_hook;
 }
 
-bool IsCancelled(const std::exception_ptr& e) {
+ErrorCode CodeOf(const std::exception_ptr& e) {
   try {
     std::rethrow_exception(e);
   } catch (const Error& err) {
-    return err.code() == ErrorCode::kCancelled;
+    return err.code();
   } catch (...) {
-    return false;
+    return ErrorCode::kInternal;
+  }
+}
+
+bool IsCancelled(const std::exception_ptr& e) { return CodeOf(e) == ErrorCode::kCancelled; }
+
+std::string WhatOf(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& err) {
+    return err.what();
+  } catch (...) {
+    return "unknown exception";
   }
 }
 
@@ -239,15 +269,30 @@ struct AsyncJob {
   // other ranks); the caller has that error already.
   std::string foreground_failure;
   std::atomic<bool> cancel{false};
-  std::atomic<bool> observed{false};  // a Wait() has reported the outcome
-  // The first agreement failed: some rank's SaveAsync threw (and so reported it) or the save
-  // was cancelled before it began. Every rank knows, so none makes it the next SaveAsync's.
+  // Its failure has been reported to this rank's caller: by Wait(), by a SaveAsync or
+  // WaitForSaves that threw it, or (foreground_failure) by the SaveAsync that made it. Each
+  // failure is reported once; one never reported is printed when the job goes.
+  std::atomic<bool> reported{false};
+  // The first agreement failed: some rank's SaveAsync threw (and so reported it there) or
+  // the save was cancelled before it began. Every rank knows, so none makes it the next
+  // SaveAsync's (which would fail the save after that on every rank, and so on): only Wait
+  // reports it here.
   bool failed_at_start = false;
 
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;
   std::exception_ptr error;
+
+  AsyncJob() = default;
+  AsyncJob(const AsyncJob&) = delete;
+  AsyncJob& operator=(const AsyncJob&) = delete;
+  // The last reference (its last SaveHandle, or the Comm's list of failures) is gone.
+  ~AsyncJob() {
+    if (!done || !error || reported.load() || IsCancelled(error)) return;
+    std::fprintf(stderr, "ckpt: an asynchronous save to %s failed and it was never reported: %s\n",
+                 dir.string().c_str(), WhatOf(error).c_str());
+  }
 
   static SaveHandle Handle(std::shared_ptr<AsyncJob> job) { return SaveHandle(std::move(job)); }
 
@@ -282,6 +327,7 @@ struct AsyncJob {
     context.async = true;
     context.snapshot_seconds = snapshot_seconds;
     context.blocked_seconds = blocked_seconds;
+    context.staged_bytes = snapshot.bytes;
     context.check = [this] {
       if (cancel.load()) throw Cancelled();
     };
@@ -310,14 +356,7 @@ class AsyncSaves {
       cv_.notify_all();
     }
     worker_.join();
-    if (pending_.job && !pending_.job->observed.load()) {
-      // Nobody can be told any more: at least not silently.
-      try {
-        std::rethrow_exception(pending_.error);
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "ckpt: an asynchronous save failed and was never waited for: %s\n", e.what());
-      }
-    }
+    // The failures still pending go with pending_: each job prints its own if unreported.
   }
 
   StagingPool& pool() { return *pool_; }
@@ -342,17 +381,20 @@ class AsyncSaves {
     cv_.wait(lock, [&] { return unfinished_ < max_in_flight; });
   }
 
-  // A save that failed, and how.
-  struct Failure {
-    std::shared_ptr<AsyncJob> job;
-    std::exception_ptr error;
-  };
-  // The failure the next SaveAsync throws; `take` forgets it.
-  Failure Pending(bool take) {
-    std::lock_guard lock(mu_);
-    Failure f = pending_;
-    if (take) pending_ = {};
-    return f;
+  // Throws the background failures no Wait() has reported yet (one as it is, several in
+  // one Error with the first one's code), marking them reported; forgets the others.
+  void ThrowUnreported() {
+    std::vector<std::shared_ptr<AsyncJob>> failed;
+    {
+      std::lock_guard lock(mu_);
+      failed.swap(pending_);
+    }
+    std::erase_if(failed, [](const std::shared_ptr<AsyncJob>& job) { return job->reported.exchange(true); });
+    if (failed.empty()) return;
+    if (failed.size() == 1) std::rethrow_exception(failed[0]->error);
+    std::string message = std::to_string(failed.size()) + " asynchronous saves failed";
+    for (const auto& job : failed) message += "; " + job->dir.string() + ": " + WhatOf(job->error);
+    throw Error(CodeOf(failed[0]->error), message);
   }
 
  private:
@@ -375,9 +417,7 @@ class AsyncSaves {
       // The failure is recorded before the job is marked done (whoever saw it done and calls
       // SaveAsync next meets it), and the job is done before its slot frees.
       std::lock_guard lock(mu_);
-      if (error && !job->failed_at_start && !IsCancelled(error) && !pending_.job) {
-        pending_ = {job, error};
-      }
+      if (error && !job->failed_at_start && !IsCancelled(error)) pending_.push_back(job);
       job->Finish(error);
       --unfinished_;
       cv_.notify_all();
@@ -391,7 +431,9 @@ class AsyncSaves {
   std::deque<std::shared_ptr<AsyncJob>> queue_;
   int unfinished_ = 0;  // queued or running
   bool stop_ = false;
-  Failure pending_;  // the first failure since the last SaveAsync took one
+  // Background failures since the last SaveAsync, in order (those Wait() reported since
+  // are skipped when they are thrown).
+  std::vector<std::shared_ptr<AsyncJob>> pending_;
   std::thread worker_;                 // last: started once everything above exists
 };
 
@@ -431,9 +473,12 @@ bool SaveHandle::Done() const {
 void SaveHandle::Wait() const {
   internal::AsyncJob& job = Job(job_);
   job.WaitDone();
-  job.observed = true;
-  if (job.error) std::rethrow_exception(job.error);
+  if (!job.error) return;
+  job.reported = true;
+  std::rethrow_exception(job.error);
 }
+
+void SaveHandle::WaitQuietly() const { Job(job_).WaitDone(); }
 
 void SaveHandle::Cancel() const { Job(job_).cancel = true; }
 const std::filesystem::path& SaveHandle::dir() const { return Job(job_).dir; }
@@ -452,7 +497,7 @@ SaveHandle SaveAsync(const std::filesystem::path& dir, const StateDict& state, C
                   "SaveAsync: max_in_flight must be >= 1, not " + std::to_string(options.max_in_flight));
     }
     saves.WaitForSlot(options.max_in_flight);
-    if (auto failed = saves.Pending(/*take=*/true); failed.job) std::rethrow_exception(failed.error);
+    saves.ThrowUnreported();
     const auto snap_start = std::chrono::steady_clock::now();
     job->snapshot = internal::TakeSnapshot(state, options.staging ? *options.staging : saves.pool());
     job->snapshot_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - snap_start).count();
@@ -462,6 +507,7 @@ SaveHandle SaveAsync(const std::filesystem::path& dir, const StateDict& state, C
     // The other ranks' job for this call fails with this rank's reason (a participant).
     job->snapshot = {};
     job->foreground_failure = internal::DescribeCurrentException();
+    job->reported = true;  // by this throw
     saves.Enqueue(job);
     throw;
   }
@@ -474,10 +520,7 @@ void WaitForSaves(Comm& comm) {
   internal::AsyncSaves* saves = internal::AsyncSavesSlot::Find(comm);
   if (!saves) return;
   saves->WaitForSlot(1);
-  if (auto failed = saves->Pending(/*take=*/false); failed.job) {
-    failed.job->observed = true;
-    std::rethrow_exception(failed.error);
-  }
+  saves->ThrowUnreported();
 }
 
 }  // namespace ckpt

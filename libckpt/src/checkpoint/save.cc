@@ -48,30 +48,42 @@ const Entry& Referenced(const StateDict& state, const layout::ChunkRef& ref) {
   return e;
 }
 
+// Where the bytes of bytes entries are (SaveContext::staged_bytes): empty, in their entries.
+using StagedBytes = std::span<const std::span<const uint8_t>>;
+
+// The bytes of bytes entry `b`, number `index` of the state.
+std::span<const uint8_t> BytesOf(const Bytes& b, std::size_t index, StagedBytes staged) {
+  return staged.empty() ? std::span<const uint8_t>(b.data) : staged[index];
+}
+
 struct LocalBytes {
   const void* data;
   std::size_t n;
   int device;
 };
-LocalBytes LocalData(const StateDict& state, const layout::ChunkRef& ref) {
+LocalBytes LocalData(const StateDict& state, const layout::ChunkRef& ref, StagedBytes staged) {
   const Entry& e = Referenced(state, ref);
   if (const auto* t = std::get_if<Tensor>(&e)) {
     const Chunk& c = t->chunks[ref.chunk];
     return {c.data, static_cast<std::size_t>(c.box.NumElements()) * DTypeSize(t->dtype), c.device};
   }
-  const auto& b = std::get<Bytes>(e);
-  return {b.data.data(), b.data.size(), kHostDevice};
+  const std::span<const uint8_t> b = BytesOf(std::get<Bytes>(e), ref.entry, staged);
+  return {b.data(), b.size(), kHostDevice};
 }
 
 // Steps 1 and 2: rank 0 returns the merged and checked plan, the others an empty one.
 // `device` gets the backend for this rank's device chunks (null if it has none).
-layout::SavePlan DescribeAndPlan(const StateDict& state, Comm& comm, std::shared_ptr<DeviceBackend>& device) {
+layout::SavePlan DescribeAndPlan(const StateDict& state, StagedBytes staged, Comm& comm,
+                                 std::shared_ptr<DeviceBackend>& device) {
   const bool root = comm.rank() == 0;
   layout::RankDescription mine;
   layout::Message message;  // rank 0 keeps its own description as it is
   internal::Phase(comm, [&] {
     device = internal::DeviceBackendFor(state, "save");
     mine = layout::Describe(state);
+    for (std::size_t i = 0; i < staged.size(); ++i) {
+      if (mine[i].kind == EntryKind::kBytes) mine[i].size = staged[i].size();
+    }
     if (!root) message = layout::EncodeDescription(mine);
   });
   std::vector<ByteBuffer> all = comm.Gather(message, 0);
@@ -90,8 +102,8 @@ layout::SavePlan DescribeAndPlan(const StateDict& state, Comm& comm, std::shared
 }
 
 // Step 2, replicas: the holders of each replicated region send digests of their copies.
-void CompareReplicas(const StateDict& state, Comm& comm, const layout::SavePlan& plan, bool check,
-                     DeviceBackend* device) {
+void CompareReplicas(const StateDict& state, StagedBytes staged, Comm& comm, const layout::SavePlan& plan,
+                     bool check, DeviceBackend* device) {
   const bool root = comm.rank() == 0;
   ByteBuffer requests;
   if (root) {
@@ -105,7 +117,7 @@ void CompareReplicas(const StateDict& state, Comm& comm, const layout::SavePlan&
     std::vector<std::string> mine;
     std::unique_ptr<DeviceStaging> staging;
     for (const layout::ChunkRef& ref : layout::DecodeRequests(requests, comm.rank(), comm.size(), any)) {
-      const LocalBytes b = LocalData(state, ref);
+      const LocalBytes b = LocalData(state, ref, staged);
       if (b.device == kHostDevice || b.n == 0) {
         mine.push_back(storage::ChecksumOf(b.data, b.n));
         continue;
@@ -146,9 +158,9 @@ ByteBuffer Distribute(const fs::path& dir, Comm& comm, bool overwrite, layout::S
 // through one staging pipeline in write order, each copied while the one before is written.
 // `check` runs before each chunk; the shard's fsync time goes to `fsync_seconds`.
 layout::RankResult WriteShard(const fs::path& staging, const layout::PlanMessage& plan, const StateDict& state,
-                              int rank, int world, const Compression& compression, DeviceBackend* device,
-                              const std::function<void()>& check, std::vector<layout::KeyTotals>& totals,
-                              double& fsync_seconds) {
+                              StagedBytes staged, int rank, int world, const Compression& compression,
+                              DeviceBackend* device, const std::function<void()>& check,
+                              std::vector<layout::KeyTotals>& totals, double& fsync_seconds) {
   const std::vector<layout::ChunkRef>& writes = plan.writes;
   layout::RankResult result;
   totals.assign(plan.key_count, {});
@@ -161,7 +173,7 @@ layout::RankResult WriteShard(const fs::path& staging, const layout::PlanMessage
   };
   std::vector<internal::DeviceReader::Source> sources;
   for (const layout::ChunkRef& ref : writes) {
-    const LocalBytes b = LocalData(state, ref);
+    const LocalBytes b = LocalData(state, ref, staged);
     if (b.device != kHostDevice && b.n > 0) sources.push_back({b.data, b.n, b.device});
   }
   std::unique_ptr<DeviceStaging> device_staging;
@@ -194,8 +206,8 @@ layout::RankResult WriteShard(const fs::path& staging, const layout::PlanMessage
       }
       written(i, writer.WriteChunk(key, t->dtype, t->shape, c.box, c.data));
     } else {
-      const auto& b = std::get<Bytes>(e);
-      written(i, writer.WriteBytes(key, b.data.data(), b.data.size()));
+      const std::span<const uint8_t> b = BytesOf(std::get<Bytes>(e), ref.entry, staged);
+      written(i, writer.WriteBytes(key, b.data(), b.size()));
     }
   }
   const storage::ShardWriter::Written shard = writer.Finish();
@@ -318,8 +330,9 @@ void SaveWithContext(const std::filesystem::path& dir, const StateDict& state, C
   const bool root = rank == 0;
 
   std::shared_ptr<DeviceBackend> device;
-  layout::SavePlan plan = DescribeAndPlan(state, comm, device);
-  CompareReplicas(state, comm, plan, options.check_replicas, device.get());
+  const StagedBytes staged = context.staged_bytes;  // one per entry of `state`, or none
+  layout::SavePlan plan = DescribeAndPlan(state, staged, comm, device);
+  CompareReplicas(state, staged, comm, plan, options.check_replicas, device.get());
   std::vector<std::vector<layout::Write>> writes;  // rank 0: every rank's
   fs::path staging;
   const ByteBuffer plan_message = Distribute(dir, comm, options.overwrite, plan, writes, staging);
@@ -332,8 +345,8 @@ void SaveWithContext(const std::filesystem::path& dir, const StateDict& state, C
   try {
     const layout::PlanMessage mine = layout::DecodePlan(plan_message, rank, world);
     staging = mine.staging;
-    written = WriteShard(staging, mine, state, rank, world, options.compression, device.get(), context.check, totals,
-                         seconds[3]);
+    written = WriteShard(staging, mine, state, staged, rank, world, options.compression, device.get(), context.check,
+                         totals, seconds[3]);
     if (context.check) context.check();
   } catch (...) {
     failure = internal::DescribeCurrentException();

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <functional>
 #include <iterator>
+#include <span>
 #include <vector>
 
 #include "ckpt/checkpoint.h"
@@ -22,6 +23,10 @@ struct SaveContext {
   // Called between chunks, after the write and (rank 0) before the commit; throws to stop
   // the save, which then fails on every rank and commits nothing.
   std::function<void()> check;
+  // SaveAsync's snapshot: the bytes of each bytes entry, by entry index (state order), staged
+  // in its pool; the snapshot's Bytes entries themselves are left empty. Empty: every entry's
+  // own bytes.
+  std::span<const std::span<const uint8_t>> staged_bytes;
 };
 
 // COLLECTIVE. Save (checkpoint.h) under `context`.

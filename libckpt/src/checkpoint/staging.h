@@ -7,13 +7,25 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
+#include <vector>
 
 #include "ckpt/checkpoint.h"
+#include "ckpt/device.h"
 
 namespace ckpt::internal {
 
-// Copies `bytes` bytes of `chunk` (a chunk of `tensor`) into host memory at `staging`.
-void CopyChunkToStaging(const Tensor& tensor, const Chunk& chunk, void* staging, std::size_t bytes);
+// The registered device backend and one staging pair of it, taken at the first device chunk
+// a snapshot meets and used for all of them (the backend pools its pinned pairs: a later
+// snapshot reuses this one).
+struct DevicePipe {
+  std::shared_ptr<DeviceBackend> backend;
+  std::unique_ptr<DeviceStaging> staging;
+};
+
+// Copies `bytes` bytes of `chunk` into host memory at `staging` (a device chunk through
+// `device`).
+void CopyChunkToStaging(const Chunk& chunk, void* staging, std::size_t bytes, DevicePipe& device);
 
 // A buffer taken from a StagingPool, given back to it on destruction.
 class StagingLease {
@@ -36,10 +48,14 @@ struct StagingAccess {
   static std::unique_ptr<StagingLease> Acquire(StagingPool& pool, uint64_t bytes);
 };
 
-// A copy of `state` whose tensor chunks lie in one buffer of `pool` (`lease`, null when they
-// hold no bytes); scalars, JSON and bytes entries are copied by value.
+// A copy of `state` whose tensor chunks and bytes entries lie in one buffer of `pool`
+// (`lease`, null when they hold no bytes): every byte a shard will hold. The copy's bytes
+// entries are left empty, their bytes in `bytes` (by entry index: SaveContext::staged_bytes;
+// empty spans for the other kinds). Scalars and JSON values, which go to metadata.json
+// only, are copied by value.
 struct Snapshot {
   StateDict state;
+  std::vector<std::span<const uint8_t>> bytes;
   std::unique_ptr<StagingLease> lease;
 };
 Snapshot TakeSnapshot(const StateDict& state, StagingPool& pool);
