@@ -45,7 +45,7 @@ using SaveBytes = nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig>;
 using LoadBytes = nb::ndarray<uint8_t, nb::ndim<1>, nb::c_contig>;
 
 // Chunk::device of an array in DLPack device `type` / `id`.
-int DeviceOf(const std::string& key, int32_t type, int32_t id) {
+int DeviceOf(const std::string& key, int32_t type, [[maybe_unused]] int32_t id) {
   if (type == nb::device::cpu::value) return ckpt::kHostDevice;
   if (type == nb::device::cuda::value) {
 #if CKPT_PY_CUDA
