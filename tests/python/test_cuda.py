@@ -68,3 +68,15 @@ def test_pending_kernels_finish_before_the_copy(tmp):
     with ckpt.open(tmp + "/k") as c:
         got = c.read("x")
     assert np.all(got == 20.0)
+
+
+def test_dcp_save_of_cuda_state_through_storage_writer(tmp):
+    import torch.distributed.checkpoint as dcp
+    import ckpt.torch
+    host = {"a": values(torch.float32, (16, 4), 6), "b": values(torch.bfloat16, (9,), 7)}
+    dcp.save({k: v.to(DEV) for k, v in host.items()},
+             storage_writer=ckpt.torch.StorageWriter(tmp + "/d", single_process=True), no_dist=True)
+    target = {k: torch.zeros_like(v, device=DEV) for k, v in host.items()}
+    dcp.load(target, storage_reader=ckpt.torch.StorageReader(tmp + "/d"), no_dist=True)
+    for k, v in host.items():
+        assert torch.equal(target[k].cpu(), v), k
