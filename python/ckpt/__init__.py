@@ -6,8 +6,9 @@
     ckpt.Writer(path, ...)                         write a checkpoint chunk by chunk
     ckpt.torch.StorageWriter / StorageReader       torch.distributed.checkpoint's storage layer
 
-State dicts hold numpy arrays and CPU torch tensors (DTensors as their shards), scalars, bytes
-and JSON values; nested dicts are namespaces joined with "." (ckpt._state describes them).
+State dicts hold numpy arrays and CPU torch tensors (CUDA ones too where ckpt.HAVE_CUDA;
+DTensors as their shards), scalars, bytes and JSON values; nested dicts are namespaces joined
+with "." (ckpt._state describes them).
 comm is None (one process), a torch.distributed ProcessGroup, or a ckpt comm (ckpt.comm).
 Every failure raises ckpt.Error, with .code, .file and .key.
 """
@@ -22,9 +23,10 @@ from ._state import Json, Shard
 __version__ = _ckpt.version
 FORMAT_VERSION = _ckpt.format_version
 DTYPES = tuple(_arrays.DTYPE_SIZES)
+HAVE_CUDA = bool(_ckpt.have_cuda)  # save and load take CUDA torch tensors (built with ckpt::cuda)
 
 __all__ = ["save", "load", "open", "read_metadata", "Writer", "Checkpoint", "LoadReport", "Error", "Json", "Shard",
-           "ProcessGroupComm", "DTYPES", "FORMAT_VERSION"]
+           "ProcessGroupComm", "DTYPES", "FORMAT_VERSION", "HAVE_CUDA"]
 
 
 def _json_arg(value, what):

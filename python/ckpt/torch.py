@@ -140,7 +140,7 @@ class StorageWriter(_DcpStorageWriter):
             td = item.tensor_data
             if item.type == WriteItemType.SHARD:
                 sharded = True
-            if t.device.type != "cpu" and not (t.device.type == "cuda" and _ckpt._ckpt.have_cuda):
+            if t.device.type != "cpu" and not (t.device.type == "cuda" and _ckpt.HAVE_CUDA):
                 t = t.cpu()  # CUDA memory goes to libckpt as it is where ckpt has its CUDA backend
             dtype, sizes, data = _arrays.read_view(t, item.index.fqn, device_ok=True)
             keep.append(data)

@@ -15,7 +15,7 @@ def main():
     except ImportError as e:
         print(f"SKIPPED: {e}")
         return 77
-    if not ckpt._ckpt.have_cuda:
+    if not ckpt.HAVE_CUDA:
         print("SKIPPED: ckpt was built without ckpt::cuda (no CUDA toolkit)")
         return 77
     if not torch.cuda.is_available():

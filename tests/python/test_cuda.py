@@ -8,7 +8,7 @@ import pytest
 import ckpt
 
 torch = pytest.importorskip("torch")
-if not (ckpt._ckpt.have_cuda and torch.cuda.is_available()):
+if not (ckpt.HAVE_CUDA and torch.cuda.is_available()):
     pytest.skip("no CUDA device, or ckpt built without ckpt::cuda", allow_module_level=True)
 
 DEV = "cuda:0"
