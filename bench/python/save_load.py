@@ -2,7 +2,7 @@
 """bench/python/save_load.py: save and load from Python on one state, one process (issue 12).
 
     python bench/python/save_load.py --dir SCRATCH [--bin BUILD | --resave BINARY] [--workload gpt2s] [--repeat 3]
-                                     [--warm] [--quick] [--json FILE]
+                                     [--warm] [--quick] [--json FILE] [--rows ckpt]
 
 bench/python/run.sh builds what it needs and runs it. Rows, each the best of --repeat runs,
 every save into a fresh directory and timed to fsync of its files and directory:
@@ -132,6 +132,9 @@ def run(a):
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     b.external([dict(json.loads(line), load=load) for line in out.splitlines() if line.strip()])
 
+    if "peers" not in a.rows:
+        return report(a, b)
+
     def torch_save(i):
         path = b.fresh("model.pt", i)
         with open(path, "wb") as f:
@@ -174,6 +177,10 @@ def run(a):
                               no_dist=True))
     check_same(target, state, "dcp.load (ckpt StorageReader)")
 
+    report(a, b)
+
+
+def report(a, b):
     ref = {r["op"]: r["wall"] for r in b.rows if r["method"].startswith("C++")}
     print(f"{'method':<32} {'op':<5} {'wall s':>8} {'cpu s':>8} {'GB/s':>7} {'vs C++':>7} {'load':>5}")
     for r in b.rows:
@@ -200,6 +207,8 @@ def main():
     p.add_argument("--warm", action="store_true", help="never drop the page cache")
     p.add_argument("--quick", action="store_true", help="a 4 MiB smoke run, warm, for CTest")
     p.add_argument("--json", help="append one JSON line per row")
+    p.add_argument("--rows", default="ckpt,peers", choices=["ckpt,peers", "ckpt"],
+                   help="ckpt: only ckpt.save/load and the C++ API (e.g. many-small, where DCP takes minutes)")
     run(p.parse_args())
 
 

@@ -45,7 +45,8 @@ def save(path, state_dict, comm=None, *, state_dict_type=None, overwrite=False, 
     state_dict_type: "SHARDED" (default), "FULL" or "LOCAL"; compression: None or "zstd";
     user_metadata: a JSON object (dict or text); mesh: JSON describing the device mesh.
     """
-    entries, views = _state.save_entries(state_dict)
+    with _state.paused_gc():
+        entries, views = _state.save_entries(state_dict)
     _ckpt.save(str(path), entries, comm_of(comm), str(state_dict_type or "SHARDED").upper(), overwrite,
                check_replicas, compression, level, _json_arg(user_metadata, "user_metadata"),
                _json_arg(mesh, "mesh"))
@@ -70,16 +71,18 @@ def load(path, state_dict, comm=None, *, state_dict_type="SHARDED", strict=True,
     size saved it: tensors in place (each rank gets exactly its region), scalars, bytes and
     JSON values replaced in their dicts. With strict=False, missing, unexpected and
     mismatched keys are reported in the LoadReport instead of raising."""
-    entries, places, targets = _state.load_entries(state_dict)
+    with _state.paused_gc():
+        entries, places, targets = _state.load_entries(state_dict)
     missing, unexpected, mismatched, nbytes, values = _ckpt.load(
         str(path), entries, comm_of(comm), str(state_dict_type).upper(), strict, verify_checksums, io_threads)
-    for target in targets:
-        target.finish()
-    for key, raw in values.items():
-        if key in missing or any(m.startswith(key + ":") for m in mismatched):
-            continue
-        container, name, old = places[key]
-        container[name] = _state.loaded_value(old, raw)
+    with _state.paused_gc():
+        for target in targets:
+            target.finish()
+        for key, raw in values.items():
+            if key in missing or any(m.startswith(key + ":") for m in mismatched):
+                continue
+            container, name, old = places[key]
+            container[name] = _state.loaded_value(old, raw)
     return LoadReport(list(missing), list(unexpected), list(mismatched), nbytes)
 
 
