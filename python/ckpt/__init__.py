@@ -6,8 +6,9 @@
     ckpt.Writer(path, ...)                         write a checkpoint chunk by chunk
     ckpt.torch.StorageWriter / StorageReader       torch.distributed.checkpoint's storage layer
 
-State dicts hold numpy arrays and CPU torch tensors (DTensors as their shards), scalars, bytes
-and JSON values; nested dicts are namespaces joined with "." (ckpt._state describes them).
+State dicts hold numpy arrays and CPU torch tensors (CUDA ones too where ckpt.HAVE_CUDA;
+DTensors as their shards), scalars, bytes and JSON values; nested dicts are namespaces joined
+with "." (ckpt._state describes them).
 comm is None (one process), a torch.distributed ProcessGroup, or a ckpt comm (ckpt.comm).
 Every failure raises ckpt.Error, with .code, .file and .key.
 """
@@ -22,9 +23,10 @@ from ._state import Json, Shard
 __version__ = _ckpt.version
 FORMAT_VERSION = _ckpt.format_version
 DTYPES = tuple(_arrays.DTYPE_SIZES)
+HAVE_CUDA = bool(_ckpt.have_cuda)  # save and load take CUDA torch tensors (built with ckpt::cuda)
 
 __all__ = ["save", "load", "open", "read_metadata", "Writer", "Checkpoint", "LoadReport", "Error", "Json", "Shard",
-           "ProcessGroupComm", "DTYPES", "FORMAT_VERSION"]
+           "ProcessGroupComm", "DTYPES", "FORMAT_VERSION", "HAVE_CUDA"]
 
 
 def _json_arg(value, what):
@@ -43,7 +45,8 @@ def save(path, state_dict, comm=None, *, state_dict_type=None, overwrite=False, 
     state_dict_type: "SHARDED" (default), "FULL" or "LOCAL"; compression: None or "zstd";
     user_metadata: a JSON object (dict or text); mesh: JSON describing the device mesh.
     """
-    entries, views = _state.save_entries(state_dict)
+    with _state.paused_gc():
+        entries, views = _state.save_entries(state_dict)
     _ckpt.save(str(path), entries, comm_of(comm), str(state_dict_type or "SHARDED").upper(), overwrite,
                check_replicas, compression, level, _json_arg(user_metadata, "user_metadata"),
                _json_arg(mesh, "mesh"))
@@ -68,16 +71,18 @@ def load(path, state_dict, comm=None, *, state_dict_type="SHARDED", strict=True,
     size saved it: tensors in place (each rank gets exactly its region), scalars, bytes and
     JSON values replaced in their dicts. With strict=False, missing, unexpected and
     mismatched keys are reported in the LoadReport instead of raising."""
-    entries, places, targets = _state.load_entries(state_dict)
+    with _state.paused_gc():
+        entries, places, targets = _state.load_entries(state_dict)
     missing, unexpected, mismatched, nbytes, values = _ckpt.load(
         str(path), entries, comm_of(comm), str(state_dict_type).upper(), strict, verify_checksums, io_threads)
-    for target in targets:
-        target.finish()
-    for key, raw in values.items():
-        if key in missing or any(m.startswith(key + ":") for m in mismatched):
-            continue
-        container, name, old = places[key]
-        container[name] = _state.loaded_value(old, raw)
+    with _state.paused_gc():
+        for target in targets:
+            target.finish()
+        for key, raw in values.items():
+            if key in missing or any(m.startswith(key + ":") for m in mismatched):
+                continue
+            container, name, old = places[key]
+            container[name] = _state.loaded_value(old, raw)
     return LoadReport(list(missing), list(unexpected), list(mismatched), nbytes)
 
 

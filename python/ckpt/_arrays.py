@@ -2,6 +2,10 @@
 
 numpy arrays and CPU torch tensors are viewed, never copied, when they are C-contiguous;
 a non-contiguous one is copied once (save) or read into a temporary and copied back (load).
+Where ckpt was built with its CUDA backend (_ckpt.have_cuda), CUDA torch tensors are taken
+the same way for save and load, passed by DLPack: libckpt copies them through pinned staging
+buffers on a stream of its own, so the tensor's device is synchronized first (the work
+queued on it, which may still be writing or reading the tensor, finishes before ckpt copies).
 """
 import sys
 
@@ -47,10 +51,16 @@ def torch_dtype_name(dtype, key):
     return name
 
 
-def _torch_tensor(t, key):
-    if t.device.type != "cpu":
-        raise Error("unsupported", f"key '{key}': a {t.device.type} tensor; this build of ckpt reads and "
-                    "writes CPU memory only (move it with .cpu())", key=key)
+def _torch_tensor(t, key, device_ok=False):
+    """t detached, after checking that ckpt can take its memory: CPU, or CUDA where
+    `device_ok` (save and load) and ckpt has its CUDA backend."""
+    if t.device.type == "cuda" and device_ok and _ckpt.have_cuda:
+        _torch().cuda.synchronize(t.device)
+    elif t.device.type != "cpu":
+        where = ("CPU memory and, in ckpt.save and ckpt.load, CUDA memory" if _ckpt.have_cuda
+                 else "CPU memory only (no CUDA backend in this build)")
+        raise Error("unsupported", f"key '{key}': a {t.device.type} tensor; ckpt reads and writes {where} "
+                    "(move it with .cpu())", key=key)
     if t.layout != _torch().strided or t.is_quantized:
         raise Error("unsupported", f"key '{key}': a {t.layout} tensor; ckpt stores dense tensors", key=key)
     return t.detach()
@@ -64,16 +74,19 @@ def dtype_and_shape(value, key):
 
 
 def _flat_bytes(value):
-    """A 1-D uint8 numpy view of the bytes of a C-contiguous array or tensor."""
+    """A 1-D uint8 view of the bytes of a C-contiguous array or tensor: numpy for host
+    memory, a torch tensor (DLPack) for CUDA memory."""
     if isinstance(value, np.ndarray):
         return value.reshape(-1).view(np.uint8)
-    return value.reshape(-1).view(_torch().uint8).numpy()
+    flat = value.reshape(-1).view(_torch().uint8)
+    return flat if flat.device.type == "cuda" else flat.numpy()
 
 
-def read_view(value, key):
-    """(dtype, shape, bytes) for saving: a view when contiguous, else one contiguous copy."""
+def read_view(value, key, device_ok=False):
+    """(dtype, shape, bytes) for saving: a view when contiguous, else one contiguous copy.
+    device_ok: CUDA tensors are taken too (ckpt.save), where ckpt has its CUDA backend."""
     if not isinstance(value, np.ndarray):
-        value = _torch_tensor(value, key)
+        value = _torch_tensor(value, key, device_ok)
     dtype, shape = dtype_and_shape(value, key)
     if isinstance(value, np.ndarray):
         value = np.ascontiguousarray(value)
@@ -83,11 +96,12 @@ def read_view(value, key):
 
 
 class WriteTarget:
-    """Where a load writes an array: straight into it when it is a writable contiguous CPU
-    array, else into a temporary that finish() copies back."""
+    """Where a load writes an array: straight into it when it is a writable contiguous
+    array, else into a temporary (on the same device) that finish() copies back. device_ok:
+    CUDA tensors are taken too (ckpt.load), where ckpt has its CUDA backend."""
 
-    def __init__(self, value, key):
-        self.value = value if isinstance(value, np.ndarray) else _torch_tensor(value, key)
+    def __init__(self, value, key, device_ok=False):
+        self.value = value if isinstance(value, np.ndarray) else _torch_tensor(value, key, device_ok)
         self.dtype, self.shape = dtype_and_shape(self.value, key)
         if isinstance(value, np.ndarray) and not value.flags.writeable:
             raise Error("invalid argument", f"key '{key}': the target array is read-only", key=key)

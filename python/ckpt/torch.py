@@ -20,6 +20,14 @@ values and bytes.
 The ranks of the save are those of `process_group` (default: the default group when
 torch.distributed is initialized, else one process); dcp.save(..., no_dist=True) needs
 single_process=True here.
+
+The C++ runtime's checkpoints (ckpt::runtime: model, optimizer and scheduler state under
+their prefixes, FORMAT.md section 10.1) load into an equivalent torch model and optimizer:
+
+    ckpt.torch.load_module_state("ckpt/step-100", model)             # prefix "model"
+    ckpt.torch.load_optimizer_state("ckpt/step-100", model, optimizer)  # prefix "optimizer"
+
+optimizer_state_dict() returns the torch.optim state_dict without loading it.
 """
 import io
 import json
@@ -39,7 +47,8 @@ import ckpt as _ckpt
 from . import _arrays
 from ._state import is_dtensor
 
-__all__ = ["StorageWriter", "StorageReader", "USER_KEY"]
+__all__ = ["StorageWriter", "StorageReader", "USER_KEY", "load_module_state", "optimizer_state_dict",
+           "load_optimizer_state"]
 
 # Key of the user metadata under which the writer records what DCP needs back.
 USER_KEY = "torch.distributed.checkpoint"
@@ -131,9 +140,9 @@ class StorageWriter(_DcpStorageWriter):
             td = item.tensor_data
             if item.type == WriteItemType.SHARD:
                 sharded = True
-            if t.device.type != "cpu":
-                t = t.cpu()
-            dtype, sizes, data = _arrays.read_view(t, item.index.fqn)
+            if t.device.type != "cpu" and not (t.device.type == "cuda" and _ckpt.HAVE_CUDA):
+                t = t.cpu()  # CUDA memory goes to libckpt as it is where ckpt has its CUDA backend
+            dtype, sizes, data = _arrays.read_view(t, item.index.fqn, device_ok=True)
             keep.append(data)
             fqn = item.index.fqn
             if fqn not in tensors:
@@ -286,3 +295,113 @@ class StorageReader(_DcpStorageReader):
     def validate_checkpoint_id(cls, checkpoint_id):
         return isinstance(checkpoint_id, (str, os.PathLike)) and os.path.isfile(
             os.path.join(os.fspath(checkpoint_id), "metadata.json"))
+
+
+# What the runtime's optimizers keep per parameter (FORMAT.md 10.1), by torch.optim class.
+_RUNTIME_STATE = {"adam": ("exp_avg", "exp_avg_sq"), "sgd": ("momentum_buffer",)}
+
+
+def _as_checkpoint(checkpoint):
+    return checkpoint if isinstance(checkpoint, _ckpt.Checkpoint) else _ckpt.open(checkpoint)
+
+
+def load_module_state(checkpoint, module, *, prefix="model", verify_checksums=True):
+    """Loads the tensors `prefix + "." + name` of the checkpoint at `checkpoint` (a path or a
+    ckpt.Checkpoint) into `module`'s parameters and buffers, in place: what the C++ runtime
+    saved for a model prepared under `prefix`, whatever world size and strategy saved it.
+    Every entry of module.state_dict() must be there with its shape (else ckpt.Error naming
+    the checkpoint and key); other entries of the checkpoint are ignored."""
+    r = _as_checkpoint(checkpoint)
+    with torch.no_grad():
+        for name, tensor in module.state_dict().items():
+            key = f"{prefix}.{name}" if prefix else name
+            _check_entry(r, key, tensor.shape)
+            if _arrays.torch_dtype_name(tensor.dtype, key) == r.entry(key)["dtype"] and tensor.is_contiguous():
+                r.read(key, out=tensor, verify=verify_checksums)
+            else:
+                tensor.copy_(r.read(key, verify=verify_checksums, like="torch"))
+
+
+def _check_entry(r, key, shape):
+    if key not in r:
+        raise _ckpt.Error("not found", f"{r.path}: no key '{key}'", r.path, key)
+    e = r.entry(key)
+    if e["kind"] != "tensor" or list(e["shape"]) != list(shape):
+        raise _ckpt.Error("invalid argument",
+                          f"{r.path}: key '{key}' is a {e['dtype']} {e['kind']} of shape {e['shape']}, "
+                          f"expected a tensor of shape {list(shape)}", r.path, key)
+
+
+def _optimizer_kind(optimizer):
+    if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+        if any(g.get("amsgrad") for g in optimizer.param_groups):
+            raise _ckpt.Error("invalid argument", "ckpt.torch: the runtime's AdamW keeps no max_exp_avg_sq: "
+                              "amsgrad=True cannot resume from it")
+        return "adam"
+    if isinstance(optimizer, torch.optim.SGD):
+        return "sgd"
+    raise _ckpt.Error("invalid argument", f"ckpt.torch: no mapping of the runtime's optimizer state to "
+                      f"{type(optimizer).__name__} (Adam, AdamW and SGD have one)")
+
+
+def _scalar_dtype():
+    """The dtype torch's Adam keeps `step` in (float32 unless the default dtype is float64)."""
+    try:
+        from torch.optim.optimizer import _get_scalar_dtype
+    except ImportError:
+        return torch.float32
+    return _get_scalar_dtype()
+
+
+def optimizer_state_dict(checkpoint, module, optimizer, *, prefix="optimizer", model_prefix="model",
+                         verify_checksums=True):
+    """The torch.optim state_dict of `optimizer` (Adam, AdamW or SGD over `module`'s
+    parameters) that the C++ runtime's optimizer saved under `prefix` in `checkpoint` (a path
+    or a ckpt.Checkpoint), its model under `model_prefix`: parameter i of the optimizer's
+    param groups is the parameter `name` of module.named_parameters(), whose state is
+    `prefix.state.<model_prefix>.<name>.*`; Adam/AdamW get exp_avg, exp_avg_sq and step (a
+    float tensor, as torch keeps it), SGD momentum_buffer; every group gets the saved lr.
+    Hyper-parameters the runtime does not save (betas, eps, weight decay, momentum) stay the
+    optimizer's own. The tensors are read whole, as saved, whatever the world size of the save.
+    Raises ckpt.Error naming the file and key when one is missing or has another shape, or
+    when the checkpoint holds another optimizer's state."""
+    r = _as_checkpoint(checkpoint)
+    kind = _optimizer_kind(optimizer)
+    names = {id(p): n for n, p in module.named_parameters()}
+    sd = optimizer.state_dict()
+    lr_key = f"{prefix}.lr"
+    if lr_key not in r:
+        raise _ckpt.Error("not found", f"{r.path}: no key '{lr_key}' (no optimizer saved under prefix "
+                          f"'{prefix}')", r.path, lr_key)
+    lr = float(r.read(lr_key))
+    state = {}
+    for group, saved_group in zip(optimizer.param_groups, sd["param_groups"]):
+        saved_group["lr"] = lr
+        for p, index in zip(group["params"], saved_group["params"]):
+            if id(p) not in names:
+                raise _ckpt.Error("invalid argument", "ckpt.torch: an optimizer parameter is not a parameter of the "
+                                  "module given")
+            base = f"{prefix}.state.{model_prefix}.{names[id(p)]}." if model_prefix else \
+                f"{prefix}.state.{names[id(p)]}."
+            other = [n for k, ns in _RUNTIME_STATE.items() if k != kind for n in ns if base + n in r]
+            if other:
+                raise _ckpt.Error("invalid argument",
+                                  f"{r.path}: key '{base + other[0]}' is state of another optimizer than "
+                                  f"{type(optimizer).__name__}", r.path, base + other[0])
+            s = {}
+            for n in _RUNTIME_STATE[kind]:
+                _check_entry(r, base + n, p.shape)
+                s[n] = r.read(base + n, verify=verify_checksums, like="torch")
+            if kind == "adam":
+                if base + "step" not in r:
+                    raise _ckpt.Error("not found", f"{r.path}: no key '{base}step'", r.path, base + "step")
+                s["step"] = torch.tensor(float(r.read(base + "step")), dtype=_scalar_dtype())
+            state[index] = s
+    sd["state"] = state
+    return sd
+
+
+def load_optimizer_state(checkpoint, module, optimizer, **kwargs):
+    """optimizer.load_state_dict(optimizer_state_dict(checkpoint, module, optimizer, ...)):
+    the C++ runtime's optimizer state, loaded into a torch optimizer (see there)."""
+    optimizer.load_state_dict(optimizer_state_dict(checkpoint, module, optimizer, **kwargs))

@@ -4,7 +4,9 @@
 // lists taken here, so the C++ side only checks sizes and hands views of the caller's
 // memory to libckpt. Arrays arrive as 1-D uint8 views of the caller's bytes (numpy through
 // the buffer protocol, torch through DLPack) and are never copied; the GIL is released for
-// the whole of a save, load or read.
+// the whole of a save, load or read. Built with ckpt::cuda (CKPT_PY_CUDA), save and load also
+// take CUDA memory (DLPack's kDLCUDA): those chunks carry their device, and libckpt copies
+// them through the CUDA backend, registered the first time one is met if none is.
 //
 // Entries (both directions), one tuple each:
 //   ("tensor", key, dtype, shape, [(offsets, sizes, uint8 array), ...])
@@ -20,12 +22,17 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "ckpt/ckpt.h"
+#include "ckpt/device.h"
+#if CKPT_PY_CUDA
+#include "ckpt/cuda.h"
+#endif
 
 namespace nb = nanobind;
 
@@ -33,6 +40,29 @@ namespace {
 
 using ReadOnlyBytes = nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using WritableBytes = nb::ndarray<uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+// Save's and load's chunks: host memory or, with ckpt::cuda, CUDA memory.
+using SaveBytes = nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig>;
+using LoadBytes = nb::ndarray<uint8_t, nb::ndim<1>, nb::c_contig>;
+
+// Chunk::device of an array in DLPack device `type` / `id`.
+int DeviceOf(const std::string& key, int32_t type, [[maybe_unused]] int32_t id) {
+  if (type == nb::device::cpu::value) return ckpt::kHostDevice;
+  if (type == nb::device::cuda::value) {
+#if CKPT_PY_CUDA
+    static std::mutex mu;
+    std::lock_guard lock(mu);
+    if (!ckpt::GetDeviceBackend()) ckpt::cuda::Register();
+    return id;
+#else
+    throw ckpt::Error(ckpt::ErrorCode::kUnsupported,
+                      "key '" + key + "': a CUDA tensor, and this build of ckpt has no CUDA backend (ckpt::cuda); "
+                      "move it with .cpu()");
+#endif
+  }
+  throw ckpt::Error(ckpt::ErrorCode::kUnsupported, "key '" + key + "': memory of DLPack device type " +
+                                                       std::to_string(type) + "; ckpt reads and writes host memory" +
+                                                       (CKPT_PY_CUDA ? " and CUDA memory" : ""));
+}
 
 ckpt::DType DTypeOf(const std::string& name) {
   auto d = ckpt::DTypeFromName(name);
@@ -180,7 +210,8 @@ ckpt::StateDict StateOf(const nb::list& entries, std::vector<Array>& keep) {
         ckpt::Box box{nb::cast<ckpt::Shape>(ct[0]), nb::cast<ckpt::Shape>(ct[1])};
         auto array = nb::cast<Array>(ct[2], /*convert=*/false);
         CheckSize(key, dtype, box, array.nbytes());
-        chunks.push_back(ckpt::Chunk{std::move(box), const_cast<uint8_t*>(array.data())});
+        const int device = DeviceOf(key, array.device_type(), array.device_id());
+        chunks.push_back(ckpt::Chunk{std::move(box), const_cast<uint8_t*>(array.data()), device});
         keep.push_back(std::move(array));
       }
       state.Add(std::move(key), ckpt::Tensor::Sharded(dtype, std::move(shape), std::move(chunks)));
@@ -206,7 +237,7 @@ ckpt::StateDict StateOf(const nb::list& entries, std::vector<Array>& keep) {
 void Save(const std::string& path, const nb::list& entries, const nb::object& comm, const std::string& type,
           bool overwrite, bool check_replicas, const std::optional<std::string>& codec, int level,
           const std::string& user_metadata, const std::string& mesh) {
-  std::vector<ReadOnlyBytes> keep;
+  std::vector<SaveBytes> keep;
   ckpt::StateDict state = StateOf(entries, keep);
   ckpt::SaveOptions options;
   options.state_dict_type = TypeOf(type);
@@ -224,7 +255,7 @@ void Save(const std::string& path, const nb::list& entries, const nb::object& co
 // bytes and JSON key of `entries` to what the checkpoint holds.
 nb::tuple Load(const std::string& path, const nb::list& entries, const nb::object& comm, const std::string& type,
                bool strict, bool verify, int io_threads) {
-  std::vector<WritableBytes> keep;
+  std::vector<LoadBytes> keep;
   ckpt::StateDict state = StateOf(entries, keep);
   ckpt::LoadOptions options;
   options.state_dict_type = TypeOf(type);
@@ -414,6 +445,7 @@ NB_MODULE(_ckpt, m) {
   nb::register_exception_translator(TranslateError);
   m.attr("version") = CKPT_VERSION_STRING;
   m.attr("format_version") = ckpt::kFormatVersion;
+  m.attr("have_cuda") = static_cast<bool>(CKPT_PY_CUDA);
 
   nb::list dtypes;
   for (ckpt::DType d : ckpt::kAllDTypes) dtypes.append(nb::make_tuple(ckpt::DTypeName(d), ckpt::DTypeSize(d)));

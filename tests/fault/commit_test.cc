@@ -1,18 +1,22 @@
 // The commit routine (storage/commit.h), one regression test per finding of issue 8's
 // "The commit can lie": a failure after the exchange is undone; --force replaces by
 // exchange, never by moving aside; pruning un-commits before it deletes; leftovers of
-// killed writers are removed by the next save to the same target, never a live one's.
+// killed writers are removed by the next save to the same target, never a live one's; and
+// a group commit (issue 12: Hub shards + index) is undone whole.
 #include <doctest/doctest.h>
 #include <sys/file.h>
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <fstream>
+#include <iterator>
+#include <string>
 
 #include "ckpt/ops/merge.h"
 #include "fault/fault_fs.h"
 #include "fault/fault_util.h"
 #include "storage/commit.h"
+#include "storage/fs.h"
 #include "test_util.h"
 
 namespace {
@@ -168,4 +172,54 @@ TEST_CASE("an aside copy whose target is missing is the only copy: kept") {
   SaveVersion(tmp / ".ck.ckpt-aside-1111111111111111", 1, false);
   SaveVersion(tmp / "ck", 2, false);  // a new path: the aside (of "ck" when it was missing) stays...
   CHECK(fs::exists(tmp / ".ck.ckpt-aside-1111111111111111"));
+}
+
+// The group commit (Hub shards + index): a failure at any item undoes the items before it,
+// last first, whether they replaced a file or took a free name.
+TEST_CASE("a group commit that fails at its third item leaves every target as it was") {
+  ckpt_test::TempDir tmp("commit-group");
+  auto text = [](const fs::path& p) {
+    std::ifstream f(p);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  std::ofstream(tmp / "a") << "old a";  // replaced (exchange), then put back
+  std::vector<std::pair<fs::path, fs::path>> staged;
+  for (const char* name : {"a", "b", "c"}) {
+    const fs::path s = storage::BeginStaging(tmp / name, false);
+    storage::WriteFileSynced(s, std::string("new ") + name);
+    staged.emplace_back(s, tmp / name);
+  }
+  std::ofstream(tmp / "c") << "someone else's c";  // appears while staging: kNever refuses it
+  CHECK_THROWS_WITH_AS(storage::CommitStagedGroup(staged, storage::Replace::kNever),
+                       doctest::Contains("already exists"), Error);
+  CHECK(text(tmp / "c") == "someone else's c");
+  CHECK_FALSE(fs::exists(tmp / "b"));
+  CHECK(text(tmp / "a") == "old a");
+  for (const auto& [s, t] : staged) {
+    CHECK(text(s) == "new " + t.filename().string());  // back at its staging name, for the caller
+    storage::DiscardStaged(s);
+  }
+  CHECK(Names(tmp.path()) == std::vector<std::string>{"a", "c"});
+}
+
+TEST_CASE("a group commit whose parent fsync fails puts every previous file back") {
+  ckpt_test::TempDir tmp("commit-group-fsync");
+  std::ofstream(tmp / "a") << "old a";
+  std::vector<std::pair<fs::path, fs::path>> staged;
+  for (const char* name : {"a", "b"}) {
+    const fs::path s = storage::BeginStaging(tmp / name, false);
+    storage::WriteFileSynced(s, std::string("new ") + name);
+    staged.emplace_back(s, tmp / name);
+  }
+  FailFsyncOf failing(tmp.path());
+  {
+    ckpt_test::Installed on(failing);
+    CHECK_THROWS_WITH_AS(storage::CommitStagedGroup(staged, storage::Replace::kExisting),
+                         doctest::Contains("the previous content was put back"), Error);
+  }
+  CHECK(failing.fired_);
+  for (const auto& [s, t] : staged) storage::DiscardStaged(s);
+  CHECK(Names(tmp.path()) == std::vector<std::string>{"a"});
+  std::ifstream f(tmp / "a");
+  CHECK(std::string(std::istreambuf_iterator<char>(f), {}) == "old a");
 }

@@ -1,12 +1,14 @@
 // The fault sweep: EIO and ENOSPC injected through the file-system seam (storage/fs.h)
 // at every file operation of a 4-rank save (fresh and overwrite), a merge, a convert to
-// safetensors, a --force replace and a checkpoint-manager rotation. After each point:
+// safetensors (one file, and the Hub's shards + index, fresh and --force over an earlier
+// one), a --force replace and a checkpoint-manager rotation. After each point:
 // the target holds the old checkpoint or the new one, whole (nothing half-written is
 // committed), a failed call never commits, the error names the file, the tools exit 0,
 // 1 or 2, and the next call without faults leaves no staging leftovers behind.
 #include <doctest/doctest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <optional>
@@ -44,6 +46,37 @@ int VersionOfSafetensors(const fs::path& file) {
   const int v = static_cast<int>(w[0] / 1000);
   for (std::size_t i = 0; i < w.size(); ++i) REQUIRE(w[i] == Value(v, static_cast<int64_t>(i)));
   return v;
+}
+
+// The version of the Hub sharded output in `dir` (model.safetensors.index.json and the 2
+// shards it names, every tensor of one version), or 0 when there is none: no index and
+// no shard at all (a shard without its index is the torn state this must never show).
+int VersionOfHub(const fs::path& dir) {
+  const fs::path index = dir / "model.safetensors.index.json";
+  if (!fs::exists(index)) {
+    for (const auto& e : fs::directory_iterator(dir))
+      CHECK_MESSAGE(e.path().filename().string().find("safetensors") == std::string::npos,
+                    "without an index: " << e.path());
+    return 0;
+  }
+  const auto idx = ops::ReadSafetensorsIndex(index);
+  REQUIRE(idx.files.size() == 2);
+  REQUIRE(idx.weight_map.size() == 2);
+  int version = -1;
+  for (const auto& [tensor, file] : idx.weight_map) {
+    auto r = ops::SafetensorsReader::Open(dir / file);
+    const auto* t = r->Find(tensor);
+    REQUIRE(t != nullptr);
+    const bool w = tensor == "w";
+    std::vector<float> v(w ? kRows * kCols : kCols);
+    r->ReadRegion(*t, Box::Full(w ? Shape{kRows, kCols} : Shape{kCols}), v.data());
+    const int got = static_cast<int>(std::lround(v[0] / 1000));
+    for (std::size_t i = 0; i < v.size(); ++i)
+      REQUIRE(v[i] == Value(got, w ? static_cast<int64_t>(i) : -static_cast<int64_t>(i)));
+    if (version < 0) version = got;
+    CHECK_MESSAGE(got == version, "shards of two saves under one index: " << tensor << " is version " << got);
+  }
+  return version;
 }
 
 struct Outcome {
@@ -239,6 +272,37 @@ TEST_CASE("fault sweep: ckpt-merge, ckpt-convert and a --force replace") {
       [&] { return RunTool(tools::MergeMain, {"ckpt-merge", src, replaced, "--force", "-q", "--world", "2"}); },
       [&](const Outcome& o) { CHECK(VersionOf(replaced) == (o.ok ? 2 : 1)); },
       [&] { REQUIRE(RunTool(tools::MergeMain, {"ckpt-merge", old_src, replaced, "--force", "-q"}).ok); });
+}
+
+TEST_CASE("fault sweep: ckpt-convert to the Hub's sharded safetensors, fresh and --force") {
+  // "w" (768 bytes) and "b" (32) under --max-shard-size 500: two shards and an index.
+  ckpt_test::TempDir tmp("sweep-hub");
+  const fs::path src = tmp / "src", old_src = tmp / "old", hub = tmp / "hub";
+  SaveVersion(src, 2, false);
+  SaveVersion(old_src, 1, false);
+  const std::string index = (hub / "model.safetensors.index.json").string();
+  auto clear = [&] {
+    fs::remove_all(hub);
+    fs::create_directories(hub);
+  };
+  auto convert = [&](const fs::path& from, bool force) {
+    std::vector<std::string> args{"ckpt-convert", from.string(), index, "--max-shard-size", "500", "-q"};
+    if (force) args.emplace_back("--force");
+    return RunTool(tools::ConvertMain, args);
+  };
+  Sweep(
+      "ckpt-convert to shards", hub, clear, [&] { return convert(src, false); },
+      [&](const Outcome& o) { CHECK(VersionOfHub(hub) == (o.ok ? 2 : 0)); }, clear);
+  Sweep(
+      "ckpt-convert to shards --force", hub,
+      [&] {
+        clear();
+        REQUIRE(convert(old_src, false).ok);
+        REQUIRE(VersionOfHub(hub) == 1);
+      },
+      [&] { return convert(src, true); },
+      [&](const Outcome& o) { CHECK(VersionOfHub(hub) == (o.ok ? 2 : 1)); },
+      [&] { REQUIRE(convert(old_src, true).ok); });
 }
 
 TEST_CASE("fault sweep: a checkpoint-manager rotation") {

@@ -1,6 +1,7 @@
 """The README's Python blocks (between <!-- python:begin --> and <!-- python:end -->) run as
-written: each in a fresh interpreter in a scratch directory; a block that mentions torchrun
-runs as 4 gloo processes on the loopback, as `torchrun --nproc-per-node 4` would start it."""
+written: each in a fresh interpreter in a scratch directory; a block that starts with
+`# torchrun --nproc-per-node N` runs as N gloo processes on the loopback, as torchrun would
+start it."""
 import os
 import re
 import socket
@@ -33,12 +34,15 @@ def test_readme_has_python_blocks():
 @pytest.mark.parametrize("index", range(len(blocks())))
 def test_readme_python_block_runs(index, tmp):
     code = blocks()[index]
-    if "import torch" in code and not os.environ.get("CKPT_REQUIRE_TORCH"):
-        pytest.importorskip("torch")
+    if not os.environ.get("CKPT_REQUIRE_TORCH"):  # scripts/test.sh's venv has both: no skip there
+        for module in ("torch", "accelerate"):
+            if f"import {module}" in code or f"from {module} " in code:
+                pytest.importorskip(module)
     script = os.path.join(tmp, f"block_{index}.py")
     with open(script, "w") as f:
         f.write(code)
-    world = 4 if "torchrun" in code else 1
+    launch = re.match(r"# torchrun --nproc-per-node (\d+)", code)
+    world = int(launch.group(1)) if launch else 1
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world),
                OMP_NUM_THREADS="1")
     procs = [subprocess.Popen([sys.executable, script], cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -423,6 +423,14 @@ void WriteShardedSafetensors(Source& src, const std::vector<Selected>& sel, cons
       if (fs::exists(dir / n, ec))
         throw Error(ErrorCode::kAlreadyExists, (dir / n).string() + ": already exists (use --force to replace it)");
   }
+  // Leftovers of earlier calls for these names (e.g. old content whose removal failed) go
+  // first: once the first shard is staged, this writer's own lock on the directory keeps
+  // the later BeginStaging calls from cleaning.
+  const std::string index_name = index_path.filename().string();
+  if (fs::is_directory(dir, ec))
+    storage::CleanLeftovers(dir, [&](std::string_view t) {
+      return t == index_name || std::find(names.begin(), names.end(), t) != names.end();
+    });
   detail::Progress progress("convert", total, o.progress);
   std::vector<std::unique_ptr<SafetensorsWriter>> writers;
   std::vector<std::pair<std::string, std::string>> weight_map;
@@ -435,8 +443,13 @@ void WriteShardedSafetensors(Source& src, const std::vector<Selected>& sel, cons
     writers.push_back(StageSafetensorsFile(src, part, dir / names[g], meta, o, budget, r, progress));
   }
   progress.Done();
-  for (auto& w : writers) w->Commit();
-  if (!one_file) WriteSafetensorsIndex(index_path, total, weight_map);
+  if (one_file) {
+    writers.front()->Commit();
+  } else {  // all or nothing: the shards, then the index naming them, in one group commit
+    std::vector<SafetensorsWriter*> shards;
+    for (auto& w : writers) shards.push_back(w.get());
+    CommitSafetensorsShards(shards, index_path, total, weight_map);
+  }
   if (o.force) {  // what an earlier save of this stem left that this one did not write
     const std::set<std::string> ours(names.begin(), names.end());
     for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {

@@ -370,7 +370,7 @@ void SafetensorsWriter::Wrote(uint64_t bytes) {
   unflushed_ = 0;
 }
 
-void SafetensorsWriter::Commit() {
+void SafetensorsWriter::Seal() {
   if (fd_ < 0) throw Error(ErrorCode::kInvalidArgument, path_.string() + ": writer is closed");
   if (written_ != data_total_)
     throw Error(ErrorCode::kInvalidArgument,
@@ -381,6 +381,10 @@ void SafetensorsWriter::Commit() {
   storage::FsyncFd(fd.get(), tmp_path_);
   fd.Close(tmp_path_);
   SafetensorsReader::Open(tmp_path_);  // the header written parses back, before anything is committed
+}
+
+void SafetensorsWriter::Commit() {
+  Seal();
   try {
     storage::CommitStaged(tmp_path_, path_, overwrite_ ? storage::Replace::kExisting : storage::Replace::kNever);
   } catch (const Error& e) {
@@ -447,13 +451,41 @@ SafetensorsIndex ReadSafetensorsIndex(const std::filesystem::path& index_file) {
   return index;
 }
 
-void WriteSafetensorsIndex(const std::filesystem::path& index_file, uint64_t total_size,
-                           const std::vector<std::pair<std::string, std::string>>& weight_map) {
+namespace {
+std::string SafetensorsIndexText(uint64_t total_size,
+                                 const std::vector<std::pair<std::string, std::string>>& weight_map) {
   json map = json::object();
   for (const auto& [tensor, file] : weight_map) map[tensor] = file;
   const json j = {{"metadata", {{"total_size", total_size}}}, {"weight_map", map}};
   // json objects keep keys sorted; ensure_ascii as Python's json.dumps.
-  storage::CommitFile(index_file, j.dump(2, ' ', /*ensure_ascii=*/true) + "\n");
+  return j.dump(2, ' ', /*ensure_ascii=*/true) + "\n";
+}
+}  // namespace
+
+void WriteSafetensorsIndex(const std::filesystem::path& index_file, uint64_t total_size,
+                           const std::vector<std::pair<std::string, std::string>>& weight_map) {
+  storage::CommitFile(index_file, SafetensorsIndexText(total_size, weight_map));
+}
+
+void CommitSafetensorsShards(const std::vector<SafetensorsWriter*>& shards, const std::filesystem::path& index_file,
+                             uint64_t total_size, const std::vector<std::pair<std::string, std::string>>& weight_map) {
+  bool overwrite = true;
+  std::vector<std::pair<std::filesystem::path, std::filesystem::path>> staged;
+  for (SafetensorsWriter* w : shards) {
+    w->Seal();
+    overwrite = overwrite && w->overwrite_;
+    staged.emplace_back(w->tmp_path_, w->path_);
+  }
+  const std::filesystem::path index_tmp = storage::BeginStaging(index_file, /*directory=*/false);
+  try {
+    storage::WriteFileSynced(index_tmp, SafetensorsIndexText(total_size, weight_map));
+    staged.emplace_back(index_tmp, index_file);
+    storage::CommitStagedGroup(staged, overwrite ? storage::Replace::kExisting : storage::Replace::kNever);
+  } catch (...) {
+    storage::DiscardStaged(index_tmp);
+    throw;  // the writers discard their staged shards
+  }
+  for (SafetensorsWriter* w : shards) w->tmp_path_.clear();  // committed
 }
 
 std::vector<std::vector<std::size_t>> PlanSafetensorsShards(const std::vector<uint64_t>& bytes,

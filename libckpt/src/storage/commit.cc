@@ -4,6 +4,7 @@
 #include <sys/file.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <map>
@@ -217,7 +218,12 @@ bool ReleaseStaging(const fs::path& path) {
 
 void DiscardStaged(const fs::path& staging) { RemoveAllQuietly(staging); }
 
-void CommitStaged(const fs::path& staging, const fs::path& target, Replace replace) {
+namespace {
+
+// Renames `staging` onto `target` as CommitStaged's header says (checks first, nothing
+// renamed if one fails); true if it exchanged with an existing target, whose previous
+// content is then at `staging`.
+bool RenameIntoPlace(const fs::path& staging, const fs::path& target, Replace replace) {
   Staged begun;
   bool registered = false;
   {
@@ -234,66 +240,97 @@ void CommitStaged(const fs::path& staging, const fs::path& target, Replace repla
   struct stat staged_st;
   if (::lstat(staging.c_str(), &staged_st) != 0) Fail(staging, "staged output", errno);
   const bool staged_dir = S_ISDIR(staged_st.st_mode);
-  const fs::path parent = ParentOf(target);
 
   struct stat st;
-  bool exchanged = false;
   if (::lstat(target.c_str(), &st) != 0) {
     RenameNew(staging, target);  // replacing nothing is always allowed
-  } else {
-    if (replace == Replace::kNever) {
-      throw Error(ErrorCode::kAlreadyExists, target.string() + ": already exists");
-    }
-    if (replace == Replace::kExpected && registered &&
-        (!begun.had_target || st.st_dev != begun.dev || st.st_ino != begun.ino ||
-         (begun.target_was_empty_dir && !IsEmptyDir(target)))) {
-      throw Error(ErrorCode::kAlreadyExists,
-                  target.string() + ": created or replaced by another writer while this one was writing; not replaced");
-    }
-    if (S_ISDIR(st.st_mode) != staged_dir) {
-      throw Error(ErrorCode::kAlreadyExists, target.string() + ": exists and is not a " +
-                                                 (staged_dir ? "directory" : "regular file") + "; refusing to replace it");
-    }
-    std::error_code ec;
-    if (staged_dir && !IsEmptyDir(target) && !fs::exists(target / names::kMetadataFile, ec)) {
-      throw Error(ErrorCode::kAlreadyExists,
-                  target.string() + ": exists and is neither empty nor a checkpoint; refusing to replace it");
-    }
-    Swap(staging, target);
-    exchanged = true;
+    return false;
   }
-  // Committed in the namespace; durable once the parent is fsynced. If that fails, undo.
+  if (replace == Replace::kNever) {
+    throw Error(ErrorCode::kAlreadyExists, target.string() + ": already exists");
+  }
+  if (replace == Replace::kExpected && registered &&
+      (!begun.had_target || st.st_dev != begun.dev || st.st_ino != begun.ino ||
+       (begun.target_was_empty_dir && !IsEmptyDir(target)))) {
+    throw Error(ErrorCode::kAlreadyExists,
+                target.string() + ": created or replaced by another writer while this one was writing; not replaced");
+  }
+  if (S_ISDIR(st.st_mode) != staged_dir) {
+    throw Error(ErrorCode::kAlreadyExists, target.string() + ": exists and is not a " +
+                                               (staged_dir ? "directory" : "regular file") + "; refusing to replace it");
+  }
+  std::error_code ec;
+  if (staged_dir && !IsEmptyDir(target) && !fs::exists(target / names::kMetadataFile, ec)) {
+    throw Error(ErrorCode::kAlreadyExists,
+                target.string() + ": exists and is neither empty nor a checkpoint; refusing to replace it");
+  }
+  Swap(staging, target);
+  return true;
+}
+
+// Undoes RenameIntoPlace; "" when done, else what failed (with `exchanged`, the previous
+// content is then kept at `staging`).
+std::string UndoRename(const fs::path& staging, const fs::path& target, bool exchanged) {
   try {
-    FsyncPath(parent);
+    if (exchanged) {
+      Swap(staging, target);
+    } else if (Fs().Rename(target, staging, RenameMode::kNoReplace) != 0) {
+      Fail(target, "rename back to " + staging.string(), errno);
+    }
+    return "";
+  } catch (const Error& u) {
+    if (!exchanged) return "undoing the rename failed too (" + std::string(u.what()) + ")";
+    std::lock_guard lock(g_mu);
+    auto it = Registry().find(staging.string());
+    if (it != Registry().end()) it->second.keep = true;
+    return "putting the previous content back failed too (" + std::string(u.what()) + "): it is at " +
+           staging.string();
+  }
+}
+
+}  // namespace
+
+void CommitStaged(const fs::path& staging, const fs::path& target, Replace replace) {
+  CommitStagedGroup({{staging, target}}, replace);
+}
+
+void CommitStagedGroup(const std::vector<std::pair<fs::path, fs::path>>& staged, Replace replace) {
+  std::vector<bool> exchanged;
+  std::vector<fs::path> parents;
+  for (const auto& [staging, target] : staged)
+    if (std::find(parents.begin(), parents.end(), ParentOf(target)) == parents.end())
+      parents.push_back(ParentOf(target));
+  // Committed in the namespace once every rename is done; durable once the parents are
+  // fsynced. If a rename or an fsync fails, undo the renames done, last first.
+  try {
+    for (const auto& [staging, target] : staged) exchanged.push_back(RenameIntoPlace(staging, target, replace));
+    for (const fs::path& parent : parents) FsyncPath(parent);
   } catch (const Error& e) {
+    if (exchanged.empty() && staged.size() == 1) throw;  // nothing was renamed: the check's own error
     std::string undo;
-    try {
-      if (exchanged) {
-        Swap(staging, target);
-      } else if (Fs().Rename(target, staging, RenameMode::kNoReplace) != 0) {
-        Fail(target, "rename back to " + staging.string(), errno);
-      }
+    for (std::size_t i = exchanged.size(); i-- > 0;) {
+      const std::string u = UndoRename(staged[i].first, staged[i].second, exchanged[i]);
+      if (!u.empty()) undo += "; " + u;
+    }
+    for (const fs::path& parent : parents) {
       try {
         FsyncPath(parent);
       } catch (const Error&) {
       }
-      undo = exchanged ? "; the previous content was put back" : "; nothing was committed";
-    } catch (const Error& u) {
-      if (exchanged) {
-        std::lock_guard lock(g_mu);
-        auto it = Registry().find(staging.string());
-        if (it != Registry().end()) it->second.keep = true;
-        undo = "; putting the previous content back failed too (" + std::string(u.what()) + "): it is at " +
-               staging.string();
-      } else {
-        undo = "; undoing the rename failed too (" + std::string(u.what()) + ")";
-      }
     }
-    throw Error(e.code(), std::string(e.what()) + " (committing " + target.string() + ")" + undo);
+    if (undo.empty()) {
+      const bool replaced = std::find(exchanged.begin(), exchanged.end(), true) != exchanged.end();
+      undo = replaced ? "; the previous content was put back" : "; nothing was committed";
+    }
+    std::string what = staged.back().second.string();
+    if (staged.size() > 1) what = std::to_string(staged.size()) + " files, the last " + what;
+    throw Error(e.code(), std::string(e.what()) + " (committing " + what + ")" + undo);
   }
-  // Only now is the old content (at the staging name) garbage.
-  ReleaseStaging(staging);
-  if (exchanged) RemoveAllQuietly(staging);
+  // Only now is the old content (at the staging names) garbage.
+  for (std::size_t i = 0; i < staged.size(); ++i) {
+    ReleaseStaging(staged[i].first);
+    if (exchanged[i]) RemoveAllQuietly(staged[i].first);
+  }
 }
 
 void CommitFile(const fs::path& target, std::string_view data) {

@@ -20,6 +20,8 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 namespace ckpt::storage {
 
@@ -45,6 +47,14 @@ fs::path BeginStaging(const fs::path& target, bool directory);
 // header says. Errors (kAlreadyExists, kIO) name the target; the staging is left for
 // the caller to discard.
 void CommitStaged(const fs::path& staging, const fs::path& target, Replace replace);
+
+// Commits several staged outputs, all or nothing: each (staging, target) pair is renamed
+// into place in order as CommitStaged does (put last the one readers look for, such as an
+// index naming the others), every target's parent directory is fsynced, and only then is
+// any previous content removed. If a rename or an fsync fails, the renames done are undone,
+// last first (previous content exchanged back, new files back at their staging names for
+// the caller to discard): a call that fails leaves every target as it was.
+void CommitStagedGroup(const std::vector<std::pair<fs::path, fs::path>>& staged, Replace replace);
 
 // Removes a staging path that was not committed and ends its registration (never
 // throws). If a failed commit could not put the old content back, the staging path

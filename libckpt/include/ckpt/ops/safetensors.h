@@ -119,6 +119,12 @@ class CKPT_API SafetensorsWriter {
   void Commit();
 
  private:
+  friend void CommitSafetensorsShards(const std::vector<SafetensorsWriter*>& shards,
+                                      const std::filesystem::path& index_file, uint64_t total_size,
+                                      const std::vector<std::pair<std::string, std::string>>& weight_map);
+  // Commit() short of the rename: checks every byte was written, fsyncs, closes and parses
+  // the header back; the staging file is left for the caller to commit (tmp_path_).
+  void Seal();
   std::filesystem::path path_, tmp_path_;
   int fd_ = -1;
   bool overwrite_ = false;
@@ -155,6 +161,15 @@ CKPT_API SafetensorsIndex ReadSafetensorsIndex(const std::filesystem::path& inde
 // indent 2, {"metadata": {"total_size": total_size}, "weight_map": ...}.
 CKPT_API void WriteSafetensorsIndex(const std::filesystem::path& index_file, uint64_t total_size,
                                     const std::vector<std::pair<std::string, std::string>>& weight_map);
+// Commits the Hub's sharded layout all or nothing: `shards` (each appended in full, not
+// committed) and then their index `index_file` (WriteSafetensorsIndex's JSON) in one group
+// commit (storage/commit.h; the index renamed last). If anything fails, every shard name and
+// the index are as they were (absent, or an earlier save's when the writers overwrite) and
+// the staged files are removed with the writers. Replaces existing files only if every
+// writer was made with overwrite.
+CKPT_API void CommitSafetensorsShards(const std::vector<SafetensorsWriter*>& shards,
+                                      const std::filesystem::path& index_file, uint64_t total_size,
+                                      const std::vector<std::pair<std::string, std::string>>& weight_map);
 
 // Groups tensors of `bytes[i]` bytes, in order, into shards of at most `max_shard_bytes`
 // as huggingface_hub's split_torch_state_dict_into_shards does (save_pretrained): a shard is
