@@ -418,7 +418,12 @@ int RunWorld(const Model& model, const std::string& inspect, const fs::path& scr
   std::vector<std::vector<layout::Write>> writes = layout::WritesByRank(plan);
   pf.writers_s = Seconds(t);
   pf.heap_writes = Heap() - heap_before_writes;
+#if CKPT_BENCH_V2
+  pf.plan_message = static_cast<double>(
+      layout::EncodePlan("/ckpt/.step-1000.staging", static_cast<uint32_t>(plan.keys.size()), writes).size());
+#else
   pf.plan_message = static_cast<double>(layout::EncodePlan("/ckpt/.step-1000.staging", writes).size());
+#endif
   pf.keys = plan.keys.size();
   std::size_t chunks = 0;
   for (const layout::SaveKey& k : plan.keys) {
