@@ -32,6 +32,10 @@ struct SaveOptions {
   // are an error naming the key and ranks (a data-parallel desync).
   bool check_replicas = true;
   Compression compression;
+  // Uncompressed host chunks of at most this many bytes are packed (FORMAT.md §5.7): no
+  // HDF5 dataset each, their bytes back to back in shared pack datasets of the shard, so
+  // that many small tensors cost a few datasets, not one each. 0: every chunk its own.
+  uint64_t pack_bytes = uint64_t{64} << 10;
   std::string user_metadata = "{}";  // JSON object
   std::string mesh = "null";         // JSON: device mesh and placements
 };

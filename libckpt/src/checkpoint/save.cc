@@ -147,11 +147,12 @@ ByteBuffer Distribute(const fs::path& dir, Comm& comm, bool overwrite, layout::S
 // `check` runs before each chunk; the shard's fsync time goes to `fsync_seconds`.
 layout::RankResult WriteShard(const fs::path& staging, const std::vector<layout::ChunkRef>& writes,
                               const StateDict& state, int rank, int world, const Compression& compression,
+                              uint64_t pack_bytes,
                               DeviceBackend* device, const std::function<void()>& check, double& fsync_seconds) {
   layout::RankResult result;
   if (writes.empty()) return result;
   result.file = internal::ShardFileName(rank, world);
-  storage::ShardWriter writer(staging, result.file, compression);
+  storage::ShardWriter writer(staging, result.file, compression, storage::kDefaultBlockBytes, pack_bytes);
   result.chunks.reserve(writes.size());
   std::vector<internal::DeviceReader::Source> sources;
   for (const layout::ChunkRef& ref : writes) {
@@ -284,8 +285,8 @@ void SaveWithContext(const std::filesystem::path& dir, const StateDict& state, C
   try {
     const layout::PlanMessage mine = layout::DecodePlan(plan_message, rank, world);
     staging = mine.staging;
-    written = WriteShard(staging, mine.writes, state, rank, world, options.compression, device.get(), context.check,
-                         seconds[3]);
+    written = WriteShard(staging, mine.writes, state, rank, world, options.compression, options.pack_bytes,
+                         device.get(), context.check, seconds[3]);
     if (context.check) context.check();
   } catch (...) {
     failure = internal::DescribeCurrentException();

@@ -62,6 +62,7 @@ void ShardIndexBuilder::Add(const ShardIndexEntry& e) {
   }
   j[names::kDataset] = c.dataset;
   if (c.offset) j[kOffset] = *c.offset;
+  if (c.pack_offset) j[names::kPackOffset] = *c.pack_offset;
   j[names::kStoredBytes] = c.stored_bytes;
   if (c.compression.codec == Compression::Codec::kZstd)
     j[names::kCompression] = {{names::kCodec, names::kZstd}, {names::kLevel, c.compression.level}, {names::kShuffle, true}};
@@ -231,6 +232,13 @@ ShardIndex ParseShardIndex(std::string_view text, const std::string& where) {
         if (!c[kOffset].is_number_unsigned())
           throw Error(ErrorCode::kCorrupt, where + ": key '" + e.key + "': \"offset\" is not a byte offset");
         m.offset = c[kOffset].get<uint64_t>();
+      }
+      if (c.contains(names::kPackOffset)) {
+        if (!v2 || !c[names::kPackOffset].is_number_unsigned() || !m.offset ||
+            (c.contains(names::kCompression) && !c[names::kCompression].is_null()))
+          throw Error(ErrorCode::kCorrupt, where + ": key '" + e.key + "': \"" + names::kPackOffset +
+                                               "\" is not a byte offset of an uncompressed chunk with an \"offset\"");
+        m.pack_offset = c[names::kPackOffset].get<uint64_t>();
       }
       if (dtype == kBytesDType) {
         const json& size = c.at(names::kSize);
