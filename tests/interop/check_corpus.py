@@ -274,8 +274,11 @@ class Case:
                         o < 0 or s < 0 or o + s > n for o, s, n in zip(offs, sizes, shape)):
                     self.err(f"{cw}: outside the tensor's shape {shape}")
                     continue
+                packed = c.pack_offset is not None  # FORMAT.md §5.7: `dataset` names its pack
                 want_name = F.dataset_name(key, shape, offs, sizes)
-                if c.dataset != want_name:
+                if packed and not F.PACK_NAME.match(c.dataset or ""):
+                    self.err(f"{cw}: packed chunk names {c.dataset!r}, not a pack (.ckpt_pack.<n>)")
+                elif not packed and c.dataset != want_name:
                     self.err(f"{cw}: dataset named {c.dataset!r}, expected {want_name!r}")
                 nelem = int(np.prod(sizes)) if sizes else 1
                 compressed = c.compression is not None
@@ -289,7 +292,8 @@ class Case:
                 ds = self.ck.dataset(c)
                 if ds is None:
                     continue
-                self.check_dataset(c, ds, dtype, compressed)
+                if not packed:  # a pack's dataset is checked by read_chunk and check_packs
+                    self.check_dataset(c, ds, dtype, compressed)
                 if not compressed and c.stored_bytes != nelem * item:
                     self.err(f"{cw}: stored_bytes {c.stored_bytes}, expected {nelem * item} uncompressed")
                 data = self.ck.read_chunk(c, dtype)
@@ -380,9 +384,11 @@ class Case:
         listed = {}  # file -> {dataset: chunk}
         for chunks in list(self.ck.tensors.values()) + [[c] for c in self.ck.blobs.values()]:
             for c in chunks:
-                if c.dataset in listed.setdefault(c.file, {}):
+                other = listed.setdefault(c.file, {}).get(c.dataset)
+                if other is not None and (other.pack_offset is None or c.pack_offset is None):
                     self.err(f"{c.file}: dataset {c.dataset!r} is named by two chunks")
                 listed[c.file][c.dataset] = c
+        self.ck.check_packs()  # the members of a pack tile it (FORMAT.md §5.7)
         for name in self.ck.files:
             if not os.path.isfile(os.path.join(self.dir, name)):
                 continue

@@ -5,10 +5,12 @@
 
 #include <fcntl.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <unordered_map>
 
 #include "ckpt/error.h"
 #include "format/names.h"
@@ -199,6 +201,44 @@ void ParseV2Members(const json& c, uint64_t n, ChunkMeta& m, const std::string& 
   }
 }
 
+// FORMAT.md §5.7: the members of one pack share its base (offset - pack_offset) and do
+// not overlap.
+void CheckPackedRecords(const ShardIndex& index, const std::string& where) {
+  struct Member {
+    uint64_t at, end;
+    const ShardIndexEntry* e;
+  };
+  std::unordered_map<std::string_view, std::vector<Member>> packs;
+  for (const ShardIndexEntry& e : index.entries) {
+    const ChunkMeta& c = e.chunk;
+    if (!c.pack_offset) continue;
+    const uint64_t n = static_cast<uint64_t>(c.box.NumElements()) * (e.bytes ? 1 : DTypeSize(e.dtype));
+    if (*c.offset < *c.pack_offset || *c.pack_offset > (uint64_t{1} << 62))
+      throw Error(ErrorCode::kCorrupt, where + ": key '" + e.key + "': pack_offset " + std::to_string(*c.pack_offset) +
+                                           " lies before the file's start (offset " + std::to_string(*c.offset) + ")");
+    packs[c.dataset].push_back({*c.pack_offset, *c.pack_offset + n, &e});
+  }
+  for (auto& [name, members] : packs) {
+    std::sort(members.begin(), members.end(), [](const Member& a, const Member& b) { return a.at < b.at; });
+    const uint64_t base = *members.front().e->chunk.offset - members.front().at;
+    for (std::size_t i = 0; i < members.size(); ++i) {
+      const ShardIndexEntry& e = *members[i].e;
+      const std::string what = where + ": key '" + e.key + "' chunk " + e.chunk.box.ToString() + " in pack '" +
+                               std::string(name) + "'";
+      if (*e.chunk.offset - members[i].at != base)
+        throw Error(ErrorCode::kCorrupt, what + ": offset " + std::to_string(*e.chunk.offset) + " minus pack_offset " +
+                                             std::to_string(members[i].at) + " is not the pack's data offset " +
+                                             std::to_string(base) + " that its other members give");
+      if (i > 0 && members[i].at < members[i - 1].end) {
+        const ShardIndexEntry& o = *members[i - 1].e;
+        throw Error(ErrorCode::kCorrupt, what + ": its bytes from byte " + std::to_string(members[i].at) +
+                                             " overlap those of key '" + o.key + "' chunk " + o.chunk.box.ToString() +
+                                             " (to byte " + std::to_string(members[i - 1].end) + ")");
+      }
+    }
+  }
+}
+
 }  // namespace
 
 ShardIndex ParseShardIndex(std::string_view text, const std::string& where) {
@@ -244,6 +284,8 @@ ShardIndex ParseShardIndex(std::string_view text, const std::string& where) {
         const json& size = c.at(names::kSize);
         if (!size.is_number_unsigned() || size.get<uint64_t>() > (uint64_t{1} << 62))
           throw Error(ErrorCode::kCorrupt, where + ": bytes entry '" + e.key + "': bad size " + size.dump());
+        if (m.pack_offset)
+          throw Error(ErrorCode::kCorrupt, where + ": bytes entry '" + e.key + "': a bytes entry is not packed");
         e.bytes = true;
         e.shape = {size.get<int64_t>()};
         m.box = Box::Full(e.shape);
@@ -275,6 +317,7 @@ ShardIndex ParseShardIndex(std::string_view text, const std::string& where) {
   } catch (const json::exception& e) {
     throw Error(ErrorCode::kCorrupt, where + ": " + e.what());
   }
+  CheckPackedRecords(out, where);
   return out;
 }
 

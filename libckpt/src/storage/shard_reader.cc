@@ -366,6 +366,15 @@ ShardReader::Located ShardReader::Find(const std::string& key, DType dtype, cons
   const bool by_record = chunk.block_bytes && chunk.offset && chunk.compression.codec == Compression::Codec::kNone;
   if (by_record && m.foreign_links < 0) m.foreign_links = h5::ForeignLinks(m.file.get(), 1).empty() ? 0 : 1;
   if (by_record && m.foreign_links == 0) {
+    if (chunk.pack_offset) {  // its pack's header checked too, once per pack
+      Located packed = FindPacked(key, chunk, at.chunk_bytes);
+      if (packed.base != *chunk.offset) {
+        throw Error(ErrorCode::kCorrupt, m.Where(key, chunk) + ": the index places its data at byte " +
+                                             std::to_string(*chunk.offset) + ", its pack's HDF5 header at byte " +
+                                             std::to_string(packed.base));
+      }
+      return packed;
+    }
     if (*chunk.offset > m.size || at.chunk_bytes > m.size - *chunk.offset) {
       throw Error(ErrorCode::kCorrupt, m.Where(key, chunk) + ": data at offset " + std::to_string(*chunk.offset) +
                                            " lies past the end of the file (" + std::to_string(m.size) +
