@@ -474,7 +474,9 @@ ShardReader::PackExtent ShardReader::Pack(const std::string& dataset, const std:
   PackExtent pack{0, dims[0]};
   if (pack.bytes > 0) {
     const haddr_t base = H5Dget_offset(ds.get());
-    if (base == HADDR_UNDEF) {
+    if (base == HADDR_UNDEF) {  // virtual, external or filtered: refused for what it is (FORMAT.md §5.6)
+      h5::Handle dcpl = h5::Plist(h5::Check(H5Dget_create_plist(ds.get()), where));
+      h5::CheckStorage(dcpl.get(), where);
       throw Error(ErrorCode::kCorrupt, where + ": pack '" + dataset + "' is not contiguous in the file");
     }
     if (base > m.size || pack.bytes > m.size - base) {
