@@ -6,7 +6,9 @@
 #include <fcntl.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -49,40 +51,138 @@ void CheckExtent(const Shape& shape, std::size_t itemsize, const std::string& wh
 
 }  // namespace
 
+namespace {
+
+// The record's JSON text, written here member by member: exactly what nlohmann's
+// ordered_json dump() writes for the same members in the same order (compact, doubles by
+// its own shortest round-trip formatting, strings escaped by it unless plain printable
+// ASCII), without a JSON tree a record (tests/unit/shard_index_test.cc compares the two).
+class RecordText {
+ public:
+  explicit RecordText(std::string& out) : out_(out) {}
+  void Name(const char* name) {
+    out_ += first_ ? '{' : ',';
+    first_ = false;
+    out_ += '"';
+    out_ += name;
+    out_ += "\":";
+  }
+  void String(const std::string& v) {
+    bool plain = true;
+    for (const char ch : v) plain = plain && ch >= 0x20 && ch <= 0x7e && ch != '"' && ch != '\\';
+    if (!plain) {
+      out_ += ordered_json(v).dump();  // escapes, and refuses invalid UTF-8, as before
+      return;
+    }
+    out_ += '"';
+    out_ += v;
+    out_ += '"';
+  }
+  template <typename Int>
+  void Integer(Int v) {
+    char buf[24];
+    const auto r = std::to_chars(buf, buf + sizeof buf, v);
+    out_.append(buf, r.ptr);
+  }
+  void Integers(const std::vector<int64_t>& v) {
+    out_ += '[';
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      if (i) out_ += ',';
+      Integer(v[i]);
+    }
+    out_ += ']';
+  }
+  void Real(double v) {  // null unless finite (FORMAT.md §7.3)
+    if (!std::isfinite(v)) {
+      out_ += "null";
+      return;
+    }
+    std::array<char, 64> buf;
+    char* end = nlohmann::detail::to_chars(buf.data(), buf.data() + buf.size(), v);
+    out_.append(buf.data(), end);
+  }
+  void Close() { out_ += first_ ? "{}" : "}"; }
+
+ private:
+  std::string& out_;
+  bool first_ = true;
+};
+
+}  // namespace
+
 void ShardIndexBuilder::Add(const ShardIndexEntry& e) {
   const ChunkMeta& c = e.chunk;
-  ordered_json j;
-  j[kKey] = e.key;
+  if (any_) chunks_ += ',';
+  any_ = true;
+  RecordText j(chunks_);
+  j.Name(kKey);
+  j.String(e.key);
+  j.Name(names::kDType);
   if (e.bytes) {
-    j[names::kDType] = kBytesDType;
-    j[names::kSize] = c.box.sizes.empty() ? 0 : c.box.sizes[0];
+    chunks_ += '"';
+    chunks_ += kBytesDType;
+    chunks_ += '"';
+    j.Name(names::kSize);
+    j.Integer(c.box.sizes.empty() ? int64_t{0} : c.box.sizes[0]);
   } else {
-    j[names::kDType] = DTypeName(e.dtype);
-    j[names::kShape] = e.shape;
-    j[names::kOffsets] = c.box.offsets;
-    j[names::kSizes] = c.box.sizes;
+    chunks_ += '"';
+    chunks_ += DTypeName(e.dtype);
+    chunks_ += '"';
+    j.Name(names::kShape);
+    j.Integers(e.shape);
+    j.Name(names::kOffsets);
+    j.Integers(c.box.offsets);
+    j.Name(names::kSizes);
+    j.Integers(c.box.sizes);
   }
-  j[names::kDataset] = c.dataset;
-  if (c.offset) j[kOffset] = *c.offset;
-  if (c.pack_offset) j[names::kPackOffset] = *c.pack_offset;
-  j[names::kStoredBytes] = c.stored_bytes;
-  if (c.compression.codec == Compression::Codec::kZstd)
-    j[names::kCompression] = {{names::kCodec, names::kZstd}, {names::kLevel, c.compression.level}, {names::kShuffle, true}};
-  j[names::kChecksum] = c.checksum;
-  j[kBlockBytes] = c.block_bytes;
-  j[kBlocks] = c.blocks;
+  j.Name(names::kDataset);
+  j.String(c.dataset);
+  if (c.offset) {
+    j.Name(kOffset);
+    j.Integer(*c.offset);
+  }
+  if (c.pack_offset) {
+    j.Name(names::kPackOffset);
+    j.Integer(*c.pack_offset);
+  }
+  j.Name(names::kStoredBytes);
+  j.Integer(c.stored_bytes);
+  if (c.compression.codec == Compression::Codec::kZstd) {
+    j.Name(names::kCompression);
+    RecordText z(chunks_);
+    z.Name(names::kCodec);
+    chunks_ += '"';
+    chunks_ += names::kZstd;
+    chunks_ += '"';
+    z.Name(names::kLevel);
+    z.Integer(c.compression.level);
+    z.Name(names::kShuffle);
+    chunks_ += "true";
+    z.Close();
+  }
+  j.Name(names::kChecksum);
+  j.String(c.checksum);
+  j.Name(kBlockBytes);
+  j.Integer(c.block_bytes);
+  j.Name(kBlocks);
+  j.String(c.blocks);
   if (c.stats) {
     const ChunkStats& st = *c.stats;
     const double real[] = {st.min, st.max, st.mean, st.l2};
     const int64_t count[] = {st.nan_count, st.inf_count, st.finite_count};
-    ordered_json o;
-    for (int i = 0; i < 4; ++i) o[kStatReal[i]] = std::isfinite(real[i]) ? ordered_json(real[i]) : ordered_json(nullptr);
-    for (int i = 0; i < 3; ++i) o[kStatCount[i]] = count[i];
-    j[names::kStats] = std::move(o);
+    j.Name(names::kStats);
+    RecordText o(chunks_);
+    for (int i = 0; i < 4; ++i) {
+      o.Name(kStatReal[i]);
+      o.Real(real[i]);
+    }
+    for (int i = 0; i < 3; ++i) {
+      o.Name(kStatCount[i]);
+      o.Integer(count[i]);
+    }
+    o.Close();
   }
-  if (any_) chunks_ += ',';
-  any_ = true;
-  chunks_ += j.dump();
+  j.Close();
   if (!spill_dir_.empty() && chunks_.size() >= kSpillBytes) Spill();
 }
 
