@@ -502,12 +502,15 @@ struct DocContext {
   std::size_t num_files = 0;
 };
 
-// The layout of a v1 entry's chunks, and the aggregate of their stats.
-void DeriveLayout(EntryMeta& m, const std::unordered_map<std::string, int32_t>& files) {
+// The layout of `chunks` (a v1 entry's, or a save's resolved ones) into m, and the
+// aggregate of their stats and stored bytes.
+void DeriveLayout(EntryMeta& m, const std::vector<ChunkMeta>& chunks,
+                  const std::unordered_map<std::string, int32_t>& files) {
   std::vector<grid::PlacedBox> placed;
-  placed.reserve(m.chunks.size());
+  placed.reserve(chunks.size());
   std::vector<const ChunkStats*> stats;
-  for (const ChunkMeta& c : m.chunks) {
+  stats.reserve(chunks.size());
+  for (const ChunkMeta& c : chunks) {
     const auto it = files.find(c.file);
     placed.push_back({c.box, it == files.end() ? -1 : it->second});
     stats.push_back(c.stats ? &*c.stats : nullptr);
@@ -519,12 +522,16 @@ void DeriveLayout(EntryMeta& m, const std::unordered_map<std::string, int32_t>& 
   }
   if (m.kind == EntryKind::kTensor && IsFloating(m.dtype)) m.stats = CombineStats(stats);
   m.stored_bytes = 0;
-  for (const ChunkMeta& c : m.chunks) {
+  for (const ChunkMeta& c : chunks) {
     m.stored_bytes += c.stored_bytes;
     if (c.compression.codec != Compression::Codec::kNone && m.compression.codec == Compression::Codec::kNone) {
       m.compression = c.compression;
     }
   }
+}
+
+void DeriveLayout(EntryMeta& m, const std::unordered_map<std::string, int32_t>& files) {
+  DeriveLayout(m, m.chunks, files);
 }
 
 EntryMeta CheckEntry(const Ctx& ctx, RawEntry& e, const DocContext& doc, const ParseLimits& limits) {
@@ -1186,8 +1193,7 @@ void TensorMembersV2(const EntryMeta& e, const std::unordered_map<std::string, i
     derived.kind = e.kind;
     derived.dtype = e.dtype;
     derived.shape = e.shape;
-    derived.chunks = e.chunks;
-    DeriveLayout(derived, file_index);
+    DeriveLayout(derived, e.chunks, file_index);  // e's chunks read in place, not copied
     from = &derived;
   }
   j[n::kLayout] = LayoutJson(from->layout);

@@ -110,15 +110,16 @@ class RecordText {
 
 }  // namespace
 
-void ShardIndexBuilder::Add(const ShardIndexEntry& e) {
-  const ChunkMeta& c = e.chunk;
+void ShardIndexBuilder::Add(const ShardIndexEntry& e) { Add(e.key, e.bytes, e.dtype, e.shape, e.chunk); }
+
+void ShardIndexBuilder::Add(const std::string& key, bool bytes, DType dtype, const Shape& shape, const ChunkMeta& c) {
   if (any_) chunks_ += ',';
   any_ = true;
   RecordText j(chunks_);
   j.Name(kKey);
-  j.String(e.key);
+  j.String(key);
   j.Name(names::kDType);
-  if (e.bytes) {
+  if (bytes) {
     chunks_ += '"';
     chunks_ += kBytesDType;
     chunks_ += '"';
@@ -126,10 +127,10 @@ void ShardIndexBuilder::Add(const ShardIndexEntry& e) {
     j.Integer(c.box.sizes.empty() ? int64_t{0} : c.box.sizes[0]);
   } else {
     chunks_ += '"';
-    chunks_ += DTypeName(e.dtype);
+    chunks_ += DTypeName(dtype);
     chunks_ += '"';
     j.Name(names::kShape);
-    j.Integers(e.shape);
+    j.Integers(shape);
     j.Name(names::kOffsets);
     j.Integers(c.box.offsets);
     j.Name(names::kSizes);
@@ -221,7 +222,8 @@ std::string ShardIndexBuilder::Finish() {
   }
   text += chunks_;
   std::string().swap(chunks_);
-  return text + "]}";
+  text += "]}";
+  return text;
 }
 
 std::string IndexDigest(std::string_view text) { return FormatChecksum(HashBlock(text.data(), text.size())); }

@@ -184,14 +184,7 @@ struct ShardWriter::Impl {
     meta.block_bytes = digest.block_bytes();
     meta.blocks = digest.Blocks();
     if (data_offset) meta.offset = data_offset;
-    ShardIndexEntry e;
-    e.key = key;
-    e.bytes = bytes;
-    e.dtype = dtype;
-    e.shape = shape;
-    e.chunk = meta;
-    e.chunk.file.clear();  // the record is inside its file
-    index.Add(e);
+    index.Add(key, bytes, dtype, shape, meta);  // its `file` not written: the record is inside it
   }
 
   uint64_t DataOffset(hid_t ds, const std::string& key) const {
