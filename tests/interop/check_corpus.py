@@ -519,7 +519,10 @@ def valid_index(version):
         zrec = {"key": "model.w", "dtype": "bfloat16", "shape": [4, 2], "offsets": [2, 0], "sizes": [2, 2],
                 "dataset": "model.w@2,0", "stored_bytes": 7, "compression": {"codec": "zstd", "level": 3, "shuffle": True},
                 "checksum": "xxh3-64:fedcba9876543210", "block_bytes": 4096, "blocks": "fedcba9876543210"}
-        return {"format": "ckpt-shard", "format_version": 2, "chunks": [rec, zrec, blob]}
+        prec = {"key": "model.v", "dtype": "float32", "shape": [3], "offsets": [0], "sizes": [3],  # packed (§5.7)
+                "dataset": ".ckpt_pack.0", "offset": 8192, "pack_offset": 0, "stored_bytes": 12,
+                "checksum": "xxh3-64:0000000000000001", "block_bytes": 65536, "blocks": "0000000000000002"}
+        return {"format": "ckpt-shard", "format_version": 2, "chunks": [rec, zrec, blob, prec]}
     return {"format": "ckpt-shard", "format_version": 1, "chunks": [rec, blob]}
 
 
@@ -638,6 +641,14 @@ def check_schema_rejects(schema_path):
     bi("a record without checksum", lambda d: d[C][1].pop("checksum"))
     bi("a record without stored_bytes", lambda d: d[C][0].pop("stored_bytes"))
     bi("a record without dataset", lambda d: d[C][0].pop("dataset"))
+    bi("a packed record without offset", lambda d: d[C][3].pop("offset"))
+    bi("a packed record with compression", lambda d: d[C][3].update(compression=d[C][1]["compression"]))
+    bi("a packed record naming no pack", lambda d: d[C][3].update(dataset="model.v"))
+    bi("a pack name with a leading zero", lambda d: d[C][3].update(dataset=".ckpt_pack.01"))
+    bi("a negative pack_offset", lambda d: d[C][3].update(pack_offset=-1))
+    bi("an unpacked record naming a pack", lambda d: d[C][0].update(dataset=".ckpt_pack.0"))
+    bi("a bytes entry naming a pack", lambda d: d[C][2].update(dataset=".ckpt_pack.0"))
+    bi("a packed bytes entry", lambda d: d[C][2].update(pack_offset=0))
     bi("a record with a file", lambda d: d[C][0].update(file=0))
     bi("a negative offset", lambda d: d[C][0].update(offset=-8))
     bi("codec 'gzip'", lambda d: d[C][1]["compression"].update(codec="gzip"))
