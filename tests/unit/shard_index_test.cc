@@ -1,8 +1,9 @@
-// The shard index's records are written by hand (storage/shard_index.cc): the text must be
-// byte for byte what nlohmann's ordered_json dump() makes of the same record, which the
-// reference below builds member by member in FORMAT.md §5.5's order, over random records
-// (keys that need escaping or are not ASCII, every dtype, optional members, doubles of
-// every magnitude, NaN and infinities).
+// The shard index's records and metadata.json's tensor entries are written by hand
+// (storage/shard_index.cc, format/metadata.cc, format/json_text.h): the text must be byte
+// for byte what nlohmann's dump() makes of the same members, which the references below
+// build as the writers did before, over random records and entries (keys that need escaping
+// or are not ASCII, every dtype, every layout form, optional members, doubles of every
+// magnitude, NaN and infinities).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -13,6 +14,7 @@
 #include <string>
 
 #include "ckpt/dtype.h"
+#include "ckpt/metadata.h"
 #include "storage/digest.h"
 #include "storage/shard_index.h"
 
@@ -195,5 +197,118 @@ TEST_CASE("hand-written records parse back to what was written") {
       else CHECK(std::isnan(y));
     }
     CHECK(b.stats->l2 == a.stats->l2);
+  }
+}
+
+namespace {
+
+// A v2 tensor entry's line as the nlohmann path wrote it: the layout a nlohmann::json (its
+// members sorted), the rest an ordered_json.
+std::string ReferenceEntry(const std::string& key, const EntryMeta& e) {
+  using json = nlohmann::json;
+  json lay;
+  if (e.layout.kind == TensorLayout::Kind::kChunks) {
+    json chunks = json::array();
+    for (const auto& p : e.layout.pieces)
+      chunks.push_back({{"offsets", p.box.offsets}, {"sizes", p.box.sizes}, {"file", p.file}});
+    lay["chunks"] = std::move(chunks);
+  } else {
+    json grid = json::array();
+    for (const DimSplit& d : e.layout.grid) grid.push_back(d.sizes.empty() ? json{{"step", d.step}} : json{{"sizes", d.sizes}});
+    lay["grid"] = std::move(grid);
+    if (!e.layout.cell_files.empty()) lay["files"] = e.layout.cell_files;
+    else lay["files"] = {{"base", e.layout.file_base}, {"strides", e.layout.file_strides}};
+  }
+  ordered_json j;
+  j["type"] = "tensor";
+  j["dtype"] = DTypeName(e.dtype);
+  j["shape"] = e.shape;
+  j["layout"] = lay;
+  j["stored_bytes"] = e.stored_bytes;
+  if (e.compression.codec == Compression::Codec::kZstd)
+    j["compression"] = {{"codec", "zstd"}, {"level", e.compression.level}, {"shuffle", true}};
+  if (e.stats) {
+    auto real = [](double v) { return std::isfinite(v) ? json(v) : json(nullptr); };
+    const ChunkStats& s = *e.stats;
+    j["stats"] = ordered_json{{"min", real(s.min)}, {"max", real(s.max)}, {"mean", real(s.mean)}, {"l2", real(s.l2)},
+                              {"nan_count", s.nan_count}, {"inf_count", s.inf_count}, {"finite_count", s.finite_count}};
+  }
+  return ordered_json(key).dump() + ": " + j.dump();
+}
+
+}  // namespace
+
+TEST_CASE("metadata.json tensor entries written by hand are byte-identical to nlohmann's dump") {
+  std::mt19937_64 rng(99);
+  Metadata m;
+  m.format_version = 2;
+  m.world_size = 2;
+  m.files = {FileMeta{"shard-00000-of-00002.h5", 0, 10, storage::FormatChecksum(1)},
+             FileMeta{"shard-00001-of-00002.h5", 1, 10, storage::FormatChecksum(2)}};
+  for (int i = 0; i < 400; ++i) {
+    EntryMeta e;
+    e.kind = EntryKind::kTensor;
+    e.dtype = kAllDTypes[rng() % std::size(kAllDTypes)];
+    const int rank = static_cast<int>(rng() % 4);
+    for (int d = 0; d < rank; ++d) e.shape.push_back(static_cast<int64_t>(rng() % 100000));
+    TensorLayout& l = e.layout;
+    if (rng() % 3 == 0) {
+      l.kind = TensorLayout::Kind::kChunks;
+      for (int p = static_cast<int>(rng() % 4); p >= 0; --p) {
+        TensorLayout::Piece piece;
+        for (int d = 0; d < rank; ++d) {
+          piece.box.offsets.push_back(static_cast<int64_t>(rng() % 50));
+          piece.box.sizes.push_back(static_cast<int64_t>(rng() % 50));
+        }
+        piece.file = static_cast<int32_t>(rng() % 2);
+        l.pieces.push_back(piece);
+      }
+    } else {
+      l.kind = TensorLayout::Kind::kGrid;
+      for (int d = 0; d < rank; ++d) {
+        DimSplit split;
+        if (rng() % 2) split.step = static_cast<int64_t>(rng() % 1000) + 1;
+        else split.sizes = {static_cast<int64_t>(rng() % 9), static_cast<int64_t>(rng() % 9)};
+        l.grid.push_back(split);
+      }
+      if (rng() % 2) {
+        for (int c = static_cast<int>(rng() % 5); c >= 0; --c) l.cell_files.push_back(static_cast<int32_t>(rng() % 2));
+      } else {
+        l.file_base = static_cast<int64_t>(rng() % 2);
+        for (int d = 0; d < rank; ++d) l.file_strides.push_back(static_cast<int64_t>(rng() % 3));
+      }
+    }
+    e.stored_bytes = rng() >> (rng() % 64);
+    if (rng() % 4 == 0) {
+      e.compression.codec = Compression::Codec::kZstd;
+      e.compression.level = static_cast<int>(rng() % 40) - 20;
+    }
+    if (rng() % 3) {
+      ChunkStats st;
+      st.min = RandomDouble(rng);
+      st.max = RandomDouble(rng);
+      st.mean = RandomDouble(rng);
+      st.l2 = RandomDouble(rng);
+      st.nan_count = static_cast<int64_t>(rng() % 10);
+      st.inf_count = static_cast<int64_t>(rng() >> 2);
+      st.finite_count = static_cast<int64_t>(rng() % 100000);
+      e.stats = st;
+    }
+    m.entries.emplace_back(RandomKey(rng) + std::to_string(i), std::move(e));
+  }
+  const std::string text = SerializeMetadata(m);
+  // One entry a line, in order, each exactly the reference.
+  std::size_t at = text.find("\"entries\": {\n");
+  REQUIRE(at != std::string::npos);
+  at += std::string("\"entries\": {\n").size();
+  for (std::size_t i = 0; i < m.entries.size(); ++i) {
+    const std::size_t end = text.find('\n', at);
+    REQUIRE(end != std::string::npos);
+    std::string line = text.substr(at, end - at);
+    CHECK(line.rfind("    ", 0) == 0);
+    line = line.substr(4);
+    if (!line.empty() && line.back() == ',') line.pop_back();
+    CHECK(line == ReferenceEntry(m.entries[i].first, m.entries[i].second));
+    at = end + 1;
   }
 }

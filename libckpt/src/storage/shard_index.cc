@@ -6,15 +6,14 @@
 #include <fcntl.h>
 
 #include <algorithm>
-#include <array>
 #include <cerrno>
-#include <charconv>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <unordered_map>
 
 #include "ckpt/error.h"
+#include "format/json_text.h"
 #include "format/names.h"
 #include "storage/digest.h"
 
@@ -51,84 +50,21 @@ void CheckExtent(const Shape& shape, std::size_t itemsize, const std::string& wh
 
 }  // namespace
 
-namespace {
-
-// The record's JSON text, written here member by member: exactly what nlohmann's
-// ordered_json dump() writes for the same members in the same order (compact, doubles by
-// its own shortest round-trip formatting, strings escaped by it unless plain printable
-// ASCII), without a JSON tree a record (tests/unit/shard_index_test.cc compares the two).
-class RecordText {
- public:
-  explicit RecordText(std::string& out) : out_(out) {}
-  void Name(const char* name) {
-    out_ += first_ ? '{' : ',';
-    first_ = false;
-    out_ += '"';
-    out_ += name;
-    out_ += "\":";
-  }
-  void String(const std::string& v) {
-    bool plain = true;
-    for (const char ch : v) plain = plain && ch >= 0x20 && ch <= 0x7e && ch != '"' && ch != '\\';
-    if (!plain) {
-      out_ += ordered_json(v).dump();  // escapes, and refuses invalid UTF-8, as before
-      return;
-    }
-    out_ += '"';
-    out_ += v;
-    out_ += '"';
-  }
-  template <typename Int>
-  void Integer(Int v) {
-    char buf[24];
-    const auto r = std::to_chars(buf, buf + sizeof buf, v);
-    out_.append(buf, r.ptr);
-  }
-  void Integers(const std::vector<int64_t>& v) {
-    out_ += '[';
-    for (std::size_t i = 0; i < v.size(); ++i) {
-      if (i) out_ += ',';
-      Integer(v[i]);
-    }
-    out_ += ']';
-  }
-  void Real(double v) {  // null unless finite (FORMAT.md §7.3)
-    if (!std::isfinite(v)) {
-      out_ += "null";
-      return;
-    }
-    std::array<char, 64> buf;
-    char* end = nlohmann::detail::to_chars(buf.data(), buf.data() + buf.size(), v);
-    out_.append(buf.data(), end);
-  }
-  void Close() { out_ += first_ ? "{}" : "}"; }
-
- private:
-  std::string& out_;
-  bool first_ = true;
-};
-
-}  // namespace
-
 void ShardIndexBuilder::Add(const ShardIndexEntry& e) { Add(e.key, e.bytes, e.dtype, e.shape, e.chunk); }
 
 void ShardIndexBuilder::Add(const std::string& key, bool bytes, DType dtype, const Shape& shape, const ChunkMeta& c) {
   if (any_) chunks_ += ',';
   any_ = true;
-  RecordText j(chunks_);
+  internal::JsonObjectText j(chunks_);
   j.Name(kKey);
   j.String(key);
   j.Name(names::kDType);
   if (bytes) {
-    chunks_ += '"';
-    chunks_ += kBytesDType;
-    chunks_ += '"';
+    j.String(kBytesDType);
     j.Name(names::kSize);
     j.Integer(c.box.sizes.empty() ? int64_t{0} : c.box.sizes[0]);
   } else {
-    chunks_ += '"';
-    chunks_ += DTypeName(dtype);
-    chunks_ += '"';
+    j.String(DTypeName(dtype));
     j.Name(names::kShape);
     j.Integers(shape);
     j.Name(names::kOffsets);
@@ -150,15 +86,13 @@ void ShardIndexBuilder::Add(const std::string& key, bool bytes, DType dtype, con
   j.Integer(c.stored_bytes);
   if (c.compression.codec == Compression::Codec::kZstd) {
     j.Name(names::kCompression);
-    RecordText z(chunks_);
+    internal::JsonObjectText z(chunks_);
     z.Name(names::kCodec);
-    chunks_ += '"';
-    chunks_ += names::kZstd;
-    chunks_ += '"';
+    z.String(names::kZstd);
     z.Name(names::kLevel);
     z.Integer(c.compression.level);
     z.Name(names::kShuffle);
-    chunks_ += "true";
+    z.Raw("true");
     z.Close();
   }
   j.Name(names::kChecksum);
@@ -172,10 +106,10 @@ void ShardIndexBuilder::Add(const std::string& key, bool bytes, DType dtype, con
     const double real[] = {st.min, st.max, st.mean, st.l2};
     const int64_t count[] = {st.nan_count, st.inf_count, st.finite_count};
     j.Name(names::kStats);
-    RecordText o(chunks_);
+    internal::JsonObjectText o(chunks_);
     for (int i = 0; i < 4; ++i) {
       o.Name(kStatReal[i]);
-      o.Real(real[i]);
+      o.RealOrNull(real[i]);
     }
     for (int i = 0; i < 3; ++i) {
       o.Name(kStatCount[i]);
