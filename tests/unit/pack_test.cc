@@ -12,6 +12,7 @@
 #include <set>
 
 #include "ckpt/ckpt.h"
+#include "ckpt/ops/merge.h"
 #include "ckpt/ops/verify.h"
 #include "ckpt_edit.h"
 #include "test_util.h"
@@ -332,4 +333,27 @@ TEST_CASE("a pack dataset of the wrong dtype or shape") {
     ckpt_test::RecordIndexDigest(f.dir, 0);
     f.ExpectCorrupt({"a", "b"}, "not a 1-D uint8 dataset");
   }
+}
+
+TEST_CASE("merge reads packed chunks; virtual datasets cannot map them and say so") {
+  PackFixture f;
+  // A copy into one file, read back whole.
+  ops::MergeOptions o;
+  ops::Merge(f.dir, f.tmp / "merged", o);
+  CHECK(ops::Verify(f.tmp / "merged", {}).ok());
+  const auto reader = CheckpointReader::Open(f.tmp / "merged");
+  std::vector<float> b(20);
+  reader->ReadRegion("b", Box::Full({20}), b.data());
+  CHECK(b == f.b);
+  // Virtual datasets over the shards: refused, naming the key, nothing left behind.
+  o.virtual_file = true;
+  try {
+    ops::Merge(f.dir, f.tmp / "virtual.h5", o);
+    FAIL("a virtual merge of packed chunks succeeded");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::kUnsupported);
+    CHECK((Has(e.what(), "'a'") || Has(e.what(), "'b'")));
+    CHECK(Has(e.what(), "packed"));
+  }
+  CHECK_FALSE(fs::exists(f.tmp / "virtual.h5"));
 }
