@@ -186,6 +186,19 @@ TEST_CASE("thousands of small chunks among big ones: packed, loaded resharded bi
   CHECK(range->length == reader->metadata().Find(s.key)->chunks.at(0).stored_bytes);
   reader->VerifyChunk(s.key, 0);
 
+  // A merge that packs its output too (CheckpointWriter::Options::pack_bytes): into 2
+  // files, the chunks recut; loaded bit-identical, verified.
+  ops::MergeOptions mo;
+  mo.world = 2;
+  mo.pack_bytes = SaveOptions{}.pack_bytes;
+  mo.copy_min_bytes = uint64_t{1} << 30;  // every chunk through memory
+  ops::Merge(tmp / "ck", tmp / "merged", mo);
+  const PackCensus mc = Census(tmp / "merged");
+  CHECK(mc.packed > 3000);
+  CHECK(mc.packs.size() < 40);
+  CHECK(ops::Verify(tmp / "merged", {}).ok());
+  LoadAndCheck(tmp / "merged", specs, 3);
+
   // pack_bytes 0: a dataset a chunk, as before packs.
   SaveSpecs(tmp / "plain", specs, 2, 0);
   const PackCensus u = Census(tmp / "plain");

@@ -177,12 +177,17 @@ struct ShardWriter::Impl {
     return *copier;
   }
 
-  // Fills in the chunk's digests (v2: blocked) and data offset, and adds its index record.
-  void RecordChunk(const std::string& key, bool bytes, DType dtype, const Shape& shape, ChunkMeta& meta,
-                   const Digest& digest, uint64_t data_offset) {
+  // Fills in the chunk's digests (v2: blocked).
+  static void Digested(ChunkMeta& meta, const Digest& digest) {
     meta.checksum = digest.Checksum();
     meta.block_bytes = digest.block_bytes();
     meta.blocks = digest.Blocks();
+  }
+
+  // Fills in the chunk's digests and data offset, and adds its index record.
+  void RecordChunk(const std::string& key, bool bytes, DType dtype, const Shape& shape, ChunkMeta& meta,
+                   const Digest& digest, uint64_t data_offset) {
+    Digested(meta, digest);
     if (data_offset) meta.offset = data_offset;
     index.Add(key, bytes, dtype, shape, meta);  // its `file` not written: the record is inside it
   }
@@ -277,6 +282,57 @@ struct ShardWriter::Impl {
     const Made* packed;  // the packed member's place, valid until the next TakeReserved
   };
   Made taken_pack;  // the last packed member taken
+
+  // Small chunks written without being reserved (a CheckpointWriter's, a device chunk's)
+  // are packed too: their bytes wait here, copied, until the pack is full (kPackBytes) or
+  // the shard is finished; then the pack is made and written whole and their records,
+  // whose offsets are known only then, are added.
+  struct Deferred {
+    std::string pack;  // its name, chosen with its first member
+    std::vector<unsigned char> bytes;
+    struct Member {
+      std::string key;
+      DType dtype;
+      Shape shape;
+      ChunkMeta meta;
+    };
+    std::vector<Member> members;
+  } deferred;
+
+  bool Deferrable(std::size_t n, const void* data) const {
+    return pack_threshold > 0 && data && n > 0 && n <= pack_threshold;
+  }
+
+  // Packs `n` bytes at `data` of a digested chunk (meta: its box, digests and stats); fills
+  // in its pack and place in it.
+  void Defer(const std::string& key, DType dtype, const Shape& shape, ChunkMeta& meta, const void* data,
+             std::size_t n) {
+    if (!deferred.members.empty() && deferred.bytes.size() + n > kPackBytes) FlushDeferred();
+    if (deferred.members.empty()) deferred.pack = names::kPackPrefix + std::to_string(packs_made++);
+    meta.dataset = deferred.pack;
+    meta.pack_offset = deferred.bytes.size();
+    meta.stored_bytes = n;
+    const auto* p = static_cast<const unsigned char*>(data);
+    deferred.bytes.insert(deferred.bytes.end(), p, p + n);
+    deferred.members.push_back({key, dtype, shape, meta});
+    deferred.members.back().meta.file.clear();
+  }
+
+  void FlushDeferred() {
+    if (deferred.members.empty()) return;
+    const std::string& first = deferred.members.front().key;
+    h5::Handle ds = CreateDataset(deferred.pack, DType::kUInt8, {static_cast<int64_t>(deferred.bytes.size())},
+                                  /*compress=*/false, first);
+    const uint64_t base = DataOffset(ds.get(), first);
+    WriteExact(fd.get(), deferred.bytes.data(), deferred.bytes.size(), base, path);
+    Wrote(deferred.bytes.size());
+    for (auto& m : deferred.members) {
+      m.meta.offset = base + *m.meta.pack_offset;
+      index.Add(m.key, false, m.dtype, m.shape, m.meta);
+    }
+    deferred.members.clear();
+    deferred.bytes.clear();
+  }
 
   bool Packable(const Announced& a) const {
     return pack_threshold > 0 && a.data && a.bytes > 0 && a.bytes <= pack_threshold;
@@ -392,7 +448,7 @@ struct ShardWriter::Impl {
 ShardWriter::ShardWriter(const std::filesystem::path& dir, std::string file_name, Compression compression,
                          uint64_t block_bytes, uint64_t pack_threshold)
     : impl_(std::make_unique<Impl>()), file_name_(std::move(file_name)) {
-  impl_->pack_threshold = pack_threshold;
+  impl_->pack_threshold = std::min(pack_threshold, Impl::kPackBytes);  // a pack's bound: no chunk above it is packed
   if (block_bytes < kMinBlockBytes || block_bytes > kMaxBlockBytes || (block_bytes & (block_bytes - 1))) {
     throw Error(ErrorCode::kInvalidArgument, file_name_ + ": block size " + std::to_string(block_bytes) +
                                                  " is not a power of two in [4096, 67108864]");
@@ -465,6 +521,12 @@ ChunkMeta ShardWriter::WriteChunk(const std::string& key, DType dtype, const Sha
               impl_->path.string() + ": key '" + key + "': writing compressed dataset");
     meta.compression = impl_->compression;
     meta.stored_bytes = H5Dget_storage_size(ds.get());
+  } else if (impl_->Deferrable(nbytes, data)) {
+    digest.Update(data, nbytes);
+    meta.stats = digest.Stats();
+    Impl::Digested(meta, digest);
+    impl_->Defer(key, dtype, shape, meta, data, nbytes);  // recorded when its pack is written
+    return meta;
   } else {
     h5::Handle ds = impl_->CreateDataset(meta.dataset, dtype, box.sizes, compress, key);
     data_offset = impl_->StreamContiguous(nbytes ? impl_->DataOffset(ds.get(), key) : 0, data, nbytes, digest);
@@ -606,6 +668,7 @@ ChunkMeta ShardWriter::WriteBytes(const std::string& key, const void* data, std:
 
 ShardWriter::Written ShardWriter::Finish() {
   if (impl_->copier) impl_->copier->Drain();
+  impl_->FlushDeferred();
   if (impl_->pack.filled != 0 || !impl_->made.empty() || !impl_->announced.empty()) {
     throw Error(ErrorCode::kInternal, impl_->path.filename().string() + ": chunks reserved but not written");
   }
