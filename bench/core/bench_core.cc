@@ -797,6 +797,8 @@ int main(int argc, char** argv) {
     // The same saves without packs (FORMAT.md §5.7): one dataset a tensor.
     Phase("many-small", "ckpt, unpacked", "save", mb, run, clean, [&] { CkptSave(m, d / "c1u", 1, 0); });
     Phase("many-small", "ckpt, 4 threads, unpacked", "save", mb, run, clean, [&] { CkptSave(m, d / "c4u", 4, 0); });
+    Phase("many-small", "ckpt, 4 threads, unpacked", "load", mb, run, zero(m), [&] { CkptLoad(m, d / "c4u", 4); },
+          verify(m, "ckpt 4 unpacked load"));
     clean();
   }
   std::printf("page cache: %s\n", g_cold_method.c_str());
