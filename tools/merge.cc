@@ -8,7 +8,7 @@ namespace ckpt::tools {
 namespace {
 
 struct MergeFlags {
-  std::string src, dst, dtype, compress = "none", chunk_size = "16MiB", max_shard_size;
+  std::string src, dst, dtype, compress = "none", chunk_size = "16MiB", max_shard_size, pack_bytes = "0";
   ops::MergeOptions o;
 };
 
@@ -38,6 +38,10 @@ void AddWriteFlags(CLI::App& app, MergeFlags& f) {
                  "than this are stored as several chunks (up to --max-memory / 8); others are copied file\n"
                  "to file, one chunk per tensor (or per --world part)")
       ->capture_default_str();
+  app.add_option("--pack-bytes", f.pack_bytes,
+                 "Pack chunks of at most this many bytes that pass through memory into shared pack datasets\n"
+                 "(FORMAT.md 5.7; e.g. 64KiB, as ckpt::Save does); 0: each chunk its own dataset")
+      ->capture_default_str();
   app.add_option("--keys", f.o.keys, "Only keys matching this glob (repeatable)")
       ->allow_extra_args(false)->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_option("--exclude", f.o.exclude, "Skip keys matching this glob (repeatable), e.g. 'optimizer.*'")
@@ -51,6 +55,7 @@ int RunWrite(CLI::App& app, Common& common, MergeFlags& f, int argc, char** argv
   return Run(app, common, argc, argv, [&] {
     f.o.max_memory = ParseSize(common.max_memory);
     f.o.chunk_bytes = ParseSize(f.chunk_size);
+    f.o.pack_bytes = f.pack_bytes == "0" ? 0 : ParseSize(f.pack_bytes);
     if (!f.dtype.empty()) f.o.cast = ParseDType(f.dtype);
     if (!f.max_shard_size.empty()) f.o.max_shard_size = ParseShardSize(f.max_shard_size);
     f.o.compression = ParseCompression(f.compress);

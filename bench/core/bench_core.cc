@@ -576,11 +576,14 @@ void H5Load(Workload& w, const fs::path& dir) {
 
 // ---- ckpt
 
-void CkptSave(Workload& w, const fs::path& dir, int world) {
+// `pack_bytes`: SaveOptions::pack_bytes (0: every chunk its own dataset, as before packs).
+void CkptSave(Workload& w, const fs::path& dir, int world, uint64_t pack_bytes = ckpt::SaveOptions{}.pack_bytes) {
   std::vector<ckpt::StateDict> views;
   for (int r = 0; r < world; ++r) views.push_back(View(w, world, r));
+  ckpt::SaveOptions options;
+  options.pack_bytes = pack_bytes;
   ckpt::RunThreads(world, [&](ckpt::Comm& comm) {
-    ckpt::Save(dir, views[static_cast<std::size_t>(comm.rank())], comm);
+    ckpt::Save(dir, views[static_cast<std::size_t>(comm.rank())], comm, options);
   });
 }
 
@@ -791,6 +794,11 @@ int main(int argc, char** argv) {
     Phase("many-small", "ckpt, 4 threads", "save", mb, run, clean, [&] { CkptSave(m, d / "c4", 4); });
     Phase("many-small", "ckpt, 4 threads", "load", mb, run, zero(m), [&] { CkptLoad(m, d / "c4", 4); },
           verify(m, "ckpt 4 load"));
+    // The same saves without packs (FORMAT.md §5.7): one dataset a tensor.
+    Phase("many-small", "ckpt, unpacked", "save", mb, run, clean, [&] { CkptSave(m, d / "c1u", 1, 0); });
+    Phase("many-small", "ckpt, 4 threads, unpacked", "save", mb, run, clean, [&] { CkptSave(m, d / "c4u", 4, 0); });
+    Phase("many-small", "ckpt, 4 threads, unpacked", "load", mb, run, zero(m), [&] { CkptLoad(m, d / "c4u", 4); },
+          verify(m, "ckpt 4 unpacked load"));
     clean();
   }
   std::printf("page cache: %s\n", g_cold_method.c_str());

@@ -78,11 +78,13 @@ def rewrite_index(path, edit):
 
 
 def data_offset(path, key):
+    """File offset of the data of `key`'s chunk in shard `path`, as h5py locates it: its own
+    dataset's, or its pack's plus its pack_offset (FORMAT.md §5.7)."""
     import h5py
     with h5py.File(path, "r") as f:
-        for name in f:
-            if name.startswith(key + "@"):
-                return f[name].id.get_offset()
+        for rec in json.loads(bytes(f.attrs["ckpt_shard_index"]))["chunks"]:
+            if rec["key"] == key:
+                return f[rec["dataset"]].id.get_offset() + rec.get("pack_offset", 0)
     raise SystemExit("repros: no dataset of %s in %s" % (key, path))
 
 

@@ -470,6 +470,61 @@ class Corpus:
         self.v2_case("v2-index-deep", index_fn=None, token=shard0, **lenient)
         ckpt_edit.write_index(self.cases[-1].path, 0, b"[" * 100000 + b"]" * 100000)
 
+    # --- packs (FORMAT.md §5.7) -----------------------------------------------------------
+
+    def pack_cases(self):
+        """Hostile packed records and pack datasets, on a base whose small tensors p0, p1, p2
+        share one pack (hostile_load --write-packed), digests recomputed."""
+        base = os.path.join(self.work, "base-packed")
+        subprocess.run([self.args.load, "--write-packed", base], check=True)
+        recs = {k: v[0] for k, v in ckpt_edit.chunks(base).items()}
+        assert all("pack_offset" in recs[k] for k in ("p0", "p1", "p2")), recs
+        shard = ckpt_edit.load_metadata(base)["files"][0]["name"]
+        p0, p1 = recs["p0"], recs["p1"]
+        lenient = dict(inspect_lenient=True)
+
+        def case(name, key, fn, token=None, **kw):
+            d = self.new_ckpt(name, base)
+            ckpt_edit.edit_records(d, key, lambda r, _: fn(r))
+            self.add(Case(name, d, "ckpt", token=token or ("'%s'" % key, shard), fatal=True, **kw))
+
+        def shift(r, by):
+            r["pack_offset"] += by
+            r["offset"] += by
+        case("pack-record-outside", "p2", lambda r: shift(r, 1 << 20), **lenient)
+        case("pack-record-past-file", "p2", lambda r: shift(r, 1 << 40), **lenient)
+        case("pack-record-overlap", "p1", lambda r: (r.__setitem__("pack_offset", p0["pack_offset"] + 4),
+                                                     r.__setitem__("offset", p0["offset"] + 4)), **lenient)
+        case("pack-record-base-differs", "p1", lambda r: r.__setitem__("offset", r["offset"] + 8), **lenient)
+        case("pack-record-huge", "p1", lambda r: r.__setitem__("pack_offset", 2 ** 64 - 1), **lenient)
+        case("pack-record-neg", "p1", lambda r: r.__setitem__("pack_offset", -4), **lenient)
+        case("pack-record-no-offset", "p1", lambda r: r.pop("offset"), **lenient)
+        case("pack-record-compressed", "p1", lambda r: r.__setitem__(
+            "compression", {"codec": "zstd", "level": 3, "shuffle": True}), **lenient)
+        case("pack-record-not-a-pack", "p1", lambda r: r.__setitem__("dataset", "big"), **lenient)
+        case("pack-record-missing-pack", "p1", lambda r: r.__setitem__("dataset", ".ckpt_pack.9"), **lenient)
+        case("pack-record-path", "p1", lambda r: r.__setitem__("dataset", ".ckpt_pack.0/x"), **lenient)
+
+        # The pack itself replaced (by h5py) with a dataset of another dtype, or of 2 dims:
+        # every member names it.
+        for name, dtype, shape in [("pack-dataset-float32", "<f4", (32,)), ("pack-dataset-2d", "u1", (4, 100))]:
+            d = self.new_ckpt(name, base)
+            with h5py.File(os.path.join(d, shard), "r+") as h:
+                del h[p0["dataset"]]
+                h.create_dataset(p0["dataset"], shape=shape, dtype=dtype)
+            ckpt_edit.edit_index(d, 0, lambda ix: None)  # the shard's new size recorded
+            self.add(Case(name, d, "ckpt", token=(shard, p0["dataset"]), fatal=True, **lenient))
+
+        # A gap: a member's record dropped (metadata.json no longer names the key): only
+        # ckpt-verify sees that the pack holds bytes no member claims.
+        def drop(m):
+            m["entries"].pop("p1")
+        d = self.new_ckpt("pack-gap", base)
+        ckpt_edit.edit_index(d, 0, lambda ix: ix.__setitem__("chunks", [r for r in ix["chunks"]
+                                                                         if r["key"] != "p1"]))
+        ckpt_edit.edit_metadata(d, drop)
+        self.add(Case("pack-gap", d, "ckpt", token=(shard, "pack"), fatal=False, **lenient))
+
     # --- metadata.json that is not a regular file ----------------------------------------
 
     def special_file_cases(self):
@@ -778,6 +833,7 @@ def main():
     else:
         c.metadata_cases()
         c.v2_cases()
+        c.pack_cases()
         c.special_file_cases()
         c.shard_byte_cases()
         c.safetensors_cases()

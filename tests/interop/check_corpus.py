@@ -274,8 +274,11 @@ class Case:
                         o < 0 or s < 0 or o + s > n for o, s, n in zip(offs, sizes, shape)):
                     self.err(f"{cw}: outside the tensor's shape {shape}")
                     continue
+                packed = c.pack_offset is not None  # FORMAT.md §5.7: `dataset` names its pack
                 want_name = F.dataset_name(key, shape, offs, sizes)
-                if c.dataset != want_name:
+                if packed and not F.PACK_NAME.match(c.dataset or ""):
+                    self.err(f"{cw}: packed chunk names {c.dataset!r}, not a pack (.ckpt_pack.<n>)")
+                elif not packed and c.dataset != want_name:
                     self.err(f"{cw}: dataset named {c.dataset!r}, expected {want_name!r}")
                 nelem = int(np.prod(sizes)) if sizes else 1
                 compressed = c.compression is not None
@@ -289,7 +292,8 @@ class Case:
                 ds = self.ck.dataset(c)
                 if ds is None:
                     continue
-                self.check_dataset(c, ds, dtype, compressed)
+                if not packed:  # a pack's dataset is checked by read_chunk and check_packs
+                    self.check_dataset(c, ds, dtype, compressed)
                 if not compressed and c.stored_bytes != nelem * item:
                     self.err(f"{cw}: stored_bytes {c.stored_bytes}, expected {nelem * item} uncompressed")
                 data = self.ck.read_chunk(c, dtype)
@@ -380,9 +384,11 @@ class Case:
         listed = {}  # file -> {dataset: chunk}
         for chunks in list(self.ck.tensors.values()) + [[c] for c in self.ck.blobs.values()]:
             for c in chunks:
-                if c.dataset in listed.setdefault(c.file, {}):
+                other = listed.setdefault(c.file, {}).get(c.dataset)
+                if other is not None and (other.pack_offset is None or c.pack_offset is None):
                     self.err(f"{c.file}: dataset {c.dataset!r} is named by two chunks")
                 listed[c.file][c.dataset] = c
+        self.ck.check_packs()  # the members of a pack tile it (FORMAT.md §5.7)
         for name in self.ck.files:
             if not os.path.isfile(os.path.join(self.dir, name)):
                 continue
@@ -419,6 +425,9 @@ class Case:
             esc = F.escape_key(t["key"])
             count = sum(1 for name in self.ck.files if os.path.isfile(os.path.join(self.dir, name))
                         for n in self.ck.open_file(name) if n == esc or n.startswith(esc + "@"))
+            # packed copies (FORMAT.md §5.7) have no dataset of their own: their records count
+            count += sum(1 for name in self.ck.files for r in (self.ck.records.get(name) or [])
+                         if r.get("key") == t["key"] and "pack_offset" in r)
             if count != 1:
                 self.err(f"replicated tensor {t['key']!r} stored in {count} datasets across the shards, expected 1")
 
@@ -510,7 +519,10 @@ def valid_index(version):
         zrec = {"key": "model.w", "dtype": "bfloat16", "shape": [4, 2], "offsets": [2, 0], "sizes": [2, 2],
                 "dataset": "model.w@2,0", "stored_bytes": 7, "compression": {"codec": "zstd", "level": 3, "shuffle": True},
                 "checksum": "xxh3-64:fedcba9876543210", "block_bytes": 4096, "blocks": "fedcba9876543210"}
-        return {"format": "ckpt-shard", "format_version": 2, "chunks": [rec, zrec, blob]}
+        prec = {"key": "model.v", "dtype": "float32", "shape": [3], "offsets": [0], "sizes": [3],  # packed (§5.7)
+                "dataset": ".ckpt_pack.0", "offset": 8192, "pack_offset": 0, "stored_bytes": 12,
+                "checksum": "xxh3-64:0000000000000001", "block_bytes": 65536, "blocks": "0000000000000002"}
+        return {"format": "ckpt-shard", "format_version": 2, "chunks": [rec, zrec, blob, prec]}
     return {"format": "ckpt-shard", "format_version": 1, "chunks": [rec, blob]}
 
 
@@ -629,6 +641,14 @@ def check_schema_rejects(schema_path):
     bi("a record without checksum", lambda d: d[C][1].pop("checksum"))
     bi("a record without stored_bytes", lambda d: d[C][0].pop("stored_bytes"))
     bi("a record without dataset", lambda d: d[C][0].pop("dataset"))
+    bi("a packed record without offset", lambda d: d[C][3].pop("offset"))
+    bi("a packed record with compression", lambda d: d[C][3].update(compression=d[C][1]["compression"]))
+    bi("a packed record naming no pack", lambda d: d[C][3].update(dataset="model.v"))
+    bi("a pack name with a leading zero", lambda d: d[C][3].update(dataset=".ckpt_pack.01"))
+    bi("a negative pack_offset", lambda d: d[C][3].update(pack_offset=-1))
+    bi("an unpacked record naming a pack", lambda d: d[C][0].update(dataset=".ckpt_pack.0"))
+    bi("a bytes entry naming a pack", lambda d: d[C][2].update(dataset=".ckpt_pack.0"))
+    bi("a packed bytes entry", lambda d: d[C][2].update(pack_offset=0))
     bi("a record with a file", lambda d: d[C][0].update(file=0))
     bi("a negative offset", lambda d: d[C][0].update(offset=-8))
     bi("codec 'gzip'", lambda d: d[C][1]["compression"].update(codec="gzip"))

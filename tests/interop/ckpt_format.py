@@ -470,6 +470,9 @@ def read_dataset(ds, storage_dtype):
 
 # ------------------------------------------------------------------ a checkpoint
 
+PACK_NAME = re.compile(r"^\.ckpt_pack\.(0|[1-9][0-9]*)$")  # §5.7
+
+
 class Chunk:
     """One stored chunk (or blob), whatever the version: where it is and how it is verified."""
 
@@ -484,6 +487,7 @@ class Chunk:
         self.block_bytes = record.get("block_bytes", 0)  # 0: a v1 chunk
         self.blocks = record.get("blocks", "")
         self.offset = record.get("offset")
+        self.pack_offset = record.get("pack_offset")  # a packed chunk (§5.7): `dataset` is its pack
 
     def where(self):
         box = "" if self.offsets is None else f" chunk {self.offsets}+{self.sizes}"
@@ -668,6 +672,51 @@ class Checkpoint:
             return None
         return f[c.dataset]
 
+    def read_packed(self, c, ds, dtype):
+        """A packed chunk's bytes (§5.7): its slice of the pack, a 1-D uint8 contiguous dataset."""
+        if not PACK_NAME.match(c.dataset or "") or ds.dtype != np.dtype("u1") or len(ds.shape) != 1 \
+                or ds.chunks is not None or filters_of(ds):
+            self.err(f"{c.where()}: pack {c.dataset!r} is not a 1-D uint8 contiguous pack dataset (§5.7)")
+            return None
+        if dtype == "bytes" or c.compression is not None or c.offset is None:
+            self.err(f"{c.where()}: a packed record must be an uncompressed tensor chunk with an offset (§5.7)")
+            return None
+        n = itemsize(dtype) * int(np.prod(c.sizes))
+        p = c.pack_offset
+        if not is_int(p) or p < 0 or p + n > ds.shape[0]:
+            self.err(f"{c.where()}: its {n} bytes at byte {p!r} of pack {c.dataset!r} lie outside the pack's "
+                     f"{ds.shape[0]} bytes (§5.7)")
+            return None
+        return ds[p:p + n].tobytes()
+
+    def check_packs(self):
+        """§5.7: in every file, the members of each pack tile it exactly (no gap, no overlap)
+        and give one pack data offset."""
+        packs = {}  # (file, pack) -> [(pack_offset, bytes, chunk)]
+        for key, chunks in self.tensors.items():
+            dtype = self.entries()[key].get("dtype")
+            for c in chunks:
+                if c.pack_offset is not None and is_int(c.pack_offset):
+                    n = itemsize(dtype) * int(np.prod(c.sizes))
+                    packs.setdefault((c.file, c.dataset), []).append((c.pack_offset, n, c))
+        for (file, name), members in packs.items():
+            members.sort(key=lambda m: m[0])
+            f = self.open_file(file)
+            ds = f.get(name) if name in f else None
+            if ds is None or len(ds.shape) != 1:
+                continue  # reported by read_packed
+            end = 0
+            for p, n, c in members:
+                if p != end:
+                    self.err(f"{c.where()}: starts at byte {p} of pack {name!r}, the members before it end at "
+                             f"byte {end}: {'an overlap' if p < end else 'a gap'} (§5.7)")
+                if c.offset is not None and ds.id.get_offset() is not None and c.offset != ds.id.get_offset() + p:
+                    self.err(f"{c.where()}: offset {c.offset}, its pack's data offset + pack_offset is "
+                             f"{ds.id.get_offset() + p} (§5.7)")
+                end = max(end, p + n)
+            if end != ds.shape[0]:
+                self.err(f"{file}: pack {name!r}: its members cover {end} bytes, its extent is {ds.shape[0]} (§5.7)")
+
     def read_chunk(self, c, dtype):
         """The chunk's raw bytes through h5py; for a v2 contiguous chunk also by its `offset`
         (checked inside the file, and equal). None when it cannot be read."""
@@ -675,7 +724,7 @@ class Checkpoint:
         if ds is None:
             return None
         storage = "u1" if dtype == "bytes" else STORAGE[dtype][0]
-        data = read_dataset(ds, storage)
+        data = read_dataset(ds, storage) if c.pack_offset is None else self.read_packed(c, ds, dtype)
         if c.offset is not None and data is not None:
             size = os.path.getsize(os.path.join(self.dir, c.file))
             if not (is_int(c.offset) and 0 <= c.offset and c.offset + len(data) <= size):

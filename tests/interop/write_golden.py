@@ -9,7 +9,8 @@ Usage: write_golden.py [--v2] <out-dir>
             proves it reads v1 written by another implementation.
   --v2      version 2 (FORMAT.md §3, §5.5, §7): v2_grid_w3 (every layout form: step and sizes
             grids, affine and listed cell->file maps, a negative stride, an
-            explicit layout, 0-D and empty tensors, chunks of several blocks) and v2_zstd_w2.
+            explicit layout, 0-D and empty tensors, chunks of several blocks), v2_zstd_w2, and
+            v2_packed_w2 (small chunks packed in .ckpt_pack.<n> datasets, FORMAT.md §5.7).
 
 Needs Debian's python3-h5py, python3-numpy and python3-xxhash, and libzstd (the compressed
 cases) through ctypes: a build dependency of ckpt.
@@ -216,16 +217,33 @@ class WriterV2(Writer):
     checksums, digests of every index and of metadata.json."""
     version = 2
 
-    def tensor_v2(self, key, dtype, shape, layout, data, block_bytes=4096):
-        """Writes the chunks `layout` names (FORMAT.md §3.3) from the global `data`."""
+    def tensor_v2(self, key, dtype, shape, layout, data, block_bytes=4096, pack=None):
+        """Writes the chunks `layout` names (FORMAT.md §3.3) from the global `data`; with
+        `pack` (a number), its non-empty chunks are packed (§5.7) into .ckpt_pack.<pack> of
+        their file, written at close."""
         self._expect_tensor(key, dtype, shape, data)
         stats, stored, compressions = [], 0, []
         for offs, sizes, fi in F.layout_chunks(layout, list(shape), self.world):
-            rec, ds, raw = self._chunk(fi, key, dtype, shape, offs, sizes, data)
+            sub = np.array(data[tuple(slice(o, o + s) for o, s in zip(offs, sizes))], order="C")
+            if pack is not None and sub.size > 0:
+                raw = sub.tobytes()
+                name = ".ckpt_pack.%d" % pack
+                bufs = self.packs.setdefault((fi, name), [])
+                rec = {"dataset": name, "pack_offset": sum(len(b) for b in bufs), "stored_bytes": len(raw)}
+                bufs.append(raw)
+                if dtype in F.FLOATING:
+                    rec["stats"] = F.stats_of(dtype, raw)
+                ds = None
+            else:
+                rec, ds, raw = self._chunk(fi, key, dtype, shape, offs, sizes, data)
             digests = F.block_digests(raw, block_bytes)
             r = {"key": key, "dtype": dtype, "shape": list(shape), "offsets": offs, "sizes": sizes,
                  "dataset": rec["dataset"], "stored_bytes": rec["stored_bytes"]}
-            if "compression" not in rec and rec["stored_bytes"] > 0:
+            if ds is None:  # packed: its offset once the pack is written
+                r["offset"] = None
+                r["pack_offset"] = rec["pack_offset"]
+                self.packed.append((fi, r))
+            elif "compression" not in rec and rec["stored_bytes"] > 0:
                 r["offset"] = int(ds.id.get_offset())
             for k in ("compression", "stats"):
                 if k in rec:
@@ -256,6 +274,11 @@ class WriterV2(Writer):
         self.entries[key] = {"type": "bytes", "size": len(data), "file": rank, "stored_bytes": r["stored_bytes"]}
 
     def close(self):
+        for (fi, name), bufs in getattr(self, "packs", {}).items():  # FORMAT.md §5.7: contiguous 1-D uint8
+            ds = self.h5[fi].create_dataset(name, data=np.frombuffer(b"".join(bufs), "u1"))
+            for f, r in self.packed:
+                if f == fi and r["dataset"] == name:
+                    r["offset"] = int(ds.id.get_offset()) + r["pack_offset"]
         meta = self._meta(self._finish_files())
         with open(os.path.join(self.dir, "metadata.json"), "wb") as f:
             f.write(F.with_digest(metadata_body(meta)))
@@ -343,6 +366,29 @@ def write_v2_cases(out):
     w.scalar("step", "int64", 7)
     w.close()
 
+    write_v2_packed(out)
+
+
+def write_v2_packed(out):
+    """v2_packed_w2 (FORMAT.md §5.7): small chunks packed back to back, two packs in file 0."""
+    rng = np.random.default_rng(11)
+    w = WriterV2(out, "v2_packed_w2", 2)
+    w.packs, w.packed = {}, []
+    p = lambda key, dtype, shape, grid, files, pack, **kw: w.tensor_v2(  # noqa: E731
+        key, dtype, shape, {"grid": grid, "files": files}, random_tensor(rng, dtype, shape), pack=pack, **kw)
+    p("p.rows", "float32", (6, 5), [{"step": 3}, {"step": 5}], affine(0, 1, 0), 0)  # one chunk in each file
+    p("p.bf16", "bfloat16", (7,), [{"step": 7}], affine(0, 0), 0)
+    p("p.scalar", "float64", (), [], affine(1), 0)  # a 0-D chunk of 8 bytes
+    p("p.blocks", "int16", (3000,), [{"step": 3000}], affine(0, 0), 1)  # 6000 bytes: two blocks of 4 KiB
+    p("p.mask", "bool", (3,), [{"step": 3}], affine(1, 0), 0)
+    p("odd/p%key@1", "int8", (4, 2), [{"step": 2}, {"step": 2}], affine(0, 1, 0), 1)
+    p("p.empty", "float32", (0, 4), [{"step": 0}, {"step": 4}], affine(1, 0, 0), 0)  # empty: a dataset of its own
+    w.tensor_v2("unpacked.big", "float32", (40, 30), {"grid": [{"step": 20}, {"step": 30}], "files": affine(0, 1, 0)},
+                random_tensor(rng, "float32", (40, 30)))
+    w.blob("rng.state", 1, bytes(rng.integers(0, 256, 77, dtype=np.uint8)))
+    w.scalar("step", "int64", 9)
+    w.close()
+
 
 def main(argv):
     args = argv[1:]
@@ -357,7 +403,7 @@ def main(argv):
     os.makedirs(args[0], exist_ok=True)
     if v2:
         write_v2_cases(args[0])
-        print(f"wrote v2_grid_w3, v2_zstd_w2 under {args[0]}")
+        print(f"wrote v2_grid_w3, v2_zstd_w2, v2_packed_w2 under {args[0]}")
         return 0
     write_case(args[0], "golden_w2", 2, False, 1)
     write_case(args[0], "golden_w3_zstd", 3, True, 2)

@@ -52,8 +52,8 @@ std::string OpenError(const fs::path& p) {
 }
 
 // Saves a 2-rank checkpoint: w [6, 4] float32 split by rows, b [4] replicated, step scalar,
-// rng bytes, config json.
-void SaveSample(const fs::path& dir, float scale = 1.0f) {
+// rng bytes, config json. Its tensor chunks packed (FORMAT.md §5.7) unless `pack_bytes` is 0.
+void SaveSample(const fs::path& dir, float scale = 1.0f, uint64_t pack_bytes = SaveOptions{}.pack_bytes) {
   RunThreads(2, [&](Comm& comm) {
     std::vector<float> w(12), b(4);
     for (int i = 0; i < 12; ++i) w[i] = scale * static_cast<float>(comm.rank() * 12 + i) * 0.5f;
@@ -64,7 +64,9 @@ void SaveSample(const fs::path& dir, float scale = 1.0f) {
     sd.Add("step", Scalar::Int(42));
     sd.Add("rng", Bytes{{1, 2, 3, 4, 5}});
     sd.Add("config", Json{R"({"lr": 0.1})"});
-    Save(dir, sd, comm);
+    SaveOptions opt;
+    opt.pack_bytes = pack_bytes;
+    Save(dir, sd, comm, opt);
   });
 }
 
@@ -880,7 +882,7 @@ TEST_CASE("every reader refuses a shard dataset that reaches outside its file or
   for (const auto& [kind, phrase] : kinds) {
     CAPTURE(kind);
     const fs::path dir = tmp / kind;
-    SaveSample(dir);
+    SaveSample(dir, 1.0f, /*pack_bytes=*/0);  // each chunk a dataset of its own, damaged here
     const fs::path shard = ShardOf(dir, "model.w", "model.w@3,0");
     ckpt::testing::MakeHostileDataset(shard.string(), "model.w@3,0", kind, (tmp / (kind + ".outside")).string());
     ckpt_test::RecordIndexDigest(dir, ckpt_test::FileIndexOf(dir, shard.filename().string()));

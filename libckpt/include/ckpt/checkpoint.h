@@ -32,6 +32,11 @@ struct SaveOptions {
   // are an error naming the key and ranks (a data-parallel desync).
   bool check_replicas = true;
   Compression compression;
+  // Uncompressed host chunks of at most this many bytes are packed (FORMAT.md §5.7): no
+  // HDF5 dataset each, their bytes back to back in shared pack datasets of the shard, so
+  // that many small tensors cost a few datasets, not one each (packs hold at most 1 MiB: a
+  // larger value acts as 1 MiB). 0: every chunk its own.
+  uint64_t pack_bytes = uint64_t{64} << 10;
   std::string user_metadata = "{}";  // JSON object
   std::string mesh = "null";         // JSON: device mesh and placements
 };
@@ -247,6 +252,10 @@ class CKPT_API CheckpointWriter {
     int num_files = 1;
     bool overwrite = false;
     Compression compression;
+    // Uncompressed chunks of at most this many bytes given to WriteChunk are packed
+    // (FORMAT.md §5.7), each shard holding up to 1 MiB of them in memory until their pack
+    // is written. 0 (the default): every chunk its own dataset.
+    uint64_t pack_bytes = 0;
     std::string user_metadata = "{}";
     std::string mesh = "null";
   };

@@ -89,6 +89,10 @@ struct ChunkMeta {
   uint64_t block_bytes = 0;
   std::string blocks;
   std::optional<uint64_t> offset;  // v2: file offset of contiguous data (its shard index)
+  // v2, a packed chunk (FORMAT.md §5.7): `dataset` names the shard's pack dataset that
+  // holds the chunk's bytes, from byte `pack_offset` of it on (`offset` is then that byte's
+  // file offset). Absent: the chunk is a dataset of its own.
+  std::optional<uint64_t> pack_offset;
 };
 
 // How a tensor is cut into chunks and which file holds each (FORMAT.md §3.3): a grid

@@ -159,14 +159,14 @@ ByteBuffer Distribute(const fs::path& dir, Comm& comm, bool overwrite, layout::S
 // `check` runs before each chunk; the shard's fsync time goes to `fsync_seconds`.
 layout::RankResult WriteShard(const fs::path& staging, const layout::PlanMessage& plan, const StateDict& state,
                               StagedBytes staged, int rank, int world, const Compression& compression,
-                              DeviceBackend* device, const std::function<void()>& check,
+                              uint64_t pack_bytes, DeviceBackend* device, const std::function<void()>& check,
                               std::vector<layout::KeyTotals>& totals, double& fsync_seconds) {
   const std::vector<layout::ChunkRef>& writes = plan.writes;
   layout::RankResult result;
   totals.assign(plan.key_count, {});
   if (writes.empty()) return result;
   result.file = internal::ShardFileName(rank, world);
-  storage::ShardWriter writer(staging, result.file, compression);
+  storage::ShardWriter writer(staging, result.file, compression, storage::kDefaultBlockBytes, pack_bytes);
   auto written = [&](std::size_t i, const ChunkMeta& chunk) {
     totals[plan.keys[i]].Add(chunk);
     ++result.chunks;
@@ -345,8 +345,8 @@ void SaveWithContext(const std::filesystem::path& dir, const StateDict& state, C
   try {
     const layout::PlanMessage mine = layout::DecodePlan(plan_message, rank, world);
     staging = mine.staging;
-    written = WriteShard(staging, mine, state, staged, rank, world, options.compression, device.get(), context.check,
-                         totals, seconds[3]);
+    written = WriteShard(staging, mine, state, staged, rank, world, options.compression, options.pack_bytes,
+                         device.get(), context.check, totals, seconds[3]);
     if (context.check) context.check();
   } catch (...) {
     failure = internal::DescribeCurrentException();

@@ -250,7 +250,8 @@ class Writer final : public CheckpointWriter {
     auto& s = shards_[static_cast<std::size_t>(index)];
     if (!s) {
       s = std::make_unique<storage::ShardWriter>(staging_, internal::ShardFileName(index, options_.num_files),
-                                                 options_.compression);
+                                                 options_.compression, storage::kDefaultBlockBytes,
+                                                 options_.pack_bytes);
     }
     return *s;
   }

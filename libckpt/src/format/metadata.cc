@@ -27,6 +27,7 @@
 #include "format/checked.h"
 #include "format/flat_index.h"
 #include "format/grid.h"
+#include "format/json_text.h"
 #include "format/json_reader.h"
 #include "format/names.h"
 
@@ -415,24 +416,6 @@ TensorLayout ParseLayout(const Ctx& ctx, const Val& v, const Shape& shape, std::
   return l;
 }
 
-json LayoutJson(const TensorLayout& l) {
-  json j;
-  if (l.kind == TensorLayout::Kind::kChunks) {
-    json chunks = json::array();
-    for (const TensorLayout::Piece& p : l.pieces) {
-      chunks.push_back({{n::kOffsets, p.box.offsets}, {n::kSizes, p.box.sizes}, {n::kFile, p.file}});
-    }
-    j[n::kChunks] = std::move(chunks);
-    return j;
-  }
-  json grid = json::array();
-  for (const DimSplit& d : l.grid) grid.push_back(d.sizes.empty() ? json{{n::kStep, d.step}} : json{{n::kSizes, d.sizes}});
-  j[n::kGrid] = std::move(grid);
-  if (!l.cell_files.empty()) j[n::kFiles] = l.cell_files;
-  else j[n::kFiles] = {{n::kBase, l.file_base}, {n::kStrides, l.file_strides}};
-  return j;
-}
-
 // The fields of an entry. A tensor's chunks are checked one by one as they are read
 // (their own checks need nothing else); those that pass are kept, and reading stops
 // keeping them at the first that fails, whose problem waits for the entry's own checks.
@@ -502,12 +485,15 @@ struct DocContext {
   std::size_t num_files = 0;
 };
 
-// The layout of a v1 entry's chunks, and the aggregate of their stats.
-void DeriveLayout(EntryMeta& m, const std::unordered_map<std::string, int32_t>& files) {
+// The layout of `chunks` (a v1 entry's, or a save's resolved ones) into m, and the
+// aggregate of their stats and stored bytes.
+void DeriveLayout(EntryMeta& m, const std::vector<ChunkMeta>& chunks,
+                  const std::unordered_map<std::string, int32_t>& files) {
   std::vector<grid::PlacedBox> placed;
-  placed.reserve(m.chunks.size());
+  placed.reserve(chunks.size());
   std::vector<const ChunkStats*> stats;
-  for (const ChunkMeta& c : m.chunks) {
+  stats.reserve(chunks.size());
+  for (const ChunkMeta& c : chunks) {
     const auto it = files.find(c.file);
     placed.push_back({c.box, it == files.end() ? -1 : it->second});
     stats.push_back(c.stats ? &*c.stats : nullptr);
@@ -519,12 +505,16 @@ void DeriveLayout(EntryMeta& m, const std::unordered_map<std::string, int32_t>& 
   }
   if (m.kind == EntryKind::kTensor && IsFloating(m.dtype)) m.stats = CombineStats(stats);
   m.stored_bytes = 0;
-  for (const ChunkMeta& c : m.chunks) {
+  for (const ChunkMeta& c : chunks) {
     m.stored_bytes += c.stored_bytes;
     if (c.compression.codec != Compression::Codec::kNone && m.compression.codec == Compression::Codec::kNone) {
       m.compression = c.compression;
     }
   }
+}
+
+void DeriveLayout(EntryMeta& m, const std::unordered_map<std::string, int32_t>& files) {
+  DeriveLayout(m, m.chunks, files);
 }
 
 EntryMeta CheckEntry(const Ctx& ctx, RawEntry& e, const DocContext& doc, const ParseLimits& limits) {
@@ -1206,25 +1196,118 @@ void BytesMembersV1(const EntryMeta& e, ojson& j) {
   for (auto& [k, v] : chunk.items()) j[k] = v;
 }
 
-// Version 2 (FORMAT.md §3): a layout instead of a chunk list; resolved chunks (a save, a
-// writer) have their layout, sizes and stats derived here.
-void TensorMembersV2(const EntryMeta& e, const std::unordered_map<std::string, int32_t>& file_index, ojson& j) {
+// A layout's JSON (FORMAT.md §3.3), its members in sorted order (as nlohmann::json, a
+// std::map, wrote them before), without a tree: a checkpoint of many small tensors has one
+// per tensor.
+void LayoutText(const TensorLayout& l, std::string& out) {
+  using internal::JsonObjectText;
+  JsonObjectText j(out);
+  if (l.kind == TensorLayout::Kind::kChunks) {
+    j.Name(n::kChunks);
+    out += '[';
+    for (std::size_t i = 0; i < l.pieces.size(); ++i) {
+      if (i) out += ',';
+      JsonObjectText c(out);
+      c.Name(n::kFile);
+      c.Integer(l.pieces[i].file);
+      c.Name(n::kOffsets);
+      c.Integers(l.pieces[i].box.offsets);
+      c.Name(n::kSizes);
+      c.Integers(l.pieces[i].box.sizes);
+      c.Close();
+    }
+    out += ']';
+    j.Close();
+    return;
+  }
+  j.Name(n::kFiles);
+  if (!l.cell_files.empty()) {
+    out += '[';
+    for (std::size_t i = 0; i < l.cell_files.size(); ++i) {
+      if (i) out += ',';
+      JsonObjectText::Integer(out, l.cell_files[i]);
+    }
+    out += ']';
+  } else {
+    JsonObjectText f(out);
+    f.Name(n::kBase);
+    f.Integer(l.file_base);
+    f.Name(n::kStrides);
+    f.Integers(l.file_strides);
+    f.Close();
+  }
+  j.Name(n::kGrid);
+  out += '[';
+  for (std::size_t i = 0; i < l.grid.size(); ++i) {
+    if (i) out += ',';
+    JsonObjectText d(out);
+    if (l.grid[i].sizes.empty()) {
+      d.Name(n::kStep);
+      d.Integer(l.grid[i].step);
+    } else {
+      d.Name(n::kSizes);
+      d.Integers(l.grid[i].sizes);
+    }
+    d.Close();
+  }
+  out += ']';
+  j.Close();
+}
+
+// Version 2 (FORMAT.md §3): a tensor entry, with a layout instead of a chunk list; resolved
+// chunks (a save, a writer) have their layout, sizes and stats derived here. Written by
+// hand, as dump() of the same members in this order writes them (format/json_text.h).
+void TensorEntryV2Text(const EntryMeta& e, const std::unordered_map<std::string, int32_t>& file_index,
+                       std::string& out) {
   EntryMeta derived;
   const EntryMeta* from = &e;
   if (!e.chunks.empty()) {
     derived.kind = e.kind;
     derived.dtype = e.dtype;
     derived.shape = e.shape;
-    derived.chunks = e.chunks;
-    DeriveLayout(derived, file_index);
+    DeriveLayout(derived, e.chunks, file_index);  // e's chunks read in place, not copied
     from = &derived;
   }
-  j[n::kLayout] = LayoutJson(from->layout);
-  j[n::kStoredBytes] = from->stored_bytes;
+  internal::JsonObjectText j(out);
+  j.Name(n::kType);
+  j.String(EntryKindName(e.kind));
+  j.Name(n::kDType);
+  j.String(DTypeName(e.dtype));
+  j.Name(n::kShape);
+  j.Integers(e.shape);
+  j.Name(n::kLayout);
+  LayoutText(from->layout, out);
+  j.Name(n::kStoredBytes);
+  j.Integer(from->stored_bytes);
   if (from->compression.codec == Compression::Codec::kZstd) {
-    j[n::kCompression] = {{n::kCodec, n::kZstd}, {n::kLevel, from->compression.level}, {n::kShuffle, true}};
+    j.Name(n::kCompression);
+    internal::JsonObjectText z(out);
+    z.Name(n::kCodec);
+    z.String(n::kZstd);
+    z.Name(n::kLevel);
+    z.Integer(from->compression.level);
+    z.Name(n::kShuffle);
+    z.Raw("true");
+    z.Close();
   }
-  if (from->stats) j[n::kStats] = StatsJson(*from->stats);
+  if (from->stats) {
+    const ChunkStats& st = *from->stats;
+    j.Name(n::kStats);
+    internal::JsonObjectText o(out);
+    const std::pair<const char*, double> real[] = {{"min", st.min}, {"max", st.max}, {"mean", st.mean}, {"l2", st.l2}};
+    for (const auto& [name, v] : real) {
+      o.Name(name);
+      o.RealOrNull(v);
+    }
+    const std::pair<const char*, int64_t> count[] = {
+        {"nan_count", st.nan_count}, {"inf_count", st.inf_count}, {"finite_count", st.finite_count}};
+    for (const auto& [name, v] : count) {
+      o.Name(name);
+      o.Integer(v);
+    }
+    o.Close();
+  }
+  j.Close();
 }
 
 void BytesMembersV2(const std::string& key, const EntryMeta& e,
@@ -1258,13 +1341,21 @@ std::string Serialize(const Metadata& m) {
   out += "  \"" + std::string(n::kEntries) + "\": {";
   bool first = true;
   for (const auto& [key, e] : m.entries) {
+    if (v2 && e.kind == EntryKind::kTensor) {  // the many: written without a JSON tree
+      out += first ? "\n    " : ",\n    ";
+      internal::JsonObjectText::String(out, key);
+      out += ": ";
+      TensorEntryV2Text(e, file_index, out);
+      first = false;
+      continue;
+    }
     ojson j;
     j[n::kType] = EntryKindName(e.kind);
     switch (e.kind) {
       case EntryKind::kTensor:
         j[n::kDType] = DTypeName(e.dtype);
         j[n::kShape] = e.shape;
-        v2 ? TensorMembersV2(e, file_index, j) : TensorMembersV1(e, j);
+        TensorMembersV1(e, j);  // (v2: above)
         break;
       case EntryKind::kScalar:
         j[n::kDType] = DTypeName(e.dtype);

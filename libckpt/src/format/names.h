@@ -95,6 +95,11 @@ inline std::string DatasetName(std::string_view key, const std::vector<int64_t>&
   return name;
 }
 inline constexpr const char* kShardIndexFormat = "ckpt-shard";
+// §5.7 packs: small chunks stored back to back in 1-D uint8 datasets ".ckpt_pack.<n>" (a
+// name no escaped key can take: a key's leading `.` is escaped), each record naming its
+// pack in `dataset` and its first byte in it in `pack_offset`.
+inline constexpr const char* kPackPrefix = ".ckpt_pack.";
+inline constexpr const char* kPackOffset = "pack_offset";
 inline constexpr const char* kDTypeAttr = "dtype";
 
 // §6 compression

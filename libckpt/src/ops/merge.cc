@@ -173,6 +173,7 @@ void StageCheckpoint(Source& src, const std::vector<Selected>& sel, const fs::pa
   wo.world_size = files;
   wo.num_files = files;
   wo.compression = o.compression;
+  wo.pack_bytes = o.pack_bytes;
   wo.user_metadata = src.metadata().user.empty() ? "{}" : src.metadata().user;
   uint64_t total = 0;
   for (const auto& s : sel)

@@ -225,6 +225,7 @@ class ShardSource final : public Source {
       chunk.box = c.chunk.box;
       chunk.file = name;
       chunk.dataset = c.chunk.dataset;
+      chunk.pack_offset = c.chunk.pack_offset;
       auto [at, fresh] = position.emplace(c.key, metadata_.entries.size());
       EntryMeta* e = fresh ? nullptr : &metadata_.entries[at->second].second;
       if (!e) {

@@ -411,6 +411,7 @@ struct FileWork {
   std::atomic<bool> checked{false};   // all of `order` is published
   std::string open_problem;           // not readable HDF5
   std::vector<std::string> link_problems;  // links no chunk names that are not datasets of its own
+  std::vector<std::pair<std::string, std::string>> pack_problems;  // (key, message): packs not tiled by their members
 
   // Claims the next published chunk; false when there is none now.
   bool Claim(std::size_t& i) {
@@ -583,7 +584,44 @@ class DataRun {
     }
     Publish(fw, batch, false);
     Publish(fw, filtered, true);
+    CheckPacks(fw, *of.reader);
     progress();
+  }
+
+  // FORMAT.md §5.7: the members of each pack, as the index places them, tile its extent in
+  // the HDF5 header exactly: from byte 0, back to back, to its end. (Overlaps are refused
+  // by the index parser already; chunks whose own place failed are reported by Locate.)
+  void CheckPacks(FileWork& fw, storage::ShardReader& reader) {
+    std::map<std::string, std::vector<std::pair<uint64_t, std::size_t>>> packs;  // name -> (pack_offset, job)
+    for (const std::size_t i : fw.jobs)
+      if (jobs_[i].chunk.pack_offset) packs[jobs_[i].chunk.dataset].emplace_back(*jobs_[i].chunk.pack_offset, i);
+    for (auto& [name, members] : packs) {
+      std::sort(members.begin(), members.end());
+      const DataJob& first = jobs_[members.front().second];
+      const std::string where = fw.name + ": pack '" + name + "'";
+      storage::ShardReader::PackExtent extent;
+      try {
+        extent = reader.Pack(name, where);
+      } catch (const std::exception& e) {
+        fw.pack_problems.emplace_back(first.key, e.what());
+        continue;
+      }
+      uint64_t end = 0;
+      for (const auto& [at, i] : members) {
+        if (at != end) {
+          fw.pack_problems.emplace_back(jobs_[i].key, where + ": tensor '" + jobs_[i].key + "' chunk " +
+                                                          jobs_[i].chunk.box.ToString() + " starts at byte " +
+                                                          std::to_string(at) + " of the pack, its members before it end at byte " +
+                                                          std::to_string(end));
+        }
+        end = std::max(end, at + ChunkBytes(jobs_[i]));
+      }
+      if (end != extent.bytes) {
+        fw.pack_problems.emplace_back(first.key, where + ": its members cover " + std::to_string(end) +
+                                                     " bytes, its HDF5 header gives it " +
+                                                     std::to_string(extent.bytes));
+      }
+    }
   }
 
   void Hash(DataJob& job, const FileWork& fw, OpenFile& of, std::vector<unsigned char>& buf) {
@@ -873,6 +911,8 @@ VerifyReport Verify(const fs::path& path, const VerifyOptions& o) {
         }
         for (auto& p : fw.link_problems) per_file.push_back({"datasets", fw.name, "", std::move(p)});
         fw.link_problems.clear();
+        for (auto& [key, p] : fw.pack_problems) per_file.push_back({"datasets", fw.name, key, std::move(p)});
+        fw.pack_problems.clear();
       }
     }
     for (const auto& j : jobs) {

@@ -5,12 +5,15 @@
 
 #include <fcntl.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <unordered_map>
 
 #include "ckpt/error.h"
+#include "format/json_text.h"
 #include "format/names.h"
 #include "storage/digest.h"
 
@@ -47,39 +50,74 @@ void CheckExtent(const Shape& shape, std::size_t itemsize, const std::string& wh
 
 }  // namespace
 
-void ShardIndexBuilder::Add(const ShardIndexEntry& e) {
-  const ChunkMeta& c = e.chunk;
-  ordered_json j;
-  j[kKey] = e.key;
-  if (e.bytes) {
-    j[names::kDType] = kBytesDType;
-    j[names::kSize] = c.box.sizes.empty() ? 0 : c.box.sizes[0];
+void ShardIndexBuilder::Add(const ShardIndexEntry& e) { Add(e.key, e.bytes, e.dtype, e.shape, e.chunk); }
+
+void ShardIndexBuilder::Add(const std::string& key, bool bytes, DType dtype, const Shape& shape, const ChunkMeta& c) {
+  if (any_) chunks_ += ',';
+  any_ = true;
+  internal::JsonObjectText j(chunks_);
+  j.Name(kKey);
+  j.String(key);
+  j.Name(names::kDType);
+  if (bytes) {
+    j.String(kBytesDType);
+    j.Name(names::kSize);
+    j.Integer(c.box.sizes.empty() ? int64_t{0} : c.box.sizes[0]);
   } else {
-    j[names::kDType] = DTypeName(e.dtype);
-    j[names::kShape] = e.shape;
-    j[names::kOffsets] = c.box.offsets;
-    j[names::kSizes] = c.box.sizes;
+    j.String(DTypeName(dtype));
+    j.Name(names::kShape);
+    j.Integers(shape);
+    j.Name(names::kOffsets);
+    j.Integers(c.box.offsets);
+    j.Name(names::kSizes);
+    j.Integers(c.box.sizes);
   }
-  j[names::kDataset] = c.dataset;
-  if (c.offset) j[kOffset] = *c.offset;
-  j[names::kStoredBytes] = c.stored_bytes;
-  if (c.compression.codec == Compression::Codec::kZstd)
-    j[names::kCompression] = {{names::kCodec, names::kZstd}, {names::kLevel, c.compression.level}, {names::kShuffle, true}};
-  j[names::kChecksum] = c.checksum;
-  j[kBlockBytes] = c.block_bytes;
-  j[kBlocks] = c.blocks;
+  j.Name(names::kDataset);
+  j.String(c.dataset);
+  if (c.offset) {
+    j.Name(kOffset);
+    j.Integer(*c.offset);
+  }
+  if (c.pack_offset) {
+    j.Name(names::kPackOffset);
+    j.Integer(*c.pack_offset);
+  }
+  j.Name(names::kStoredBytes);
+  j.Integer(c.stored_bytes);
+  if (c.compression.codec == Compression::Codec::kZstd) {
+    j.Name(names::kCompression);
+    internal::JsonObjectText z(chunks_);
+    z.Name(names::kCodec);
+    z.String(names::kZstd);
+    z.Name(names::kLevel);
+    z.Integer(c.compression.level);
+    z.Name(names::kShuffle);
+    z.Raw("true");
+    z.Close();
+  }
+  j.Name(names::kChecksum);
+  j.String(c.checksum);
+  j.Name(kBlockBytes);
+  j.Integer(c.block_bytes);
+  j.Name(kBlocks);
+  j.String(c.blocks);
   if (c.stats) {
     const ChunkStats& st = *c.stats;
     const double real[] = {st.min, st.max, st.mean, st.l2};
     const int64_t count[] = {st.nan_count, st.inf_count, st.finite_count};
-    ordered_json o;
-    for (int i = 0; i < 4; ++i) o[kStatReal[i]] = std::isfinite(real[i]) ? ordered_json(real[i]) : ordered_json(nullptr);
-    for (int i = 0; i < 3; ++i) o[kStatCount[i]] = count[i];
-    j[names::kStats] = std::move(o);
+    j.Name(names::kStats);
+    internal::JsonObjectText o(chunks_);
+    for (int i = 0; i < 4; ++i) {
+      o.Name(kStatReal[i]);
+      o.RealOrNull(real[i]);
+    }
+    for (int i = 0; i < 3; ++i) {
+      o.Name(kStatCount[i]);
+      o.Integer(count[i]);
+    }
+    o.Close();
   }
-  if (any_) chunks_ += ',';
-  any_ = true;
-  chunks_ += j.dump();
+  j.Close();
   if (!spill_dir_.empty() && chunks_.size() >= kSpillBytes) Spill();
 }
 
@@ -118,7 +156,8 @@ std::string ShardIndexBuilder::Finish() {
   }
   text += chunks_;
   std::string().swap(chunks_);
-  return text + "]}";
+  text += "]}";
+  return text;
 }
 
 std::string IndexDigest(std::string_view text) { return FormatChecksum(HashBlock(text.data(), text.size())); }
@@ -198,6 +237,44 @@ void ParseV2Members(const json& c, uint64_t n, ChunkMeta& m, const std::string& 
   }
 }
 
+// FORMAT.md §5.7: the members of one pack share its base (offset - pack_offset) and do
+// not overlap.
+void CheckPackedRecords(const ShardIndex& index, const std::string& where) {
+  struct Member {
+    uint64_t at, end;
+    const ShardIndexEntry* e;
+  };
+  std::unordered_map<std::string_view, std::vector<Member>> packs;
+  for (const ShardIndexEntry& e : index.entries) {
+    const ChunkMeta& c = e.chunk;
+    if (!c.pack_offset) continue;
+    const uint64_t n = static_cast<uint64_t>(c.box.NumElements()) * (e.bytes ? 1 : DTypeSize(e.dtype));
+    if (*c.offset < *c.pack_offset || *c.pack_offset > (uint64_t{1} << 62))
+      throw Error(ErrorCode::kCorrupt, where + ": key '" + e.key + "': pack_offset " + std::to_string(*c.pack_offset) +
+                                           " lies before the file's start (offset " + std::to_string(*c.offset) + ")");
+    packs[c.dataset].push_back({*c.pack_offset, *c.pack_offset + n, &e});
+  }
+  for (auto& [name, members] : packs) {
+    std::sort(members.begin(), members.end(), [](const Member& a, const Member& b) { return a.at < b.at; });
+    const uint64_t base = *members.front().e->chunk.offset - members.front().at;
+    for (std::size_t i = 0; i < members.size(); ++i) {
+      const ShardIndexEntry& e = *members[i].e;
+      const std::string what = where + ": key '" + e.key + "' chunk " + e.chunk.box.ToString() + " in pack '" +
+                               std::string(name) + "'";
+      if (*e.chunk.offset - members[i].at != base)
+        throw Error(ErrorCode::kCorrupt, what + ": offset " + std::to_string(*e.chunk.offset) + " minus pack_offset " +
+                                             std::to_string(members[i].at) + " is not the pack's data offset " +
+                                             std::to_string(base) + " that its other members give");
+      if (i > 0 && members[i].at < members[i - 1].end) {
+        const ShardIndexEntry& o = *members[i - 1].e;
+        throw Error(ErrorCode::kCorrupt, what + ": its bytes from byte " + std::to_string(members[i].at) +
+                                             " overlap those of key '" + o.key + "' chunk " + o.chunk.box.ToString() +
+                                             " (to byte " + std::to_string(members[i - 1].end) + ")");
+      }
+    }
+  }
+}
+
 }  // namespace
 
 ShardIndex ParseShardIndex(std::string_view text, const std::string& where) {
@@ -232,10 +309,19 @@ ShardIndex ParseShardIndex(std::string_view text, const std::string& where) {
           throw Error(ErrorCode::kCorrupt, where + ": key '" + e.key + "': \"offset\" is not a byte offset");
         m.offset = c[kOffset].get<uint64_t>();
       }
+      if (c.contains(names::kPackOffset)) {
+        if (!v2 || !c[names::kPackOffset].is_number_unsigned() || !m.offset ||
+            (c.contains(names::kCompression) && !c[names::kCompression].is_null()))
+          throw Error(ErrorCode::kCorrupt, where + ": key '" + e.key + "': \"" + names::kPackOffset +
+                                               "\" is not a byte offset of an uncompressed chunk with an \"offset\"");
+        m.pack_offset = c[names::kPackOffset].get<uint64_t>();
+      }
       if (dtype == kBytesDType) {
         const json& size = c.at(names::kSize);
         if (!size.is_number_unsigned() || size.get<uint64_t>() > (uint64_t{1} << 62))
           throw Error(ErrorCode::kCorrupt, where + ": bytes entry '" + e.key + "': bad size " + size.dump());
+        if (m.pack_offset)
+          throw Error(ErrorCode::kCorrupt, where + ": bytes entry '" + e.key + "': a bytes entry is not packed");
         e.bytes = true;
         e.shape = {size.get<int64_t>()};
         m.box = Box::Full(e.shape);
@@ -267,6 +353,7 @@ ShardIndex ParseShardIndex(std::string_view text, const std::string& where) {
   } catch (const json::exception& e) {
     throw Error(ErrorCode::kCorrupt, where + ": " + e.what());
   }
+  CheckPackedRecords(out, where);
   return out;
 }
 

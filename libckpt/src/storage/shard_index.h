@@ -43,6 +43,8 @@ class ShardIndexBuilder {
   ShardIndexBuilder() = default;
   explicit ShardIndexBuilder(std::filesystem::path spill_dir) : spill_dir_(std::move(spill_dir)) {}
   void Add(const ShardIndexEntry& entry);
+  // The same record from its parts (`chunk.file` is not written: the record is inside it).
+  void Add(const std::string& key, bool bytes, DType dtype, const Shape& shape, const ChunkMeta& chunk);
   // {"format": "ckpt-shard", "format_version": 2, "chunks": [...]}.
   std::string Finish();
   uint64_t spilled_bytes() const { return spilled_; }

@@ -259,6 +259,7 @@ struct ShardReader::Impl {
   h5::Handle file;
   std::vector<unsigned char> bounce;
   std::unique_ptr<FileHasher> hasher;  // over fd, made on first Hash
+  std::unordered_map<std::string, PackExtent> packs;  // pack datasets checked so far
 
   std::string Where(const std::string& key, const ChunkMeta& c) const {
     return path.filename().string() + ": tensor '" + key + "' chunk " + c.box.ToString() +
@@ -311,7 +312,7 @@ void ShardReader::LoadIndex() {
   // where the dataset it names is checked and refused.
   if (!m.locate_by_index || !h5::ForeignLinks(m.file.get(), 1).empty()) return;
   for (const auto& e : m.parsed.entries)
-    if (e.chunk.offset) m.index.emplace(e.chunk.dataset, &e);
+    if (e.chunk.offset && !e.chunk.pack_offset) m.index.emplace(e.chunk.dataset, &e);
 }
 
 const ShardIndex& ShardReader::Index() {
@@ -360,6 +361,15 @@ ShardReader::Located ShardReader::Find(const std::string& key, DType dtype, cons
   const bool by_record = chunk.block_bytes && chunk.offset && chunk.compression.codec == Compression::Codec::kNone;
   if (by_record && m.foreign_links < 0) m.foreign_links = h5::ForeignLinks(m.file.get(), 1).empty() ? 0 : 1;
   if (by_record && m.foreign_links == 0) {
+    if (chunk.pack_offset) {  // its pack's header checked too, once per pack
+      Located packed = FindPacked(key, chunk, at.chunk_bytes);
+      if (packed.base != *chunk.offset) {
+        throw Error(ErrorCode::kCorrupt, m.Where(key, chunk) + ": the index places its data at byte " +
+                                             std::to_string(*chunk.offset) + ", its pack's HDF5 header at byte " +
+                                             std::to_string(packed.base));
+      }
+      return packed;
+    }
     if (*chunk.offset > m.size || at.chunk_bytes > m.size - *chunk.offset) {
       throw Error(ErrorCode::kCorrupt, m.Where(key, chunk) + ": data at offset " + std::to_string(*chunk.offset) +
                                            " lies past the end of the file (" + std::to_string(m.size) +
@@ -369,6 +379,7 @@ ShardReader::Located ShardReader::Find(const std::string& key, DType dtype, cons
     at.base = *chunk.offset;
     return at;
   }
+  if (chunk.pack_offset) return FindPacked(key, chunk, at.chunk_bytes);
   if (auto it = m.index.find(chunk.dataset); it != m.index.end() && chunk.compression.codec == Compression::Codec::kNone) {
     const ShardIndexEntry& d = *it->second;
     const bool same_type = d.bytes ? dtype == DType::kUInt8 : d.dtype == dtype;
@@ -416,6 +427,61 @@ ShardReader::Located ShardReader::Find(const std::string& key, DType dtype, cons
   }
   at.base = base;
   return at;
+}
+
+// A packed chunk (FORMAT.md §5.7) through its pack's HDF5 header: a 1-D uint8 contiguous
+// dataset whose extent holds the chunk's bytes from `pack_offset` on, inside the file.
+ShardReader::Located ShardReader::FindPacked(const std::string& key, const ChunkMeta& chunk, uint64_t chunk_bytes) {
+  Impl& m = *impl_;
+  Located at;
+  at.chunk_bytes = chunk_bytes;
+  const std::string where = m.Where(key, chunk);
+  if (chunk.compression.codec != Compression::Codec::kNone) {
+    throw Error(ErrorCode::kCorrupt, where + ": a packed chunk cannot be compressed");
+  }
+  const PackExtent pack = Pack(chunk.dataset, where);
+  if (*chunk.pack_offset > pack.bytes || at.chunk_bytes > pack.bytes - *chunk.pack_offset) {
+    throw Error(ErrorCode::kCorrupt, where + ": its " + std::to_string(at.chunk_bytes) + " bytes at byte " +
+                                         std::to_string(*chunk.pack_offset) + " of the pack lie outside the pack's " +
+                                         std::to_string(pack.bytes) + " bytes");
+  }
+  at.contiguous = true;
+  at.base = pack.base + *chunk.pack_offset;
+  return at;
+}
+
+ShardReader::PackExtent ShardReader::Pack(const std::string& dataset, const std::string& where) {
+  Impl& m = *impl_;
+  if (auto it = m.packs.find(dataset); it != m.packs.end()) return it->second;
+  if (dataset.rfind(names::kPackPrefix, 0) != 0) {
+    throw Error(ErrorCode::kCorrupt, where + ": a packed chunk names '" + dataset + "', not a pack dataset (" +
+                                         names::kPackPrefix + "<n>)");
+  }
+  h5::Handle ds = h5::OpenOwnDataset(m.file.get(), dataset, where);
+  h5::Handle type = h5::Type(h5::Check(H5Dget_type(ds.get()), where));
+  h5::Handle space = h5::Space(h5::Check(H5Dget_space(ds.get()), where));
+  const int rank = H5Sget_simple_extent_ndims(space.get());
+  hsize_t dims[1] = {0};
+  if (!h5::TypeMatches(type.get(), DType::kUInt8) || rank != 1) {
+    throw Error(ErrorCode::kCorrupt, where + ": pack '" + dataset + "' is not a 1-D uint8 dataset");
+  }
+  H5Sget_simple_extent_dims(space.get(), dims, nullptr);
+  PackExtent pack{0, dims[0]};
+  if (pack.bytes > 0) {
+    const haddr_t base = H5Dget_offset(ds.get());
+    if (base == HADDR_UNDEF) {  // virtual, external or filtered: refused for what it is (FORMAT.md §5.6)
+      h5::Handle dcpl = h5::Plist(h5::Check(H5Dget_create_plist(ds.get()), where));
+      h5::CheckStorage(dcpl.get(), where);
+      throw Error(ErrorCode::kCorrupt, where + ": pack '" + dataset + "' is not contiguous in the file");
+    }
+    if (base > m.size || pack.bytes > m.size - base) {
+      throw Error(ErrorCode::kCorrupt, where + ": pack '" + dataset + "' lies past the end of the file (" +
+                                           std::to_string(m.size) + " bytes): truncated");
+    }
+    pack.base = base;
+  }
+  m.packs.emplace(dataset, pack);
+  return pack;
 }
 
 std::optional<uint64_t> ShardReader::Locate(const std::string& key, DType dtype, const ChunkMeta& chunk) {

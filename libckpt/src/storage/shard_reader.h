@@ -65,6 +65,15 @@ class ShardReader {
   // filtered (its bytes are not the tensor's). For copying a chunk file to file.
   std::optional<uint64_t> Locate(const std::string& key, DType dtype, const ChunkMeta& chunk);
 
+  // A pack dataset (FORMAT.md §5.7) as its HDF5 header gives it: the file offset of its
+  // data and its byte size, after checking that it is a 1-D uint8 contiguous dataset of the
+  // root group, named as a pack, lying inside the file (kCorrupt naming `where` otherwise).
+  struct PackExtent {
+    uint64_t base = 0;
+    uint64_t bytes = 0;
+  };
+  PackExtent Pack(const std::string& dataset, const std::string& where);
+
   // The shard index (FORMAT.md §5.5), parsed strictly once per reader; kCorrupt (or
   // kUnsupported) naming the file when it is missing or malformed. A v1 index only speeds
   // up locating chunks; a v2 index is the chunks' description, trusted once IndexText()
@@ -85,6 +94,7 @@ class ShardReader {
  private:
   struct Located;
   Located Find(const std::string& key, DType dtype, const ChunkMeta& chunk);
+  Located FindPacked(const std::string& key, const ChunkMeta& chunk, uint64_t chunk_bytes);
   void LoadIndex();
   // Unverified reads (or v1 ones fed to `digest`), contiguous or through HDF5.
   uint64_t ReadRaw(const Located& at, const std::string& key, DType dtype, const ChunkMeta& chunk,

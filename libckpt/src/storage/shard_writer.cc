@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <map>
@@ -176,21 +177,19 @@ struct ShardWriter::Impl {
     return *copier;
   }
 
-  // Fills in the chunk's digests (v2: blocked) and data offset, and adds its index record.
-  void RecordChunk(const std::string& key, bool bytes, DType dtype, const Shape& shape, ChunkMeta& meta,
-                   const Digest& digest, uint64_t data_offset) {
+  // Fills in the chunk's digests (v2: blocked).
+  static void Digested(ChunkMeta& meta, const Digest& digest) {
     meta.checksum = digest.Checksum();
     meta.block_bytes = digest.block_bytes();
     meta.blocks = digest.Blocks();
+  }
+
+  // Fills in the chunk's digests and data offset, and adds its index record.
+  void RecordChunk(const std::string& key, bool bytes, DType dtype, const Shape& shape, ChunkMeta& meta,
+                   const Digest& digest, uint64_t data_offset) {
+    Digested(meta, digest);
     if (data_offset) meta.offset = data_offset;
-    ShardIndexEntry e;
-    e.key = key;
-    e.bytes = bytes;
-    e.dtype = dtype;
-    e.shape = shape;
-    e.chunk = meta;
-    e.chunk.file.clear();  // the record is inside its file
-    index.Add(e);
+    index.Add(key, bytes, dtype, shape, meta);  // its `file` not written: the record is inside it
   }
 
   uint64_t DataOffset(hid_t ds, const std::string& key) const {
@@ -248,6 +247,19 @@ struct ShardWriter::Impl {
   // streamed by WriteChunk (StreamContiguous), outside every lock.
   static constexpr std::size_t kBatch = 256;
   static constexpr uint64_t kHdf5Writes = uint64_t{64} << 10;
+  // A reserved chunk of at most `pack_threshold` bytes whose data was given is packed
+  // (FORMAT.md §5.7): a run of such chunks, in the order reserved, shares one contiguous
+  // uint8 dataset of at most kPackBytes (a chunk larger than that alone), its members back
+  // to back with no padding. WriteChunk digests each member and copies it into `pack`, the
+  // pack's bytes in memory, which is written in one piece once its last member is in.
+  static constexpr uint64_t kPackBytes = uint64_t{1} << 20;
+  uint64_t pack_threshold = 0;  // 0: no packing
+  uint64_t packs_made = 0;
+  struct PackBuffer {
+    std::vector<unsigned char> bytes;
+    uint64_t base = 0;    // file offset of the pack's data
+    uint64_t filled = 0;  // member bytes copied in so far
+  } pack;
   struct Announced {
     std::string key, dataset;
     DType dtype;
@@ -260,12 +272,112 @@ struct ShardWriter::Impl {
     DType dtype;
     Shape sizes;
     uint64_t offset;  // 0: no data
-    const void* written;  // the data HDF5 wrote, or nullptr
+    const void* written;  // the data HDF5 wrote (or, packed, the data reserved), or nullptr
+    std::string pack;     // packed: the pack's dataset name, else empty
+    uint64_t pack_offset = 0, pack_base = 0, pack_size = 0;
   };
   struct Taken {
     uint64_t offset;
     bool written;
+    const Made* packed;  // the packed member's place, valid until the next TakeReserved
   };
+  Made taken_pack;  // the last packed member taken
+
+  // Small chunks written without being reserved (a CheckpointWriter's, a device chunk's)
+  // are packed too: their bytes wait here, copied, until the pack is full (kPackBytes) or
+  // the shard is finished; then the pack is made and written whole and their records,
+  // whose offsets are known only then, are added.
+  struct Deferred {
+    std::string pack;  // its name, chosen with its first member
+    std::vector<unsigned char> bytes;
+    struct Member {
+      std::string key;
+      DType dtype;
+      Shape shape;
+      ChunkMeta meta;
+    };
+    std::vector<Member> members;
+  } deferred;
+
+  bool Deferrable(std::size_t n, const void* data) const {
+    return pack_threshold > 0 && data && n > 0 && n <= pack_threshold;
+  }
+
+  // Packs `n` bytes at `data` of a digested chunk (meta: its box, digests and stats); fills
+  // in its pack and place in it.
+  void Defer(const std::string& key, DType dtype, const Shape& shape, ChunkMeta& meta, const void* data,
+             std::size_t n) {
+    if (!deferred.members.empty() && deferred.bytes.size() + n > kPackBytes) FlushDeferred();
+    if (deferred.members.empty()) deferred.pack = names::kPackPrefix + std::to_string(packs_made++);
+    meta.dataset = deferred.pack;
+    meta.pack_offset = deferred.bytes.size();
+    meta.stored_bytes = n;
+    const auto* p = static_cast<const unsigned char*>(data);
+    deferred.bytes.insert(deferred.bytes.end(), p, p + n);
+    deferred.members.push_back({key, dtype, shape, meta});
+    deferred.members.back().meta.file.clear();
+  }
+
+  void FlushDeferred() {
+    if (deferred.members.empty()) return;
+    const std::string& first = deferred.members.front().key;
+    h5::Handle ds = CreateDataset(deferred.pack, DType::kUInt8, {static_cast<int64_t>(deferred.bytes.size())},
+                                  /*compress=*/false, first);
+    const uint64_t base = DataOffset(ds.get(), first);
+    WriteExact(fd.get(), deferred.bytes.data(), deferred.bytes.size(), base, path);
+    Wrote(deferred.bytes.size());
+    for (auto& m : deferred.members) {
+      m.meta.offset = base + *m.meta.pack_offset;
+      index.Add(m.key, false, m.dtype, m.shape, m.meta);
+    }
+    deferred.members.clear();
+    deferred.bytes.clear();
+  }
+
+  bool Packable(const Announced& a) const {
+    return pack_threshold > 0 && a.data && a.bytes > 0 && a.bytes <= pack_threshold;
+  }
+
+  // Makes the pack dataset for the run of packable chunks at the front of `announced`
+  // (as many as fit in kPackBytes, at least one) and queues them in `made`.
+  void MakePack() {
+    uint64_t total = 0;
+    std::size_t n = 0;
+    while (n < announced.size() && Packable(announced[n]) &&
+           (n == 0 || total + announced[n].bytes <= kPackBytes)) {
+      total += announced[n].bytes;
+      ++n;
+    }
+    const std::string name = names::kPackPrefix + std::to_string(packs_made);
+    h5::Handle ds = CreateDataset(name, DType::kUInt8, {static_cast<int64_t>(total)}, /*compress=*/false,
+                                  announced.front().key);
+    ++packs_made;
+    const uint64_t base = DataOffset(ds.get(), announced.front().key);
+    uint64_t pos = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const Announced& a = announced.front();
+      made.push_back({a.dataset, a.dtype, a.sizes, base + pos, a.data, name, pos, base, total});
+      pos += a.bytes;
+      announced.pop_front();
+    }
+  }
+
+  // Digests packed member `m` (`n` bytes at `data`) into `digest` and copies it into the
+  // pack, which is written once its last member is in.
+  void WritePacked(const Made& m, const void* data, std::size_t n, Digest& digest) {
+    if (pack.filled == 0) pack.bytes.resize(static_cast<std::size_t>(m.pack_size));
+    if (m.pack_base != pack.base && pack.filled != 0) {
+      throw Error(ErrorCode::kInternal, path.filename().string() + ": pack '" + m.pack + "' begun before the last one was full");
+    }
+    pack.base = m.pack_base;
+    digest.Update(data, n);
+    std::memcpy(pack.bytes.data() + m.pack_offset, data, n);
+    pack.filled += n;
+    if (pack.filled < m.pack_size) return;
+    WriteExact(fd.get(), pack.bytes.data(), pack.bytes.size(), pack.base, path);
+    Wrote(pack.bytes.size());
+    pack.filled = 0;
+  }
   std::deque<Announced> announced;
   std::deque<Made> made;
 
@@ -282,6 +394,10 @@ struct ShardWriter::Impl {
       while (!announced.empty() && made.size() < kBatch) {
         const Announced& a = announced.front();
         try {
+          if (Packable(a)) {
+            MakePack();
+            continue;
+          }
           const bool hdf5_writes = a.data && a.bytes > 0 && a.bytes <= kHdf5Writes;
           h5::Handle ds = CreateDataset(a.dataset, a.dtype, a.sizes, /*compress=*/false, a.key, hdf5_writes);
           if (hdf5_writes) {
@@ -289,7 +405,7 @@ struct ShardWriter::Impl {
                       path.string() + ": key '" + a.key + "': writing dataset '" + a.dataset + "'");
           }
           made.push_back({a.dataset, a.dtype, a.sizes, a.bytes ? DataOffset(ds.get(), a.key) : 0,
-                          hdf5_writes ? a.data : nullptr});
+                          hdf5_writes ? a.data : nullptr, {}, 0, 0, 0});
         } catch (...) {
           // The chunk asked for fails here and now; a later one when its turn comes (made again).
           if (made.empty()) throw;
@@ -304,7 +420,11 @@ struct ShardWriter::Impl {
                                             "' written out of the order its chunks were reserved in, or not "
                                             "as reserved");
     }
-    const Taken taken{m.offset, m.written != nullptr};
+    Taken taken{m.offset, m.written != nullptr, nullptr};
+    if (!m.pack.empty()) {
+      taken_pack = std::move(made.front());
+      taken.packed = &taken_pack;
+    }
     made.pop_front();
     return taken;
   }
@@ -326,8 +446,9 @@ struct ShardWriter::Impl {
 };
 
 ShardWriter::ShardWriter(const std::filesystem::path& dir, std::string file_name, Compression compression,
-                         uint64_t block_bytes)
+                         uint64_t block_bytes, uint64_t pack_threshold)
     : impl_(std::make_unique<Impl>()), file_name_(std::move(file_name)) {
+  impl_->pack_threshold = std::min(pack_threshold, Impl::kPackBytes);  // a pack's bound: no chunk above it is packed
   if (block_bytes < kMinBlockBytes || block_bytes > kMaxBlockBytes || (block_bytes & (block_bytes - 1))) {
     throw Error(ErrorCode::kInvalidArgument, file_name_ + ": block size " + std::to_string(block_bytes) +
                                                  " is not a power of two in [4096, 67108864]");
@@ -380,7 +501,12 @@ ChunkMeta ShardWriter::WriteChunk(const std::string& key, DType dtype, const Sha
   uint64_t data_offset = 0;
   if (!compress && (!impl_->made.empty() || !impl_->announced.empty())) {
     const Impl::Taken taken = impl_->TakeReserved(meta.dataset, dtype, box.sizes, data);
-    if (taken.written) {
+    if (taken.packed) {
+      impl_->WritePacked(*taken.packed, data, nbytes, digest);
+      meta.dataset = taken.packed->pack;
+      meta.pack_offset = taken.packed->pack_offset;
+      data_offset = taken.offset;
+    } else if (taken.written) {
       digest.Update(data, nbytes);
       data_offset = taken.offset;
       impl_->Wrote(nbytes);
@@ -395,6 +521,12 @@ ChunkMeta ShardWriter::WriteChunk(const std::string& key, DType dtype, const Sha
               impl_->path.string() + ": key '" + key + "': writing compressed dataset");
     meta.compression = impl_->compression;
     meta.stored_bytes = H5Dget_storage_size(ds.get());
+  } else if (impl_->Deferrable(nbytes, data)) {
+    digest.Update(data, nbytes);
+    meta.stats = digest.Stats();
+    Impl::Digested(meta, digest);
+    impl_->Defer(key, dtype, shape, meta, data, nbytes);  // recorded when its pack is written
+    return meta;
   } else {
     h5::Handle ds = impl_->CreateDataset(meta.dataset, dtype, box.sizes, compress, key);
     data_offset = impl_->StreamContiguous(nbytes ? impl_->DataOffset(ds.get(), key) : 0, data, nbytes, digest);
@@ -536,6 +668,10 @@ ChunkMeta ShardWriter::WriteBytes(const std::string& key, const void* data, std:
 
 ShardWriter::Written ShardWriter::Finish() {
   if (impl_->copier) impl_->copier->Drain();
+  impl_->FlushDeferred();
+  if (impl_->pack.filled != 0 || !impl_->made.empty() || !impl_->announced.empty()) {
+    throw Error(ErrorCode::kInternal, impl_->path.filename().string() + ": chunks reserved but not written");
+  }
   Written out;
   const std::string index = impl_->index.Finish();
   out.index = IndexDigest(index);

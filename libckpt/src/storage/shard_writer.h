@@ -26,9 +26,13 @@ namespace ckpt::storage {
 class ShardWriter {
  public:
   // Creates (truncates) `dir/file_name`. Chunks are hashed in blocks of `block_bytes`
-  // (FORMAT.md §7; a power of two in [kMinBlockBytes, kMaxBlockBytes]).
+  // (FORMAT.md §7; a power of two in [kMinBlockBytes, kMaxBlockBytes]). Uncompressed
+  // chunks of at most `pack_threshold` bytes (0: none) given to WriteChunk are packed
+  // (FORMAT.md §5.7): no dataset each, their bytes back to back in a shared pack dataset
+  // (an unreserved one's bytes are copied and wait, at most 1 MiB of them, until its pack
+  // is full or Finish; the ChunkMeta returned for it then has no `offset`).
   ShardWriter(const std::filesystem::path& dir, std::string file_name, Compression compression,
-              uint64_t block_bytes = kDefaultBlockBytes);
+              uint64_t block_bytes = kDefaultBlockBytes, uint64_t pack_threshold = 0);
   ~ShardWriter();
   ShardWriter(const ShardWriter&) = delete;
   ShardWriter& operator=(const ShardWriter&) = delete;

@@ -1,6 +1,7 @@
 // storage/virtual_file.cc
 #include "storage/virtual_file.h"
 
+#include "ckpt/error.h"
 #include "format/names.h"
 #include "storage/h5.h"
 
@@ -30,6 +31,12 @@ void VirtualFileWriter::AddTensor(const std::string& key, DType dtype, const Sha
   h5::Handle dcpl = h5::Plist(H5Pcreate(H5P_DATASET_CREATE));
   for (const auto& c : chunks) {
     if (c.box.NumElements() == 0) continue;
+    if (c.pack_offset) {  // its bytes are a slice of a uint8 pack, which a mapping cannot retype
+      throw Error(ErrorCode::kUnsupported,
+                  impl_->label + ": tensor '" + key + "' chunk " + c.box.ToString() + " is packed in " + c.file +
+                      " (FORMAT.md §5.7): a virtual dataset cannot map it; merge without virtual datasets, or "
+                      "save with SaveOptions::pack_bytes = 0");
+    }
     std::vector<hsize_t> start(c.box.offsets.begin(), c.box.offsets.end());
     std::vector<hsize_t> count(c.box.sizes.begin(), c.box.sizes.end());
     h5::Handle vsel = h5::Space(H5Scopy(space.get()));

@@ -38,6 +38,9 @@ struct MergeOptions {
   std::vector<std::string> exclude;  // exclude globs
   std::optional<DType> cast;         // cast floating tensors to this dtype
   Compression compression;
+  // Chunks of at most this many bytes that pass through memory are packed in the output
+  // (FORMAT.md §5.7; CheckpointWriter::Options::pack_bytes). 0: each its own dataset.
+  uint64_t pack_bytes = 0;
   uint64_t max_memory = uint64_t{1} << 30;
   // Tensors larger than this are copied, and stored, as several chunks of whole rows.
   // Small blocks stay in the CPU cache between read and write; a larger value (up to
