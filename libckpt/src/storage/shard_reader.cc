@@ -246,7 +246,8 @@ void SelectLinear(hid_t space, const std::vector<hsize_t>& dims, hsize_t e0, hsi
 
 struct ShardReader::Impl {
   std::filesystem::path path;
-  bool index_loaded = false;
+  bool text_read = false;     // index_text read (or index_error says why not)
+  bool index_loaded = false;  // and parsed
   bool locate_by_index = true;  // chunks located through the index (else through HDF5)
   int foreign_links = -1;       // whether the root holds links not its own (-1: not looked yet)
   std::string index_text;                // the attribute as stored
@@ -286,18 +287,31 @@ ShardReader::ShardReader(const Dir& dir, const std::string& file_name, bool use_
   if (use_index) LoadIndex();
 }
 
-void ShardReader::LoadIndex() {
+void ShardReader::ReadIndexText() {
   Impl& m = *impl_;
-  if (m.index_loaded) return;
-  m.index_loaded = true;
-  const std::string where = m.path.string() + ": " + names::kShardIndexAttr;
+  if (m.text_read) return;
+  m.text_read = true;
   try {
     m.index_text = h5::ReadStringAttr(m.file.get(), names::kShardIndexAttr);
     if (m.index_text.empty()) {
       m.index_error = m.path.string() + ": HDF5 file without a " + names::kShardIndexAttr +
                       " attribute; not a ckpt shard";
-      return;
     }
+  } catch (const Error& e) {
+    m.index_text.clear();
+    m.index_error = e.what();
+    m.index_error_code = e.code();
+  }
+}
+
+void ShardReader::LoadIndex() {
+  Impl& m = *impl_;
+  if (m.index_loaded) return;
+  m.index_loaded = true;
+  ReadIndexText();
+  if (!m.index_error.empty()) return;
+  const std::string where = m.path.string() + ": " + names::kShardIndexAttr;
+  try {
     m.parsed = ParseShardIndex(m.index_text, where);
   } catch (const Error& e) {
     // A damaged or foreign index only disables the fast path (FORMAT.md §5.5).
@@ -321,7 +335,7 @@ const ShardIndex& ShardReader::Index() {
 }
 
 const std::string& ShardReader::IndexText() {
-  LoadIndex();
+  ReadIndexText();
   return impl_->index_text;
 }
 

@@ -70,7 +70,8 @@ class ShardReader {
   // up locating chunks; a v2 index is the chunks' description, trusted once IndexText()
   // hashes to what metadata.json records (the caller checks).
   const ShardIndex& Index();
-  // The index attribute's text exactly as stored ("" when there is none).
+  // The index attribute's text exactly as stored ("" when there is none), read without
+  // parsing it (a caller checking its digest parses it once itself).
   const std::string& IndexText();
 
   // Each link of the root group that is not a dataset of the shard's own (a soft,
@@ -85,6 +86,7 @@ class ShardReader {
  private:
   struct Located;
   Located Find(const std::string& key, DType dtype, const ChunkMeta& chunk);
+  void ReadIndexText();
   void LoadIndex();
   // Unverified reads (or v1 ones fed to `digest`), contiguous or through HDF5.
   uint64_t ReadRaw(const Located& at, const std::string& key, DType dtype, const ChunkMeta& chunk,
