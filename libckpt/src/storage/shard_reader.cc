@@ -271,14 +271,19 @@ struct ShardReader::Impl {
   }
 };
 
-ShardReader::ShardReader(const Dir& dir, const std::string& file_name, bool use_index)
+ShardReader::ShardReader(const Dir& dir, const std::string& file_name, bool use_index, bool evict_on_close)
     : impl_(std::make_unique<Impl>()) {
   h5::Init();
   impl_->path = dir.path() / file_name;
   impl_->fd = OpenRegularFileAt(dir, file_name);
   impl_->size = FileSize(impl_->fd.get(), impl_->path);
   // HDF5 opens the very file checked above, whatever happens to the paths meanwhile.
-  const hid_t id = H5Fopen(ProcPath(impl_->fd.get()).c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  h5::Handle fapl;
+  if (evict_on_close) {
+    fapl = h5::Plist(h5::Check(H5Pcreate(H5P_FILE_ACCESS), "H5Pcreate"));
+    h5::Check(H5Pset_evict_on_close(fapl.get(), true), "H5Pset_evict_on_close");
+  }
+  const hid_t id = H5Fopen(ProcPath(impl_->fd.get()).c_str(), H5F_ACC_RDONLY, fapl ? fapl.get() : H5P_DEFAULT);
   if (id < 0) {
     throw Error(ErrorCode::kCorrupt, impl_->path.string() + ": not a readable HDF5 file" + h5::ErrorStack());
   }
@@ -343,6 +348,7 @@ std::vector<std::pair<std::string, std::string>> ShardReader::ForeignLinks(std::
   std::vector<std::pair<std::string, std::string>> out;
   for (const auto& [name, type] : h5::ForeignLinks(impl_->file.get(), limit))
     out.emplace_back(name, impl_->path.filename().string() + ": " + h5::ForeignLinkMessage(name, type));
+  if (limit > 0) impl_->foreign_links = out.empty() ? 0 : 1;  // what Find would look up
   return out;
 }
 
@@ -360,19 +366,25 @@ struct ShardReader::Located {
   h5::Handle type, space;
 };
 
-ShardReader::Located ShardReader::Find(const std::string& key, DType dtype, const ChunkMeta& chunk) {
+ShardReader::Located ShardReader::Find(const std::string& key, DType dtype, const ChunkMeta& chunk, bool by_header) {
   Impl& m = *impl_;
   const std::size_t item = DTypeSize(dtype);
   Located at;
-  at.chunk_bytes = static_cast<uint64_t>(
-      internal::CheckedMul(chunk.box.NumElements(), static_cast<int64_t>(item), m.Where(key, chunk)));
+  // Called per chunk: messages (m.Where) are built only for an error.
+  int64_t bytes = 0;
+  const int64_t elements = chunk.box.NumElements();
+  if (elements < 0 || __builtin_mul_overflow(elements, static_cast<int64_t>(item), &bytes))
+    internal::CheckedMul(elements, static_cast<int64_t>(item), m.Where(key, chunk));  // throws
+  at.chunk_bytes = static_cast<uint64_t>(bytes);
   // A v2 chunk located by its (digest-checked) index record: no dataset opened. (Only the
   // checkpoint reader fills `offset`, from an index it checked; a verifier clears it to
   // check the HDF5 header, and a lone shard's chunks never carry it.)
   // Not in a shard whose root holds soft or external links (FORMAT.md §5.6): there every
   // dataset goes through HDF5, where one that is such a link is refused.
-  const bool by_record = chunk.block_bytes && chunk.offset && chunk.compression.codec == Compression::Codec::kNone;
-  if (by_record && m.foreign_links < 0) m.foreign_links = h5::ForeignLinks(m.file.get(), 1).empty() ? 0 : 1;
+  const bool by_record =
+      !by_header && chunk.block_bytes && chunk.offset && chunk.compression.codec == Compression::Codec::kNone;
+  if (m.foreign_links < 0 && (by_record || by_header))  // (one pass over the root's links)
+    m.foreign_links = h5::ForeignLinks(m.file.get(), 1).empty() ? 0 : 1;
   if (by_record && m.foreign_links == 0) {
     if (*chunk.offset > m.size || at.chunk_bytes > m.size - *chunk.offset) {
       throw Error(ErrorCode::kCorrupt, m.Where(key, chunk) + ": data at offset " + std::to_string(*chunk.offset) +
@@ -383,7 +395,8 @@ ShardReader::Located ShardReader::Find(const std::string& key, DType dtype, cons
     at.base = *chunk.offset;
     return at;
   }
-  if (auto it = m.index.find(chunk.dataset); it != m.index.end() && chunk.compression.codec == Compression::Codec::kNone) {
+  if (auto it = by_header ? m.index.end() : m.index.find(chunk.dataset);
+      it != m.index.end() && chunk.compression.codec == Compression::Codec::kNone) {
     const ShardIndexEntry& d = *it->second;
     const bool same_type = d.bytes ? dtype == DType::kUInt8 : d.dtype == dtype;
     const uint64_t offset = *d.chunk.offset;
@@ -394,14 +407,18 @@ ShardReader::Located ShardReader::Find(const std::string& key, DType dtype, cons
       return at;
     }
   }
-  at.ds = h5::OpenOwnDataset(m.file.get(), chunk.dataset, m.Where(key, chunk));
-  at.type = h5::Type(h5::Check(H5Dget_type(at.ds.get()), m.Where(key, chunk)));
+  std::string problem;  // a root of hard links only: each dataset's link need not be looked up
+  at.ds = h5::TryOpenOwnDataset(m.file.get(), chunk.dataset, m.foreign_links == 0, problem);
+  if (!at.ds) throw Error(ErrorCode::kCorrupt, m.Where(key, chunk) + ": " + problem);
+  const hid_t type = H5Dget_type(at.ds.get());
+  at.type = h5::Type(type < 0 ? h5::Check(type, m.Where(key, chunk)) : type);
   if (!h5::TypeMatches(at.type.get(), dtype)) {
     throw Error(ErrorCode::kCorrupt, m.Where(key, chunk) + ": stored element type (" +
                                          std::to_string(H5Tget_size(at.type.get())) +
                                          " bytes) does not match dtype " + std::string(DTypeName(dtype)));
   }
-  at.space = h5::Space(h5::Check(H5Dget_space(at.ds.get()), m.Where(key, chunk)));
+  const hid_t space = H5Dget_space(at.ds.get());
+  at.space = h5::Space(space < 0 ? h5::Check(space, m.Where(key, chunk)) : space);
   const int rank = H5Sget_simple_extent_ndims(at.space.get());
   std::vector<hsize_t> dims(rank > 0 ? rank : 0);
   if (rank > 0) H5Sget_simple_extent_dims(at.space.get(), dims.data(), nullptr);
@@ -432,8 +449,9 @@ ShardReader::Located ShardReader::Find(const std::string& key, DType dtype, cons
   return at;
 }
 
-std::optional<uint64_t> ShardReader::Locate(const std::string& key, DType dtype, const ChunkMeta& chunk) {
-  const Located at = Find(key, dtype, chunk);
+std::optional<uint64_t> ShardReader::Locate(const std::string& key, DType dtype, const ChunkMeta& chunk,
+                                            bool by_header) {
+  const Located at = Find(key, dtype, chunk, by_header);
   if (!at.contiguous) return std::nullopt;
   return at.base;
 }

@@ -35,10 +35,14 @@ class ShardReader {
   // whose data would lie outside the file, takes the HDF5 path. ckpt-verify turns it off
   // to check every dataset's HDF5 header, and so does a lone shard (no checksums: the
   // HDF5 checks are all there is); Index() still reads the index then, to describe it.
-  ShardReader(const Dir& dir, const std::string& file_name, bool use_index = true);
+  // With `evict_on_close`, HDF5 drops each dataset's header from its cache when the
+  // dataset is closed (for a caller that opens each dataset once: ckpt-verify); every
+  // reader of one file open at the same time must say the same (HDF5 refuses a mix).
+  ShardReader(const Dir& dir, const std::string& file_name, bool use_index = true, bool evict_on_close = false);
   // The same, opening the directory `dir` first.
-  ShardReader(const std::filesystem::path& dir, const std::string& file_name, bool use_index = true)
-      : ShardReader(Dir::Open(dir), file_name, use_index) {}
+  ShardReader(const std::filesystem::path& dir, const std::string& file_name, bool use_index = true,
+              bool evict_on_close = false)
+      : ShardReader(Dir::Open(dir), file_name, use_index, evict_on_close) {}
   ~ShardReader();
   ShardReader(const ShardReader&) = delete;
   ShardReader& operator=(const ShardReader&) = delete;
@@ -63,7 +67,9 @@ class ShardReader {
   // The file offset of the chunk's bytes (chunk.box row-major, uncompressed) when it is
   // stored contiguous and unfiltered, after the same checks as Read; nullopt when it is
   // filtered (its bytes are not the tensor's). For copying a chunk file to file.
-  std::optional<uint64_t> Locate(const std::string& key, DType dtype, const ChunkMeta& chunk);
+  // `by_header`: from the dataset's own HDF5 header even where the chunk's record or the
+  // shard index gives the offset (ckpt-verify compares the two).
+  std::optional<uint64_t> Locate(const std::string& key, DType dtype, const ChunkMeta& chunk, bool by_header = false);
 
   // The shard index (FORMAT.md §5.5), parsed strictly once per reader; kCorrupt (or
   // kUnsupported) naming the file when it is missing or malformed. A v1 index only speeds
@@ -85,7 +91,7 @@ class ShardReader {
 
  private:
   struct Located;
-  Located Find(const std::string& key, DType dtype, const ChunkMeta& chunk);
+  Located Find(const std::string& key, DType dtype, const ChunkMeta& chunk, bool by_header = false);
   void ReadIndexText();
   void LoadIndex();
   // Unverified reads (or v1 ones fed to `digest`), contiguous or through HDF5.
