@@ -278,14 +278,25 @@ ShardReader::ShardReader(const Dir& dir, const std::string& file_name, bool use_
   impl_->fd = OpenRegularFileAt(dir, file_name);
   impl_->size = FileSize(impl_->fd.get(), impl_->path);
   // HDF5 opens the very file checked above, whatever happens to the paths meanwhile.
-  h5::Handle fapl;
-  if (evict_on_close) {
-    fapl = h5::Plist(h5::Check(H5Pcreate(H5P_FILE_ACCESS), "H5Pcreate"));
-    h5::Check(H5Pset_evict_on_close(fapl.get(), true), "H5Pset_evict_on_close");
-  }
-  const hid_t id = H5Fopen(ProcPath(impl_->fd.get()).c_str(), H5F_ACC_RDONLY, fapl ? fapl.get() : H5P_DEFAULT);
+  const std::string proc = ProcPath(impl_->fd.get());
+  std::string why;  // HDF5's error stack of a failed open (closing the fapl would clear it)
+  auto open = [&](bool evict) {
+    h5::Handle fapl;
+    if (evict) {
+      fapl = h5::Plist(h5::Check(H5Pcreate(H5P_FILE_ACCESS), "H5Pcreate"));
+      h5::Check(H5Pset_evict_on_close(fapl.get(), true), "H5Pset_evict_on_close");
+    }
+    const hid_t got = H5Fopen(proc.c_str(), H5F_ACC_RDONLY, evict ? fapl.get() : H5P_DEFAULT);
+    if (got < 0) why = h5::ErrorStack();
+    return got;
+  };
+  hid_t id = open(evict_on_close);
   if (id < 0) {
-    throw Error(ErrorCode::kCorrupt, impl_->path.string() + ": not a readable HDF5 file" + h5::ErrorStack());
+    // HDF5 refuses to open a file that this process has open with the other evict-on-close
+    // setting (a verify beside a load of the same checkpoint): then it opens as it is open.
+    const std::string first = why;
+    id = open(!evict_on_close);
+    if (id < 0) throw Error(ErrorCode::kCorrupt, impl_->path.string() + ": not a readable HDF5 file" + first);
   }
   impl_->file = h5::File(id);
   impl_->locate_by_index = use_index;

@@ -36,8 +36,9 @@ class ShardReader {
   // to check every dataset's HDF5 header, and so does a lone shard (no checksums: the
   // HDF5 checks are all there is); Index() still reads the index then, to describe it.
   // With `evict_on_close`, HDF5 drops each dataset's header from its cache when the
-  // dataset is closed (for a caller that opens each dataset once: ckpt-verify); every
-  // reader of one file open at the same time must say the same (HDF5 refuses a mix).
+  // dataset is closed (for a caller that opens each dataset once: ckpt-verify). HDF5
+  // refuses to open one file twice with both settings: a reader then takes the setting
+  // the file is open with.
   ShardReader(const Dir& dir, const std::string& file_name, bool use_index = true, bool evict_on_close = false);
   // The same, opening the directory `dir` first.
   ShardReader(const std::filesystem::path& dir, const std::string& file_name, bool use_index = true,
