@@ -5,6 +5,12 @@ inspect on a 100,000-key checkpoint, and every tool's peak RSS (default --max-me
 
   bench/tools/bench.py --bin BUILD/tools --gen BUILD/bench/tools/ckpt-bench-tools-gen --dir SCRATCH
 
+With --chunks it measures instead ckpt-verify's cost per chunk: --quick (every shard index
+and dataset header checked, no data read) and full, on checkpoints of 16k, 65k and 262k
+tiny chunks (16 bytes) and of 16k chunks over 64 KiB (too big to be packed), printing CPU
+seconds (user + system, of the child) per chunk and peak RSS. Figures from a loaded
+machine: compare CPU seconds within one run.
+
 Page cache: the data set fits in memory, so every figure is a warm-cache figure (both
 sides of each comparison read from the page cache) except the two cold-cache rows: raw
 read and verify again, the page cache dropped (sync; echo 3 > /proc/sys/vm/drop_caches)
@@ -22,7 +28,7 @@ import time
 
 
 def measure(cmd, **kw):
-    """Runs cmd; returns (seconds, peak RSS in MiB of the child, returncode)."""
+    """Runs cmd; returns (seconds, peak RSS in MiB of the child, returncode, CPU seconds of the child)."""
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **kw)
     _, status, ru = os.wait4(p.pid, 0)
@@ -32,7 +38,7 @@ def measure(cmd, **kw):
     rc = os.waitstatus_to_exitcode(status)
     if rc != 0 and not kw.get("allow_fail"):
         print(f"command failed ({rc}): {' '.join(cmd)}\n{err}", file=sys.stderr)
-    return dt, ru.ru_maxrss / 1024.0, rc
+    return dt, ru.ru_maxrss / 1024.0, rc, ru.ru_utime + ru.ru_stime
 
 
 def drop_caches():
@@ -62,6 +68,34 @@ def best(n, fn):
     return min(runs, key=lambda r: r[0])
 
 
+def chunks_bench(a, tool):
+    """ckpt-verify's CPU time per chunk and peak RSS as the number of chunks grows."""
+    cases = [(16384, 16), (65536, 16), (262144, 16), (16384, 68 << 10)]
+    rows = []
+    for n, chunk_bytes in cases:
+        d = os.path.join(a.dir, "chunks", f"c{n}-b{chunk_bytes}")
+        if not os.path.exists(os.path.join(d, "metadata.json")):
+            print(f"generating {n:,} chunks of {chunk_bytes:,} bytes ...", flush=True)
+            subprocess.run([a.gen, "chunks", d, "--chunks", str(n), "--chunk-bytes", str(chunk_bytes)], check=True)
+        files = glob.glob(os.path.join(d, "*.h5"))
+        subprocess.run(["cat"] + files, stdout=subprocess.DEVNULL, check=True)  # warm page cache
+        chunks = max(1, n // 1000) * 1000  # the generator's 1,000 keys of n // 1000 rows
+        for mode, extra in (("--quick", ["--quick"]), ("full", [])):
+            runs = [measure([tool("ckpt-verify"), d, "-q"] + extra) for _ in range(a.repeat)]
+            if any(r[2] != 0 for r in runs):
+                raise SystemExit(f"ckpt-verify failed on {d}")
+            cpu = min(r[3] for r in runs)
+            rss = max(r[1] for r in runs)
+            rows.append((chunks, chunk_bytes, mode, cpu, cpu / chunks * 1e6, rss))
+    print(f"\nckpt-verify per chunk (16 files, 1,000 keys; warm page cache; load average {os.getloadavg()[0]:.1f})\n")
+    print(f"{'chunks':>9}{'bytes/chunk':>13}{'mode':>9}{'CPU s':>9}{'CPU us/chunk':>14}{'peak RSS MiB':>14}")
+    for chunks, b, mode, cpu, per, rss in rows:
+        print(f"{chunks:>9,}{b:>13,}{mode:>9}{cpu:>9.2f}{per:>14.1f}{rss:>14.0f}")
+    with open(os.path.join(a.dir, "chunks", "results.json"), "w") as f:
+        json.dump([dict(zip(("chunks", "chunk_bytes", "mode", "cpu_s", "cpu_us_per_chunk", "peak_rss_mib"), r))
+                   for r in rows], f, indent=2)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
@@ -70,8 +104,11 @@ def main():
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--keys", type=int, default=10000,
                     help="keys of the many-key checkpoint (100000 once the core metadata parser is linear)")
+    ap.add_argument("--chunks", action="store_true", help="only ckpt-verify's CPU time per chunk (see above)")
     a = ap.parse_args()
     tool = lambda name: os.path.join(a.bin, name)
+    if a.chunks:
+        return chunks_bench(a, tool)
     d = os.path.join(a.dir, "tools")
     os.makedirs(d, exist_ok=True)
     src = os.path.join(d, "gpt2s-4")

@@ -3,9 +3,11 @@
 //       shared/bench/workloads.py gpt2s: 592 tensors, 1,493,278,880 bytes), saved by
 //       `world` thread ranks, every tensor split along dim 0 as FSDP would
 //   ckpt-bench-tools-gen many DIR [--keys 100000] one file of that many 4-element tensors
-//   ckpt-bench-tools-gen chunks DIR [--chunks 131072]  1,000 keys of tiny row chunks (4
-//       floats) in 16 files, each key in one file: a checkpoint of many chunks and little
-//       data, for the memory of ckpt-verify --quick (bench/tools/run.sh)
+//   ckpt-bench-tools-gen chunks DIR [--chunks 131072] [--chunk-bytes 16]  1,000 keys of
+//       row chunks (16 bytes: 4 floats, by default) in 16 files, each key in one file: a
+//       checkpoint of many chunks and little data, for the time and memory of ckpt-verify
+//       --quick per chunk (bench/tools/bench.py --chunks). --chunk-bytes (a multiple of 4)
+//       over 64 KiB makes chunks too big to be packed together.
 // Values are deterministic pseudo-random floats (incompressible, like trained weights).
 #include <algorithm>
 #include <cstdint>
@@ -88,21 +90,22 @@ int Many(const std::string& dir, int keys) {
   return 0;
 }
 
-int Chunks(const std::string& dir, int64_t chunks) {
+int Chunks(const std::string& dir, int64_t chunks, int64_t chunk_bytes) {
   constexpr int kKeys = 1000, kFiles = 16;
   const int64_t rows = std::max<int64_t>(1, chunks / kKeys);
+  const int64_t cols = std::max<int64_t>(1, chunk_bytes / 4);
   ckpt::CheckpointWriter::Options o;
   o.overwrite = true;
   o.num_files = kFiles;
   o.world_size = kFiles;
   o.state_dict_type = ckpt::StateDictType::kSharded;
   auto w = ckpt::CheckpointWriter::Create(dir, o);
-  std::vector<float> v(4);
+  std::vector<float> v(static_cast<std::size_t>(cols));
   for (int k = 0; k < kKeys; ++k) {
     const std::string key = "layers." + std::to_string(k) + ".weight";
     for (int64_t r = 0; r < rows; ++r) {
       Fill(v, static_cast<uint64_t>(k * rows + r));
-      w->WriteChunk(key, ckpt::DType::kFloat32, {rows, 4}, ckpt::Box{{r, 0}, {1, 4}}, v.data(), k % kFiles);
+      w->WriteChunk(key, ckpt::DType::kFloat32, {rows, cols}, ckpt::Box{{r, 0}, {1, cols}}, v.data(), k % kFiles);
     }
   }
   w->Commit();
@@ -113,14 +116,18 @@ int Chunks(const std::string& dir, int64_t chunks) {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: %s gpt2s DIR [--world N] | many DIR [--keys N] | chunks DIR [--chunks N]\n", argv[0]);
+    std::fprintf(stderr,
+                 "usage: %s gpt2s DIR [--world N] | many DIR [--keys N] | chunks DIR [--chunks N] [--chunk-bytes B]\n",
+                 argv[0]);
     return 2;
   }
   const std::string what = argv[1], dir = argv[2];
   int64_t n = what == "gpt2s" ? 4 : what == "chunks" ? 131072 : 100000;
   if (argc >= 5) n = std::atoll(argv[4]);
+  int64_t chunk_bytes = 16;
+  if (argc >= 7 && std::strcmp(argv[5], "--chunk-bytes") == 0) chunk_bytes = std::atoll(argv[6]);
   try {
-    if (what == "chunks") return Chunks(dir, n);
+    if (what == "chunks") return Chunks(dir, n, chunk_bytes);
     return what == "gpt2s" ? Gpt2s(dir, static_cast<int>(n)) : Many(dir, static_cast<int>(n));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());

@@ -24,6 +24,7 @@
 #include "ops/json_schema.h"
 #include "ops/util.h"
 #include "storage/digest.h"
+#include "storage/shard_reader.h"
 #include "test_util.h"
 #include "tools/hostile_shard.h"
 
@@ -785,6 +786,29 @@ TEST_CASE("verify: a file that is not HDF5 is reported once; the other files are
     CHECK(datasets == 1);
     CHECK(r.problems.size() == 2);
     if (!quick) CHECK(r.bytes_read > 900000 * 4 / 3);
+  }
+}
+
+TEST_CASE("verify beside a load's reader of the same shard: each takes HDF5's evict-on-close setting the file has") {
+  ckpt_test::TempDir tmp("ve");
+  const fs::path dir = tmp / "c";
+  SaveSample(dir);
+  const std::string name = ReadMetadata(dir).files[0].name;
+  {
+    storage::ShardReader held(dir, name);  // a load's reader, default settings, kept open
+    for (bool quick : {false, true}) {
+      ops::VerifyOptions o;
+      o.quick = quick;
+      const auto r = ops::Verify(dir, o);
+      INFO(Messages(r));
+      CHECK(r.ok());
+    }
+    CHECK(!storage::ShardReader(dir, name, /*use_index=*/false, /*evict_on_close=*/true).IndexText().empty());
+  }
+  {
+    storage::ShardReader evicting(dir, name, /*use_index=*/false, /*evict_on_close=*/true);  // verify's
+    storage::ShardReader plain(dir, name);  // a load meanwhile
+    CHECK(!plain.Index().entries.empty());
   }
 }
 

@@ -225,6 +225,73 @@ TEST_CASE("shard index v2: records round-trip, compact, parsed strictly; v1 stil
   CHECK(v1.entries[0].chunk.block_bytes == 0);
 }
 
+TEST_CASE("shard index: read in one pass, members in any order; repeats, bad values and bad JSON refused") {
+  storage::ShardIndexBuilder b;
+  storage::ShardIndexEntry t;
+  t.key = "w";
+  t.dtype = DType::kFloat32;
+  t.shape = {8};
+  t.chunk.box = Box{{0}, {8}};
+  t.chunk.dataset = "w";
+  t.chunk.offset = 2048;
+  t.chunk.stored_bytes = 32;
+  t.chunk.block_bytes = 4096;
+  t.chunk.blocks = std::string(16, 'b');
+  t.chunk.checksum = storage::ChecksumOfBlocks(t.chunk.blocks);
+  t.chunk.stats = ChunkStats{-1.0, 2.5, 0.25, 3.0, 0, 0, 8};
+  b.Add(t);
+  const std::string text = b.Finish();
+  // "chunks" first, before the header it depends on (the writer puts it last): the same records.
+  const auto at = text.find(",\"chunks\":");
+  REQUIRE(at != std::string::npos);
+  const std::string reordered =
+      "{" + text.substr(at + 1, text.size() - at - 2) + "," + text.substr(1, at - 1) + "}";
+  CHECK(reordered != text);
+  for (const std::string& s : {text, reordered}) {
+    const storage::ShardIndex idx = storage::ParseShardIndex(s, "f.h5");
+    CHECK(idx.format_version == 2);
+    REQUIRE(idx.entries.size() == 1);
+    const ChunkMeta& c = idx.entries[0].chunk;
+    CHECK(idx.entries[0].key == "w");
+    CHECK(c.box == t.chunk.box);
+    CHECK(c.offset == 2048u);
+    CHECK(c.checksum == t.chunk.checksum);
+    CHECK(c.blocks == t.chunk.blocks);
+    REQUIRE(c.stats);
+    CHECK(c.stats->mean == 0.25);
+    CHECK(c.stats->finite_count == 8);
+  }
+  auto refused = [&](const std::string& from, const std::string& to, ErrorCode want = ErrorCode::kCorrupt) {
+    std::string s = text;
+    const auto pos = s.find(from);
+    REQUIRE(pos != std::string::npos);
+    s.replace(pos, from.size(), to);
+    ErrorCode code{};
+    const std::string e = ErrorOf([&] { storage::ParseShardIndex(s, "f.h5"); }, &code);
+    CHECK(code == want);
+    CHECK(Has(e, "f.h5: "));
+    return e;
+  };
+  // A repeated member is refused (FORMAT.md §8.1), not resolved to its last value.
+  CHECK(Has(refused("\"dataset\":\"w\"", "\"dataset\":\"w\",\"dataset\":\"v\""), "duplicate key 'dataset'"));
+  CHECK(Has(refused("\"format_version\":2", "\"format_version\":2,\"chunks\":[]"), "duplicate key 'chunks'"));
+  CHECK(Has(refused("\"offset\":2048", "\"offset\":2048.0"), "\"offset\" is not a byte offset"));
+  CHECK(Has(refused("\"shape\":[8]", "\"shape\":[8.5]"), "arrays of integers"));
+  CHECK(Has(refused("\"shape\":[8]", "\"shape\":[true]"), "arrays of integers"));
+  CHECK(Has(refused("\"min\":-1.0", "\"min\":\"x\""), "stats \"min\""));
+  CHECK(Has(refused("\"finite_count\":8", "\"finite_count\":-8"), "stats \"finite_count\""));
+  CHECK(Has(refused("\"stats\":{", "\"compression\":{\"codec\":\"lz4\"},\"stats\":{", ErrorCode::kUnsupported),
+            "unknown compression {\"codec\":\"lz4\"}"));
+  CHECK(Has(refused("\"stats\":{", "\"compression\":{\"codec\":\"zstd\",\"level\":99},\"stats\":{"),
+            "zstd level 99 is out of range"));
+  CHECK(Has(refused("\"format_version\":2", "\"format_version\":3", ErrorCode::kUnsupported), "newer"));
+  CHECK(Has(refused("\"format\":\"ckpt-shard\"", "\"format\":\"ckpt\""), "not a ckpt-shard index"));
+  CHECK(Has(refused("\"key\":\"w\",", ""), "\"key\""));
+  // Not JSON: worded as nlohmann::json words it.
+  CHECK(Has(refused("]}", "]"), "parse error"));
+  CHECK(Has(refused("\"dtype\":\"float32\"", "\"dtype\":\"float32\"x"), "parse error"));
+}
+
 TEST_CASE("the writer records v2 chunks: block digests of the raw bytes, the index digest") {
   TempDir tmp("bw");
   std::vector<uint8_t> data = ckpt_test::RandomBytes(3 * kB + 5, 9);

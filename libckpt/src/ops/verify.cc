@@ -57,9 +57,11 @@ struct Ref {
 
 // A chunk whose data is read: its checksum recomputed and/or its elements checked.
 struct DataJob {
-  std::string key, file;
+  // Into the metadata or the group's catalog, which outlive the job (no copy per chunk).
+  const std::string* key = nullptr;
   DType dtype = DType::kUInt8;
-  ChunkMeta chunk;  // a copy (bytes entries: their 1-D extent, as parsed)
+  const ChunkMeta* chunk = nullptr;  // bytes entries: their 1-D extent, as parsed
+  const std::string& file() const { return chunk->file; }
   bool hash = true, finite = false;
   bool recorded_nonfinite = false;  // quick --check-finite: the recorded statistics count NaN/Inf
   // Filled by the data threads:
@@ -73,7 +75,7 @@ struct DataJob {
 uint64_t ChunkBytes(const DataJob& j) {
   try {
     return static_cast<uint64_t>(
-        internal::CheckedMul(j.chunk.box.NumElements(), static_cast<int64_t>(DTypeSize(j.dtype)), j.key));
+        internal::CheckedMul(j.chunk->box.NumElements(), static_cast<int64_t>(DTypeSize(j.dtype)), *j.key));
   } catch (const Error&) {
     return 0;
   }
@@ -526,7 +528,7 @@ class DataRun {
     fw.order.reserve(fw.jobs.size());
     OpenFile of;
     try {
-      of.reader = std::make_unique<storage::ShardReader>(dir_, fw.name, /*use_index=*/false);
+      of.reader = std::make_unique<storage::ShardReader>(dir_, fw.name, /*use_index=*/false, /*evict_on_close=*/true);
     } catch (const std::exception& e) {
       fw.open_problem = e.what();
       Publish(fw, batch, true);
@@ -534,7 +536,7 @@ class DataRun {
     }
     if (auto links = of.reader->ForeignLinks(100); !links.empty()) {  // those chunks name are reported below
       std::set<std::string> named;
-      for (const std::size_t i : fw.jobs) named.insert(jobs_[i].chunk.dataset);
+      for (const std::size_t i : fw.jobs) named.insert(jobs_[i].chunk->dataset);
       for (auto& [name, message] : links)
         if (!named.count(name)) fw.link_problems.push_back(std::move(message));
     }
@@ -549,17 +551,15 @@ class DataRun {
       try {
         // The dataset's own HDF5 header, even where a v2 index gives the offset: an
         // independent reader (h5py) goes by the header, so the two must agree.
-        ChunkMeta header = job.chunk;
-        header.offset.reset();
-        const auto at = of.reader->Locate(job.key, job.dtype, header);
+        const auto at = of.reader->Locate(*job.key, job.dtype, *job.chunk, /*by_header=*/true);
         if (at) {
           job.contiguous = true;
           job.offset = *at;
         }
-        if (job.chunk.offset && ChunkBytes(job) > 0 && (!at || *at != *job.chunk.offset)) {
+        if (job.chunk->offset && ChunkBytes(job) > 0 && (!at || *at != *job.chunk->offset)) {
           job.problem_check = "datasets";
-          job.problem = TensorWhere(fw.name, job.key, &job.chunk) + " (dataset '" + job.chunk.dataset +
-                        "'): the shard index places its data at byte " + std::to_string(*job.chunk.offset) +
+          job.problem = TensorWhere(fw.name, *job.key, job.chunk) + " (dataset '" + job.chunk->dataset +
+                        "'): the shard index places its data at byte " + std::to_string(*job.chunk->offset) +
                         (at ? ", its HDF5 header at byte " + std::to_string(*at) : ", its HDF5 header stores it filtered");
           continue;
         }
@@ -594,7 +594,7 @@ class DataRun {
   void CheckPacks(FileWork& fw, storage::ShardReader& reader) {
     std::map<std::string, std::vector<std::pair<uint64_t, std::size_t>>> packs;  // name -> (pack_offset, job)
     for (const std::size_t i : fw.jobs)
-      if (jobs_[i].chunk.pack_offset) packs[jobs_[i].chunk.dataset].emplace_back(*jobs_[i].chunk.pack_offset, i);
+      if (jobs_[i].chunk->pack_offset) packs[jobs_[i].chunk->dataset].emplace_back(*jobs_[i].chunk->pack_offset, i);
     for (auto& [name, members] : packs) {
       std::sort(members.begin(), members.end());
       const DataJob& first = jobs_[members.front().second];
@@ -603,21 +603,21 @@ class DataRun {
       try {
         extent = reader.Pack(name, where);
       } catch (const std::exception& e) {
-        fw.pack_problems.emplace_back(first.key, e.what());
+        fw.pack_problems.emplace_back(*first.key, e.what());
         continue;
       }
       uint64_t end = 0;
       for (const auto& [at, i] : members) {
         if (at != end) {
-          fw.pack_problems.emplace_back(jobs_[i].key, where + ": tensor '" + jobs_[i].key + "' chunk " +
-                                                          jobs_[i].chunk.box.ToString() + " starts at byte " +
+          fw.pack_problems.emplace_back(*jobs_[i].key, where + ": tensor '" + *jobs_[i].key + "' chunk " +
+                                                          jobs_[i].chunk->box.ToString() + " starts at byte " +
                                                           std::to_string(at) + " of the pack, its members before it end at byte " +
                                                           std::to_string(end));
         }
         end = std::max(end, at + ChunkBytes(jobs_[i]));
       }
       if (end != extent.bytes) {
-        fw.pack_problems.emplace_back(first.key, where + ": its members cover " + std::to_string(end) +
+        fw.pack_problems.emplace_back(*first.key, where + ": its members cover " + std::to_string(end) +
                                                      " bytes, its HDF5 header gives it " +
                                                      std::to_string(extent.bytes));
       }
@@ -627,20 +627,21 @@ class DataRun {
   void Hash(DataJob& job, const FileWork& fw, OpenFile& of, std::vector<unsigned char>& buf) {
     try {
       const std::size_t item = DTypeSize(job.dtype);
-      const uint64_t bytes = static_cast<uint64_t>(job.chunk.box.NumElements()) * item;  // checked by Locate
-      storage::Digest digest(job.dtype, job.finite, job.chunk.block_bytes);
+      const uint64_t bytes = static_cast<uint64_t>(job.chunk->box.NumElements()) * item;  // checked by Locate
+      storage::Digest digest(job.dtype, job.finite, job.chunk->block_bytes);
       if (bytes == 0) {
         // nothing to read: the checksum of no bytes
       } else if (job.contiguous) {
         if (!of.hasher) of.hasher = std::make_unique<storage::FileHasher>(dir_ / fw.name);
         of.hasher->Hash(job.offset, bytes, digest, [this](uint64_t n) { done.fetch_add(n); },
-                        TensorWhere(fw.name, job.key, &job.chunk));
+                        TensorWhere(fw.name, *job.key, job.chunk));
       } else {
-        if (!of.reader) of.reader = std::make_unique<storage::ShardReader>(dir_, fw.name, /*use_index=*/false);
-        for (const Box& block : detail::SplitBox(job.chunk.box, item, kBlockBytes)) {
+        if (!of.reader)  // (evicting as the checking thread's reader of the file does: HDF5 refuses a mix)
+          of.reader = std::make_unique<storage::ShardReader>(dir_, fw.name, /*use_index=*/false, /*evict_on_close=*/true);
+        for (const Box& block : detail::SplitBox(job.chunk->box, item, kBlockBytes)) {
           const auto n = static_cast<std::size_t>(block.NumElements()) * item;
           buf.resize(std::max<std::size_t>(n, 8));
-          of.reader->Read(job.key, job.dtype, job.chunk, block, buf.data(), block, /*verify=*/false);
+          of.reader->Read(*job.key, job.dtype, *job.chunk, block, buf.data(), block, /*verify=*/false);
           digest.Update(buf.data(), n);
           done.fetch_add(n);
         }
@@ -648,7 +649,7 @@ class DataRun {
       std::string mismatch;
       if (job.hash) {
         try {
-          storage::CheckDigest(digest, job.chunk, bytes, TensorWhere(job.file, job.key, &job.chunk));
+          storage::CheckDigest(digest, *job.chunk, bytes, TensorWhere(job.file(), *job.key, job.chunk));
         } catch (const Error& e) {
           mismatch = e.what();
         }
@@ -660,7 +661,7 @@ class DataRun {
         const auto stats = digest.Stats();
         if (stats && (stats->nan_count || stats->inf_count)) {
           job.problem_check = "finite";
-          job.problem = TensorWhere(job.file, job.key, &job.chunk) + ": " + std::to_string(stats->nan_count) +
+          job.problem = TensorWhere(job.file(), *job.key, job.chunk) + ": " + std::to_string(stats->nan_count) +
                         " NaN and " + std::to_string(stats->inf_count) + " Inf elements";
         }
       }
@@ -881,10 +882,9 @@ VerifyReport Verify(const fs::path& path, const VerifyOptions& o) {
       const auto fit = file_index.find(chunk.file);
       if (fit == file_index.end()) continue;  // already reported under "files"
       DataJob job;
-      job.key = *pc.key;
-      job.file = chunk.file;
+      job.key = pc.key;
       job.dtype = pc.e->dtype;
-      job.chunk = chunk;  // a bytes entry: uint8, its box the 1-D extent (as parsed)
+      job.chunk = &chunk;  // a bytes entry: uint8, its box the 1-D extent (as parsed)
       const bool floating = pc.e->kind == EntryKind::kTensor && IsFloating(pc.e->dtype);
       job.finite = o.check_finite && floating && !(o.quick && chunk.stats);  // quick: trust recorded stats
       job.recorded_nonfinite = o.check_finite && floating && o.quick && chunk.stats &&
@@ -917,11 +917,11 @@ VerifyReport Verify(const fs::path& path, const VerifyOptions& o) {
     }
     for (const auto& j : jobs) {
       if (!j.problem.empty()) {
-        per_chunk.push_back({j.problem_check, j.file, j.key, j.problem});
+        per_chunk.push_back({j.problem_check, j.file(), *j.key, j.problem});
       } else if (j.located && j.recorded_nonfinite) {
-        per_chunk.push_back({"finite", j.file, j.key,
-                             TensorWhere(j.file, j.key, &j.chunk) + ": " + std::to_string(j.chunk.stats->nan_count) +
-                                 " NaN and " + std::to_string(j.chunk.stats->inf_count) +
+        per_chunk.push_back({"finite", j.file(), *j.key,
+                             TensorWhere(j.file(), *j.key, j.chunk) + ": " + std::to_string(j.chunk->stats->nan_count) +
+                                 " NaN and " + std::to_string(j.chunk->stats->inf_count) +
                                  " Inf elements (recorded statistics)"});
       }
     }

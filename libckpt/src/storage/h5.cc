@@ -177,23 +177,40 @@ std::vector<std::pair<std::string, H5L_type_t>> ForeignLinks(hid_t file, std::si
   return std::move(found.links);
 }
 
-Handle OpenOwnDataset(hid_t file, const std::string& name, const std::string& where) {
+Handle TryOpenOwnDataset(hid_t file, const std::string& name, bool all_hard, std::string& problem) {
   // One link name: a path would be resolved through links of its own.
   if (name.empty() || name == "." || name.find('/') != std::string::npos) {
-    throw Error(ErrorCode::kCorrupt, where + ": '" + name + "' is not a dataset name of the root group");
+    problem = "'" + name + "' is not a dataset name of the root group";
+    return Handle();
   }
-  H5L_info_t info;
-  if (H5Lget_info(file, name.c_str(), &info, H5P_DEFAULT) < 0) {
-    ErrorStack();
-    throw Error(ErrorCode::kCorrupt, where + ": dataset not found in the file");
+  if (!all_hard) {
+    H5L_info_t info;
+    if (H5Lget_info(file, name.c_str(), &info, H5P_DEFAULT) < 0) {
+      ErrorStack();
+      problem = "dataset not found in the file";
+      return Handle();
+    }
+    if (info.type != H5L_TYPE_HARD) {
+      problem = ForeignLinkMessage(name, info.type);
+      return Handle();
+    }
   }
-  if (info.type != H5L_TYPE_HARD) throw Error(ErrorCode::kCorrupt, where + ": " + ForeignLinkMessage(name, info.type));
   const hid_t id = H5Dopen2(file, name.c_str(), H5P_DEFAULT);
   if (id < 0) {
     ErrorStack();
-    throw Error(ErrorCode::kCorrupt, where + ": '" + name + "' is not a readable dataset");
+    const bool exists = !all_hard || H5Lexists(file, name.c_str(), H5P_DEFAULT) > 0;
+    ErrorStack();
+    problem = exists ? "'" + name + "' is not a readable dataset" : "dataset not found in the file";
+    return Handle();
   }
   return Dataset(id);
+}
+
+Handle OpenOwnDataset(hid_t file, const std::string& name, const std::string& where) {
+  std::string problem;
+  Handle ds = TryOpenOwnDataset(file, name, /*all_hard=*/false, problem);
+  if (!ds) throw Error(ErrorCode::kCorrupt, where + ": " + problem);
+  return ds;
 }
 
 namespace {

@@ -113,6 +113,10 @@ std::string ReadStringAttr(hid_t obj, const char* name);
 // anything but a plain link name that is a hard link: a soft, external or user-defined
 // link would reach other objects or other files (FORMAT.md §5.6).
 Handle OpenOwnDataset(hid_t file, const std::string& name, const std::string& where);
+// The same without building `where`: an invalid handle and, in `problem`, why (the text
+// OpenOwnDataset puts after `where`). `all_hard`: the caller found every link of the root
+// a hard link (ForeignLinks), so the link's own type is not looked up again.
+Handle TryOpenOwnDataset(hid_t file, const std::string& name, bool all_hard, std::string& problem);
 // Links of the root group of `file` that are not hard links (soft, external,
 // user-defined), at most `limit`, in name order; and how such a link is refused.
 std::vector<std::pair<std::string, H5L_type_t>> ForeignLinks(hid_t file, std::size_t limit);

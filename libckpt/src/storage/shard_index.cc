@@ -5,14 +5,15 @@
 
 #include <fcntl.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <algorithm>
 #include <limits>
 #include <unordered_map>
 
 #include "ckpt/error.h"
+#include "format/json_reader.h"
 #include "format/json_text.h"
 #include "format/names.h"
 #include "storage/digest.h"
@@ -164,76 +165,333 @@ std::string IndexDigest(std::string_view text) { return FormatChecksum(HashBlock
 
 namespace {
 
-bool IsChecksum(const json& v) {
-  if (!v.is_string()) return false;
-  const std::string& s = v.get_ref<const std::string&>();
-  const std::string_view prefix = names::kChecksumPrefix;
-  if (s.size() != prefix.size() + 16 || s.compare(0, prefix.size(), prefix) != 0) return false;
-  for (std::size_t i = prefix.size(); i < s.size(); ++i)
-    if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f'))) return false;
+using internal::JsonError;
+using internal::JsonReader;
+using internal::KeySet;
+using Next = JsonReader::Next;
+using NumberKind = JsonReader::NumberKind;
+
+// One pass over the text with the pull reader of metadata.json (format/json_reader.h): no
+// document tree, each record read straight into its ShardIndexEntry. (A tree of a shard's
+// index costs about ten times the text and, built and freed, most of ckpt-verify's time.)
+// A repeated member is refused, as in metadata.json.
+[[noreturn]] void Corrupt(const std::string& what) { throw Error(ErrorCode::kCorrupt, what); }
+
+bool IsLowerHex(std::string_view s) {
+  for (char ch : s)
+    if (!((ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f'))) return false;
   return true;
 }
 
-uint64_t Unsigned(const json& c, const char* member, const std::string& what) {
-  const json& v = c.at(member);
-  if (!v.is_number_unsigned()) throw Error(ErrorCode::kCorrupt, what + ": \"" + member + "\" is not a non-negative integer");
-  return v.get<uint64_t>();
+bool IsChecksum(std::string_view s) {
+  const std::string_view prefix = names::kChecksumPrefix;
+  return s.size() == prefix.size() + 16 && s.substr(0, prefix.size()) == prefix && IsLowerHex(s.substr(prefix.size()));
+}
+
+// A value that must be a string: copied into `out`; false (the value skipped) otherwise.
+bool ReadString(JsonReader& r, std::string& out) {
+  if (r.Peek() != Next::kString) {
+    r.Skip();
+    return false;
+  }
+  out.assign(r.ReadString());
+  return true;
+}
+
+// A value that must be a non-negative integer: false (the value skipped) otherwise.
+bool ReadUnsigned(JsonReader& r, uint64_t& out) {
+  if (r.Peek() != Next::kNumber) {
+    r.Skip();
+    return false;
+  }
+  const JsonReader::Number n = r.ReadNumber();
+  out = n.u;
+  return n.kind == NumberKind::kUint;
+}
+
+// An array of integers (shape, offsets, sizes), at most 33 of them kept (more is a bad
+// rank); false when it is not such an array.
+bool ReadDims(JsonReader& r, Shape& out) {
+  out.clear();
+  if (r.Peek() != Next::kArray) {
+    r.Skip();
+    return false;
+  }
+  r.BeginArray();
+  bool first = true, ok = true;
+  while (r.NextElement(&first)) {
+    if (r.Peek() != Next::kNumber) {
+      r.Skip();
+      ok = false;
+      continue;
+    }
+    const JsonReader::Number n = r.ReadNumber();
+    if (n.kind == NumberKind::kFloat || (n.kind == NumberKind::kUint && n.u > uint64_t{INT64_MAX})) ok = false;
+    if (ok && out.size() <= 32) out.push_back(n.kind == NumberKind::kUint ? static_cast<int64_t>(n.u) : n.i);
+  }
+  return ok;
+}
+
+// A record's members as read, checked once the record is complete.
+struct RawRecord {
+  bool key = false, dtype = false, dataset = false, size = false, shape = false, offsets = false, sizes = false;
+  bool stored_bytes = false, checksum = false, block_bytes = false, blocks = false;
+  std::string dtype_name;
+  std::string_view size_text, checksum_text, blocks_text, compression_text, level_text;
+  uint64_t size_value = 0;
+  bool size_ok = false, stored_ok = false, block_bytes_ok = false, checksum_ok = false, blocks_ok = false;
+  bool offset_bad = false, dims_bad = false;
+  bool pack_offset = false, pack_offset_bad = false;
+  bool compression = false, compression_bad = false, level = false, level_ok = false;
+  int64_t level_value = 0;
+  bool stats = false, stats_bad = false;
+  std::string_view stats_problem;  // the first bad stats member
+  bool stat_seen[7] = {};
+  bool stat_ok[7] = {};
+};
+
+// stats: {"min", "max", "mean", "l2": number or null, "nan_count", "inf_count",
+// "finite_count": non-negative integers}.
+void ReadStats(JsonReader& r, RawRecord& raw, ChunkStats& st) {
+  if (r.Peek() == Next::kNull) {
+    r.ReadNull();
+    return;
+  }
+  if (r.Peek() != Next::kObject) {
+    r.Skip();
+    raw.stats = raw.stats_bad = true;
+    return;
+  }
+  raw.stats = true;
+  double* real[] = {&st.min, &st.max, &st.mean, &st.l2};
+  int64_t* count_of[] = {&st.nan_count, &st.inf_count, &st.finite_count};
+  r.BeginObject();
+  KeySet keys;
+  bool first = true;
+  std::string_view k;
+  while (r.NextMember(&first, keys, &k)) {
+    int i = 0;
+    while (i < 7 && k != (i < 4 ? kStatReal[i] : kStatCount[i - 4])) ++i;
+    if (i == 7) {
+      r.Skip();
+      continue;
+    }
+    raw.stat_seen[i] = true;
+    const Next t = r.Peek();
+    if (i < 4) {
+      if (t == Next::kNull) {
+        r.ReadNull();
+        *real[i] = std::numeric_limits<double>::quiet_NaN();
+        raw.stat_ok[i] = true;
+      } else if (t == Next::kNumber) {
+        *real[i] = r.ReadNumber().AsDouble();
+        raw.stat_ok[i] = true;
+      } else {
+        r.Skip();
+      }
+    } else {
+      uint64_t v = 0;
+      raw.stat_ok[i] = ReadUnsigned(r, v) && v <= uint64_t{INT64_MAX};
+      *count_of[i - 4] = static_cast<int64_t>(v);
+    }
+  }
+}
+
+// The text of a value read by `read` (for messages).
+template <class F>
+std::string_view Capture(JsonReader& r, F&& read) {
+  r.Peek();
+  const char* start = r.pos();
+  read();
+  return std::string_view(start, static_cast<std::size_t>(r.pos() - start));
+}
+
+// compression: null, or {"codec": "zstd", "level": integer, ...}.
+void ReadCompression(JsonReader& r, RawRecord& raw, Compression& z) {
+  if (r.Peek() == Next::kNull) {
+    r.ReadNull();
+    return;
+  }
+  raw.compression = true;
+  bool zstd = false;
+  raw.compression_text = Capture(r, [&] {
+    if (r.Peek() != Next::kObject) {
+      r.Skip();
+      return;
+    }
+    r.BeginObject();
+    KeySet keys;
+    bool first = true;
+    std::string_view k;
+    while (r.NextMember(&first, keys, &k)) {
+      if (k == names::kCodec && r.Peek() == Next::kString) {
+        zstd = r.ReadString() == names::kZstd;
+      } else if (k == names::kCodec) {
+        zstd = false;
+        r.Skip();
+      } else if (k == names::kLevel) {
+        raw.level = true;
+        raw.level_ok = false;
+        raw.level_text = Capture(r, [&] {
+          if (r.Peek() != Next::kNumber) return void(r.Skip());
+          const JsonReader::Number n = r.ReadNumber();
+          raw.level_ok = n.kind != NumberKind::kFloat && (n.kind == NumberKind::kInt || n.u <= 22);
+          raw.level_value = n.kind == NumberKind::kUint ? static_cast<int64_t>(std::min<uint64_t>(n.u, 22)) : n.i;
+        });
+      } else {
+        r.Skip();
+      }
+    }
+  });
+  raw.compression_bad = !zstd;
+  if (zstd) z.codec = Compression::Codec::kZstd;
+}
+
+// Reads one member of a record into `e` (or `raw`, to be checked when the record is whole).
+void ReadRecordMember(JsonReader& r, std::string_view k, ShardIndexEntry& e, RawRecord& raw) {
+  ChunkMeta& m = e.chunk;
+  if (k == kKey) {
+    raw.key = ReadString(r, e.key);
+  } else if (k == names::kDType) {
+    raw.dtype = ReadString(r, raw.dtype_name);
+  } else if (k == names::kDataset) {
+    raw.dataset = ReadString(r, m.dataset);
+  } else if (k == kOffset) {
+    uint64_t v = 0;
+    raw.offset_bad = !ReadUnsigned(r, v);
+    m.offset = v;
+  } else if (k == names::kPackOffset) {
+    uint64_t v = 0;
+    raw.pack_offset = true;
+    raw.pack_offset_bad = !ReadUnsigned(r, v);
+    m.pack_offset = v;
+  } else if (k == names::kSize) {
+    raw.size = true;
+    raw.size_text = Capture(r, [&] { raw.size_ok = ReadUnsigned(r, raw.size_value) && raw.size_value <= (uint64_t{1} << 62); });
+  } else if (k == names::kShape) {
+    raw.shape = true;
+    raw.dims_bad |= !ReadDims(r, e.shape);
+  } else if (k == names::kOffsets) {
+    raw.offsets = true;
+    raw.dims_bad |= !ReadDims(r, m.box.offsets);
+  } else if (k == names::kSizes) {
+    raw.sizes = true;
+    raw.dims_bad |= !ReadDims(r, m.box.sizes);
+  } else if (k == names::kStoredBytes) {
+    raw.stored_bytes = true;
+    raw.stored_ok = ReadUnsigned(r, m.stored_bytes);
+  } else if (k == names::kChecksum) {
+    raw.checksum = true;
+    raw.checksum_text = Capture(r, [&] { raw.checksum_ok = ReadString(r, m.checksum) && IsChecksum(m.checksum); });
+  } else if (k == kBlockBytes) {
+    raw.block_bytes = true;
+    raw.block_bytes_ok = ReadUnsigned(r, m.block_bytes);
+  } else if (k == kBlocks) {
+    raw.blocks = true;
+    raw.blocks_ok = ReadString(r, m.blocks);
+  } else if (k == names::kCompression) {
+    ReadCompression(r, raw, m.compression);
+  } else if (k == names::kStats) {
+    ChunkStats st;
+    ReadStats(r, raw, st);
+    if (raw.stats && !raw.stats_bad) m.stats = st;
+  } else {
+    r.Skip();
+  }
 }
 
 // The v2 members of a record (FORMAT.md §5.5, §7): its stored size, compression, checksum,
 // block digests (exactly one per block of the chunk's `n` raw bytes) and statistics.
-void ParseV2Members(const json& c, uint64_t n, ChunkMeta& m, const std::string& what) {
-  m.stored_bytes = Unsigned(c, names::kStoredBytes, what);
-  if (!IsChecksum(c.at(names::kChecksum)))
-    throw Error(ErrorCode::kCorrupt, what + ": checksum " + c.at(names::kChecksum).dump() +
-                                         " is not of the form xxh3-64:<16 hex digits>");
-  m.checksum = c.at(names::kChecksum).get<std::string>();
-  m.block_bytes = Unsigned(c, kBlockBytes, what);
+void CheckV2Members(const RawRecord& raw, uint64_t n, ChunkMeta& m, const std::string& what) {
+  if (!raw.stored_bytes) Corrupt(what + ": no \"stored_bytes\"");
+  if (!raw.stored_ok) Corrupt(what + ": \"stored_bytes\" is not a non-negative integer");
+  if (!raw.checksum) Corrupt(what + ": no \"checksum\"");
+  if (!raw.checksum_ok)
+    Corrupt(what + ": checksum " + std::string(raw.checksum_text) + " is not of the form xxh3-64:<16 hex digits>");
+  if (!raw.block_bytes) Corrupt(what + ": no \"block_bytes\"");
+  if (!raw.block_bytes_ok) Corrupt(what + ": \"block_bytes\" is not a non-negative integer");
   if (m.block_bytes < kMinBlockBytes || m.block_bytes > kMaxBlockBytes || (m.block_bytes & (m.block_bytes - 1)))
-    throw Error(ErrorCode::kCorrupt, what + ": block_bytes " + std::to_string(m.block_bytes) +
-                                         " is not a power of two in [4096, 67108864]");
-  const json& blocks = c.at(kBlocks);
-  if (!blocks.is_string()) throw Error(ErrorCode::kCorrupt, what + ": \"blocks\" is not a string");
-  m.blocks = blocks.get<std::string>();
+    Corrupt(what + ": block_bytes " + std::to_string(m.block_bytes) + " is not a power of two in [4096, 67108864]");
+  if (!raw.blocks) Corrupt(what + ": no \"blocks\"");
+  if (!raw.blocks_ok) Corrupt(what + ": \"blocks\" is not a string");
   const uint64_t count = BlockCount(n, m.block_bytes);
   if (m.blocks.size() != count * 16)
-    throw Error(ErrorCode::kCorrupt, what + ": \"blocks\" holds " + std::to_string(m.blocks.size()) +
-                                         " hex digits, its " + std::to_string(n) + " bytes in blocks of " +
-                                         std::to_string(m.block_bytes) + " need " + std::to_string(count * 16));
-  for (char ch : m.blocks)
-    if (!((ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f')))
-      throw Error(ErrorCode::kCorrupt, what + ": \"blocks\" is not lowercase hex");
-  if (c.contains(names::kCompression) && !c[names::kCompression].is_null()) {
-    const json& z = c[names::kCompression];
-    if (!z.is_object() || z.value(names::kCodec, "") != names::kZstd)
-      throw Error(ErrorCode::kUnsupported, what + ": unknown compression " + z.dump());
-    m.compression.codec = Compression::Codec::kZstd;
-    if (z.contains(names::kLevel)) {
-      if (!z[names::kLevel].is_number_integer() || z[names::kLevel].get<int64_t>() < -131072 ||
-          z[names::kLevel].get<int64_t>() > 22)
-        throw Error(ErrorCode::kCorrupt, what + ": zstd level " + z[names::kLevel].dump() + " is out of range");
-      m.compression.level = z[names::kLevel].get<int>();
+    Corrupt(what + ": \"blocks\" holds " + std::to_string(m.blocks.size()) + " hex digits, its " + std::to_string(n) +
+            " bytes in blocks of " + std::to_string(m.block_bytes) + " need " + std::to_string(count * 16));
+  if (!IsLowerHex(m.blocks)) Corrupt(what + ": \"blocks\" is not lowercase hex");
+  if (raw.compression && raw.compression_bad)
+    throw Error(ErrorCode::kUnsupported, what + ": unknown compression " + std::string(raw.compression_text));
+  if (raw.level) {
+    if (!raw.level_ok || raw.level_value < -131072 || raw.level_value > 22)
+      Corrupt(what + ": zstd level " + std::string(raw.level_text) + " is out of range");
+    m.compression.level = static_cast<int>(raw.level_value);
+  }
+  if (raw.stats) {
+    if (raw.stats_bad) Corrupt(what + ": \"stats\" is not an object");
+    for (int i = 0; i < 7; ++i) {
+      const char* name = i < 4 ? kStatReal[i] : kStatCount[i - 4];
+      if (!raw.stat_seen[i]) Corrupt(what + ": stats: no \"" + name + "\"");
+      if (!raw.stat_ok[i])
+        Corrupt(what + ": stats \"" + name + "\" is not " + (i < 4 ? "a number" : "a non-negative integer (or too large)"));
     }
   }
-  if (c.contains(names::kStats) && !c[names::kStats].is_null()) {
-    const json& o = c[names::kStats];
-    if (!o.is_object()) throw Error(ErrorCode::kCorrupt, what + ": \"stats\" is not an object");
-    ChunkStats st;
-    double* real[] = {&st.min, &st.max, &st.mean, &st.l2};
-    int64_t* count_of[] = {&st.nan_count, &st.inf_count, &st.finite_count};
-    for (int i = 0; i < 4; ++i) {
-      const json& v = o.at(kStatReal[i]);
-      if (!v.is_null() && !v.is_number())
-        throw Error(ErrorCode::kCorrupt, what + ": stats \"" + kStatReal[i] + "\" is not a number");
-      *real[i] = v.is_null() ? std::numeric_limits<double>::quiet_NaN() : v.get<double>();
-    }
-    for (int i = 0; i < 3; ++i) {
-      const uint64_t v = Unsigned(o, kStatCount[i], what + ": stats");
-      if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-        throw Error(ErrorCode::kCorrupt, what + ": stats \"" + kStatCount[i] + "\" is too large");
-      *count_of[i] = static_cast<int64_t>(v);
-    }
-    m.stats = st;
+}
+
+// Checks a complete record (FORMAT.md §5.5) and fills what follows from its members.
+void CheckRecord(const RawRecord& raw, ShardIndexEntry& e, bool v2, const std::string& where) {
+  ChunkMeta& m = e.chunk;
+  if (!raw.key) Corrupt(where + ": a chunk record without a \"key\" string");
+  if (!raw.dtype) Corrupt(where + ": key '" + e.key + "': no \"dtype\" string");
+  if (!raw.dataset) Corrupt(where + ": key '" + e.key + "': no \"dataset\" string");
+  if (raw.offset_bad) Corrupt(where + ": key '" + e.key + "': \"offset\" is not a byte offset");
+  if (raw.pack_offset && (!v2 || raw.pack_offset_bad || !m.offset || raw.compression))
+    Corrupt(where + ": key '" + e.key + "': \"" + names::kPackOffset +
+            "\" is not a byte offset of an uncompressed chunk with an \"offset\"");
+  if (raw.dtype_name == kBytesDType) {
+    if (!raw.size || !raw.size_ok)
+      Corrupt(where + ": bytes entry '" + e.key + "': bad size " + (raw.size ? std::string(raw.size_text) : "(none)"));
+    if (m.pack_offset) Corrupt(where + ": bytes entry '" + e.key + "': a bytes entry is not packed");
+    e.bytes = true;
+    e.shape = {static_cast<int64_t>(raw.size_value)};
+    m.box = Box::Full(e.shape);
+    if (v2) CheckV2Members(raw, raw.size_value, m, where + ": bytes entry '" + e.key + "'");
+    return;
+  }
+  const auto parsed = DTypeFromName(raw.dtype_name);
+  if (!parsed)
+    throw Error(ErrorCode::kUnsupported, where + ": tensor '" + e.key + "': unknown dtype \"" + raw.dtype_name + "\"");
+  e.dtype = *parsed;
+  if (!raw.offsets || !raw.sizes || !raw.shape || raw.dims_bad)
+    Corrupt(where + ": tensor '" + e.key + "': \"shape\", \"offsets\" and \"sizes\" must be arrays of integers");
+  const Shape& shape = e.shape;
+  if (shape.size() > 32 || m.box.offsets.size() != shape.size() || m.box.sizes.size() != shape.size())
+    Corrupt(where + ": tensor '" + e.key + "': bad rank");
+  CheckExtent(shape, DTypeSize(e.dtype), where + ": tensor '" + e.key + "'");
+  for (std::size_t d = 0; d < shape.size(); ++d)
+    if (m.box.offsets[d] < 0 || m.box.sizes[d] < 0 || m.box.offsets[d] > shape[d] - m.box.sizes[d])
+      Corrupt(where + ": tensor '" + e.key + "' chunk " + m.box.ToString() + " lies outside shape " + ShapeText(shape));
+  if (v2) {
+    const uint64_t n = static_cast<uint64_t>(m.box.NumElements()) * DTypeSize(e.dtype);
+    CheckV2Members(raw, n, m, where + ": tensor '" + e.key + "' chunk " + m.box.ToString());
+  }
+}
+
+// The records of the "chunks" array that comes next, appended to `out`.
+void ReadRecords(JsonReader& r, bool v2, const std::string& where, std::vector<ShardIndexEntry>& out) {
+  if (r.Peek() != Next::kArray) Corrupt(where + ": \"chunks\" is not an array");
+  r.BeginArray();
+  bool first = true;
+  while (r.NextElement(&first)) {
+    if (r.Peek() != Next::kObject) Corrupt(where + ": a chunk record is not an object");
+    ShardIndexEntry e;
+    RawRecord raw;
+    r.BeginObject();
+    KeySet keys;
+    bool first_member = true;
+    std::string_view k;
+    while (r.NextMember(&first_member, keys, &k)) ReadRecordMember(r, k, e, raw);
+    CheckRecord(raw, e, v2, where);
+    out.push_back(std::move(e));
   }
 }
 
@@ -280,78 +538,66 @@ void CheckPackedRecords(const ShardIndex& index, const std::string& where) {
 ShardIndex ParseShardIndex(std::string_view text, const std::string& where) {
   ShardIndex out;
   try {
-    const json j = json::parse(text);
-    if (!j.is_object() || j.value(names::kFormat, "") != names::kShardIndexFormat)
-      throw Error(ErrorCode::kCorrupt, where + ": not a ckpt-shard index");
-    const json& v = j.at(names::kFormatVersion);
-    if (!v.is_number_integer()) throw Error(ErrorCode::kCorrupt, where + ": format_version is not an integer");
-    const int64_t version = v.get<int64_t>();
-    if (version > kFormatVersion)
-      throw Error(ErrorCode::kUnsupported, where + ": format_version " + std::to_string(version) +
-                                               " is newer than this reader supports (" +
-                                               std::to_string(kFormatVersion) + ")");
-    if (version < kOldestFormatVersion)
-      throw Error(ErrorCode::kCorrupt, where + ": format_version " + std::to_string(version) + " is not a version");
-    out.format_version = static_cast<int>(version);
-    const bool v2 = version >= 2;
-    const json& chunks = j.at(names::kChunks);
-    if (!chunks.is_array()) throw Error(ErrorCode::kCorrupt, where + ": \"chunks\" is not an array");
-    out.entries.reserve(chunks.size());
-    for (const auto& c : chunks) {
-      if (!c.is_object()) throw Error(ErrorCode::kCorrupt, where + ": a chunk record is not an object");
-      ShardIndexEntry e;
-      ChunkMeta& m = e.chunk;
-      e.key = c.at(kKey).get<std::string>();
-      const std::string dtype = c.at(names::kDType).get<std::string>();
-      m.dataset = c.at(names::kDataset).get<std::string>();
-      if (c.contains(kOffset)) {
-        if (!c[kOffset].is_number_unsigned())
-          throw Error(ErrorCode::kCorrupt, where + ": key '" + e.key + "': \"offset\" is not a byte offset");
-        m.offset = c[kOffset].get<uint64_t>();
+    JsonReader r(text, ParseLimits{}.max_depth);
+    if (r.Peek() != Next::kObject) Corrupt(where + ": not a ckpt-shard index");
+    // Members in any order: the records are read as they come once "format" and
+    // "format_version" are known (the writer puts them first), else from the text kept.
+    bool format = false, version_known = false, chunks = false;
+    std::string_view later;  // "chunks" met before the version
+    auto header = [&](std::string_view k) {
+      if (k == names::kFormat) {
+        std::string f;
+        if (!ReadString(r, f) || f != names::kShardIndexFormat) Corrupt(where + ": not a ckpt-shard index");
+        format = true;
+        return;
       }
-      if (c.contains(names::kPackOffset)) {
-        if (!v2 || !c[names::kPackOffset].is_number_unsigned() || !m.offset ||
-            (c.contains(names::kCompression) && !c[names::kCompression].is_null()))
-          throw Error(ErrorCode::kCorrupt, where + ": key '" + e.key + "': \"" + names::kPackOffset +
-                                               "\" is not a byte offset of an uncompressed chunk with an \"offset\"");
-        m.pack_offset = c[names::kPackOffset].get<uint64_t>();
+      if (r.Peek() != Next::kNumber) Corrupt(where + ": format_version is not an integer");
+      const JsonReader::Number n = r.ReadNumber();
+      if (n.kind == NumberKind::kFloat) Corrupt(where + ": format_version is not an integer");
+      if (n.kind == NumberKind::kUint && n.u > static_cast<uint64_t>(kFormatVersion))
+        throw Error(ErrorCode::kUnsupported, where + ": format_version " + std::to_string(n.u) +
+                                                 " is newer than this reader supports (" +
+                                                 std::to_string(kFormatVersion) + ")");
+      const int64_t version = n.kind == NumberKind::kUint ? static_cast<int64_t>(n.u) : n.i;
+      if (version < kOldestFormatVersion)
+        Corrupt(where + ": format_version " + std::to_string(version) + " is not a version");
+      out.format_version = static_cast<int>(version);
+      version_known = true;
+    };
+    r.BeginObject();
+    KeySet keys;
+    bool first = true;
+    std::string_view k;
+    while (r.NextMember(&first, keys, &k)) {
+      if (k == names::kFormat || k == names::kFormatVersion) {
+        header(k);
+      } else if (k == names::kChunks) {
+        chunks = true;
+        if (format && version_known) {
+          ReadRecords(r, out.format_version >= 2, where, out.entries);
+        } else {
+          later = Capture(r, [&] { r.Skip(); });
+        }
+      } else {
+        r.Skip();
       }
-      if (dtype == kBytesDType) {
-        const json& size = c.at(names::kSize);
-        if (!size.is_number_unsigned() || size.get<uint64_t>() > (uint64_t{1} << 62))
-          throw Error(ErrorCode::kCorrupt, where + ": bytes entry '" + e.key + "': bad size " + size.dump());
-        if (m.pack_offset)
-          throw Error(ErrorCode::kCorrupt, where + ": bytes entry '" + e.key + "': a bytes entry is not packed");
-        e.bytes = true;
-        e.shape = {size.get<int64_t>()};
-        m.box = Box::Full(e.shape);
-        if (v2) ParseV2Members(c, size.get<uint64_t>(), m, where + ": bytes entry '" + e.key + "'");
-        out.entries.push_back(std::move(e));
-        continue;
-      }
-      const auto parsed = DTypeFromName(dtype);
-      if (!parsed)
-        throw Error(ErrorCode::kUnsupported, where + ": tensor '" + e.key + "': unknown dtype " + c.at(names::kDType).dump());
-      e.dtype = *parsed;
-      m.box.offsets = c.at(names::kOffsets).get<Shape>();
-      m.box.sizes = c.at(names::kSizes).get<Shape>();
-      e.shape = c.at(names::kShape).get<Shape>();
-      const Shape& shape = e.shape;
-      if (shape.size() > 32 || m.box.offsets.size() != shape.size() || m.box.sizes.size() != shape.size())
-        throw Error(ErrorCode::kCorrupt, where + ": tensor '" + e.key + "': bad rank");
-      CheckExtent(shape, DTypeSize(e.dtype), where + ": tensor '" + e.key + "'");
-      for (std::size_t d = 0; d < shape.size(); ++d)
-        if (m.box.offsets[d] < 0 || m.box.sizes[d] < 0 || m.box.offsets[d] > shape[d] - m.box.sizes[d])
-          throw Error(ErrorCode::kCorrupt, where + ": tensor '" + e.key + "' chunk " + m.box.ToString() +
-                                               " lies outside shape " + ShapeText(shape));
-      if (v2) {
-        const uint64_t n = static_cast<uint64_t>(m.box.NumElements()) * DTypeSize(e.dtype);
-        ParseV2Members(c, n, m, where + ": tensor '" + e.key + "' chunk " + m.box.ToString());
-      }
-      out.entries.push_back(std::move(e));
     }
-  } catch (const json::exception& e) {
-    throw Error(ErrorCode::kCorrupt, where + ": " + e.what());
+    r.Finish();
+    if (!format) Corrupt(where + ": not a ckpt-shard index");
+    if (!version_known) Corrupt(where + ": no format_version");
+    if (!chunks) Corrupt(where + ": no \"chunks\"");
+    if (!later.empty()) {
+      JsonReader again(later, ParseLimits{}.max_depth, /*depth=*/1);
+      ReadRecords(again, out.format_version >= 2, where, out.entries);
+    }
+  } catch (const JsonError& e) {
+    if (!e.syntax) Corrupt(where + ": " + e.what);
+    try {  // worded as nlohmann::json words it
+      const json unused = json::parse(text);
+    } catch (const json::exception& je) {
+      Corrupt(where + ": " + je.what());
+    }
+    Corrupt(where + ": invalid JSON at byte " + std::to_string(e.offset));
   }
   CheckPackedRecords(out, where);
   return out;

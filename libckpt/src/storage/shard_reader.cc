@@ -246,7 +246,8 @@ void SelectLinear(hid_t space, const std::vector<hsize_t>& dims, hsize_t e0, hsi
 
 struct ShardReader::Impl {
   std::filesystem::path path;
-  bool index_loaded = false;
+  bool text_read = false;     // index_text read (or index_error says why not)
+  bool index_loaded = false;  // and parsed
   bool locate_by_index = true;  // chunks located through the index (else through HDF5)
   int foreign_links = -1;       // whether the root holds links not its own (-1: not looked yet)
   std::string index_text;                // the attribute as stored
@@ -271,34 +272,63 @@ struct ShardReader::Impl {
   }
 };
 
-ShardReader::ShardReader(const Dir& dir, const std::string& file_name, bool use_index)
+ShardReader::ShardReader(const Dir& dir, const std::string& file_name, bool use_index, bool evict_on_close)
     : impl_(std::make_unique<Impl>()) {
   h5::Init();
   impl_->path = dir.path() / file_name;
   impl_->fd = OpenRegularFileAt(dir, file_name);
   impl_->size = FileSize(impl_->fd.get(), impl_->path);
   // HDF5 opens the very file checked above, whatever happens to the paths meanwhile.
-  const hid_t id = H5Fopen(ProcPath(impl_->fd.get()).c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  const std::string proc = ProcPath(impl_->fd.get());
+  std::string why;  // HDF5's error stack of a failed open (closing the fapl would clear it)
+  auto open = [&](bool evict) {
+    h5::Handle fapl;
+    if (evict) {
+      fapl = h5::Plist(h5::Check(H5Pcreate(H5P_FILE_ACCESS), "H5Pcreate"));
+      h5::Check(H5Pset_evict_on_close(fapl.get(), true), "H5Pset_evict_on_close");
+    }
+    const hid_t got = H5Fopen(proc.c_str(), H5F_ACC_RDONLY, evict ? fapl.get() : H5P_DEFAULT);
+    if (got < 0) why = h5::ErrorStack();
+    return got;
+  };
+  hid_t id = open(evict_on_close);
   if (id < 0) {
-    throw Error(ErrorCode::kCorrupt, impl_->path.string() + ": not a readable HDF5 file" + h5::ErrorStack());
+    // HDF5 refuses to open a file that this process has open with the other evict-on-close
+    // setting (a verify beside a load of the same checkpoint): then it opens as it is open.
+    const std::string first = why;
+    id = open(!evict_on_close);
+    if (id < 0) throw Error(ErrorCode::kCorrupt, impl_->path.string() + ": not a readable HDF5 file" + first);
   }
   impl_->file = h5::File(id);
   impl_->locate_by_index = use_index;
   if (use_index) LoadIndex();
 }
 
-void ShardReader::LoadIndex() {
+void ShardReader::ReadIndexText() {
   Impl& m = *impl_;
-  if (m.index_loaded) return;
-  m.index_loaded = true;
-  const std::string where = m.path.string() + ": " + names::kShardIndexAttr;
+  if (m.text_read) return;
+  m.text_read = true;
   try {
     m.index_text = h5::ReadStringAttr(m.file.get(), names::kShardIndexAttr);
     if (m.index_text.empty()) {
       m.index_error = m.path.string() + ": HDF5 file without a " + names::kShardIndexAttr +
                       " attribute; not a ckpt shard";
-      return;
     }
+  } catch (const Error& e) {
+    m.index_text.clear();
+    m.index_error = e.what();
+    m.index_error_code = e.code();
+  }
+}
+
+void ShardReader::LoadIndex() {
+  Impl& m = *impl_;
+  if (m.index_loaded) return;
+  m.index_loaded = true;
+  ReadIndexText();
+  if (!m.index_error.empty()) return;
+  const std::string where = m.path.string() + ": " + names::kShardIndexAttr;
+  try {
     m.parsed = ParseShardIndex(m.index_text, where);
   } catch (const Error& e) {
     // A damaged or foreign index only disables the fast path (FORMAT.md §5.5).
@@ -322,7 +352,7 @@ const ShardIndex& ShardReader::Index() {
 }
 
 const std::string& ShardReader::IndexText() {
-  LoadIndex();
+  ReadIndexText();
   return impl_->index_text;
 }
 
@@ -330,6 +360,7 @@ std::vector<std::pair<std::string, std::string>> ShardReader::ForeignLinks(std::
   std::vector<std::pair<std::string, std::string>> out;
   for (const auto& [name, type] : h5::ForeignLinks(impl_->file.get(), limit))
     out.emplace_back(name, impl_->path.filename().string() + ": " + h5::ForeignLinkMessage(name, type));
+  if (limit > 0) impl_->foreign_links = out.empty() ? 0 : 1;  // what Find would look up
   return out;
 }
 
@@ -347,19 +378,25 @@ struct ShardReader::Located {
   h5::Handle type, space;
 };
 
-ShardReader::Located ShardReader::Find(const std::string& key, DType dtype, const ChunkMeta& chunk) {
+ShardReader::Located ShardReader::Find(const std::string& key, DType dtype, const ChunkMeta& chunk, bool by_header) {
   Impl& m = *impl_;
   const std::size_t item = DTypeSize(dtype);
   Located at;
-  at.chunk_bytes = static_cast<uint64_t>(
-      internal::CheckedMul(chunk.box.NumElements(), static_cast<int64_t>(item), m.Where(key, chunk)));
+  // Called per chunk: messages (m.Where) are built only for an error.
+  int64_t bytes = 0;
+  const int64_t elements = chunk.box.NumElements();
+  if (elements < 0 || __builtin_mul_overflow(elements, static_cast<int64_t>(item), &bytes))
+    internal::CheckedMul(elements, static_cast<int64_t>(item), m.Where(key, chunk));  // throws
+  at.chunk_bytes = static_cast<uint64_t>(bytes);
   // A v2 chunk located by its (digest-checked) index record: no dataset opened. (Only the
   // checkpoint reader fills `offset`, from an index it checked; a verifier clears it to
   // check the HDF5 header, and a lone shard's chunks never carry it.)
   // Not in a shard whose root holds soft or external links (FORMAT.md §5.6): there every
   // dataset goes through HDF5, where one that is such a link is refused.
-  const bool by_record = chunk.block_bytes && chunk.offset && chunk.compression.codec == Compression::Codec::kNone;
-  if (by_record && m.foreign_links < 0) m.foreign_links = h5::ForeignLinks(m.file.get(), 1).empty() ? 0 : 1;
+  const bool by_record =
+      !by_header && chunk.block_bytes && chunk.offset && chunk.compression.codec == Compression::Codec::kNone;
+  if (m.foreign_links < 0 && (by_record || by_header))  // (one pass over the root's links)
+    m.foreign_links = h5::ForeignLinks(m.file.get(), 1).empty() ? 0 : 1;
   if (by_record && m.foreign_links == 0) {
     if (chunk.pack_offset) {  // its pack's header checked too, once per pack
       Located packed = FindPacked(key, chunk, at.chunk_bytes);
@@ -380,7 +417,8 @@ ShardReader::Located ShardReader::Find(const std::string& key, DType dtype, cons
     return at;
   }
   if (chunk.pack_offset) return FindPacked(key, chunk, at.chunk_bytes);
-  if (auto it = m.index.find(chunk.dataset); it != m.index.end() && chunk.compression.codec == Compression::Codec::kNone) {
+  if (auto it = by_header ? m.index.end() : m.index.find(chunk.dataset);
+      it != m.index.end() && chunk.compression.codec == Compression::Codec::kNone) {
     const ShardIndexEntry& d = *it->second;
     const bool same_type = d.bytes ? dtype == DType::kUInt8 : d.dtype == dtype;
     const uint64_t offset = *d.chunk.offset;
@@ -391,14 +429,18 @@ ShardReader::Located ShardReader::Find(const std::string& key, DType dtype, cons
       return at;
     }
   }
-  at.ds = h5::OpenOwnDataset(m.file.get(), chunk.dataset, m.Where(key, chunk));
-  at.type = h5::Type(h5::Check(H5Dget_type(at.ds.get()), m.Where(key, chunk)));
+  std::string problem;  // a root of hard links only: each dataset's link need not be looked up
+  at.ds = h5::TryOpenOwnDataset(m.file.get(), chunk.dataset, m.foreign_links == 0, problem);
+  if (!at.ds) throw Error(ErrorCode::kCorrupt, m.Where(key, chunk) + ": " + problem);
+  const hid_t type = H5Dget_type(at.ds.get());
+  at.type = h5::Type(type < 0 ? h5::Check(type, m.Where(key, chunk)) : type);
   if (!h5::TypeMatches(at.type.get(), dtype)) {
     throw Error(ErrorCode::kCorrupt, m.Where(key, chunk) + ": stored element type (" +
                                          std::to_string(H5Tget_size(at.type.get())) +
                                          " bytes) does not match dtype " + std::string(DTypeName(dtype)));
   }
-  at.space = h5::Space(h5::Check(H5Dget_space(at.ds.get()), m.Where(key, chunk)));
+  const hid_t space = H5Dget_space(at.ds.get());
+  at.space = h5::Space(space < 0 ? h5::Check(space, m.Where(key, chunk)) : space);
   const int rank = H5Sget_simple_extent_ndims(at.space.get());
   std::vector<hsize_t> dims(rank > 0 ? rank : 0);
   if (rank > 0) H5Sget_simple_extent_dims(at.space.get(), dims.data(), nullptr);
@@ -484,8 +526,9 @@ ShardReader::PackExtent ShardReader::Pack(const std::string& dataset, const std:
   return pack;
 }
 
-std::optional<uint64_t> ShardReader::Locate(const std::string& key, DType dtype, const ChunkMeta& chunk) {
-  const Located at = Find(key, dtype, chunk);
+std::optional<uint64_t> ShardReader::Locate(const std::string& key, DType dtype, const ChunkMeta& chunk,
+                                            bool by_header) {
+  const Located at = Find(key, dtype, chunk, by_header);
   if (!at.contiguous) return std::nullopt;
   return at.base;
 }

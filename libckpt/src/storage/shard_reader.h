@@ -35,10 +35,15 @@ class ShardReader {
   // whose data would lie outside the file, takes the HDF5 path. ckpt-verify turns it off
   // to check every dataset's HDF5 header, and so does a lone shard (no checksums: the
   // HDF5 checks are all there is); Index() still reads the index then, to describe it.
-  ShardReader(const Dir& dir, const std::string& file_name, bool use_index = true);
+  // With `evict_on_close`, HDF5 drops each dataset's header from its cache when the
+  // dataset is closed (for a caller that opens each dataset once: ckpt-verify). HDF5
+  // refuses to open one file twice with both settings: a reader then takes the setting
+  // the file is open with.
+  ShardReader(const Dir& dir, const std::string& file_name, bool use_index = true, bool evict_on_close = false);
   // The same, opening the directory `dir` first.
-  ShardReader(const std::filesystem::path& dir, const std::string& file_name, bool use_index = true)
-      : ShardReader(Dir::Open(dir), file_name, use_index) {}
+  ShardReader(const std::filesystem::path& dir, const std::string& file_name, bool use_index = true,
+              bool evict_on_close = false)
+      : ShardReader(Dir::Open(dir), file_name, use_index, evict_on_close) {}
   ~ShardReader();
   ShardReader(const ShardReader&) = delete;
   ShardReader& operator=(const ShardReader&) = delete;
@@ -63,7 +68,9 @@ class ShardReader {
   // The file offset of the chunk's bytes (chunk.box row-major, uncompressed) when it is
   // stored contiguous and unfiltered, after the same checks as Read; nullopt when it is
   // filtered (its bytes are not the tensor's). For copying a chunk file to file.
-  std::optional<uint64_t> Locate(const std::string& key, DType dtype, const ChunkMeta& chunk);
+  // `by_header`: from the dataset's own HDF5 header even where the chunk's record or the
+  // shard index gives the offset (ckpt-verify compares the two).
+  std::optional<uint64_t> Locate(const std::string& key, DType dtype, const ChunkMeta& chunk, bool by_header = false);
 
   // A pack dataset (FORMAT.md §5.7) as its HDF5 header gives it: the file offset of its
   // data and its byte size, after checking that it is a 1-D uint8 contiguous dataset of the
@@ -79,7 +86,8 @@ class ShardReader {
   // up locating chunks; a v2 index is the chunks' description, trusted once IndexText()
   // hashes to what metadata.json records (the caller checks).
   const ShardIndex& Index();
-  // The index attribute's text exactly as stored ("" when there is none).
+  // The index attribute's text exactly as stored ("" when there is none), read without
+  // parsing it (a caller checking its digest parses it once itself).
   const std::string& IndexText();
 
   // Each link of the root group that is not a dataset of the shard's own (a soft,
@@ -93,8 +101,9 @@ class ShardReader {
 
  private:
   struct Located;
-  Located Find(const std::string& key, DType dtype, const ChunkMeta& chunk);
+  Located Find(const std::string& key, DType dtype, const ChunkMeta& chunk, bool by_header = false);
   Located FindPacked(const std::string& key, const ChunkMeta& chunk, uint64_t chunk_bytes);
+  void ReadIndexText();
   void LoadIndex();
   // Unverified reads (or v1 ones fed to `digest`), contiguous or through HDF5.
   uint64_t ReadRaw(const Located& at, const std::string& key, DType dtype, const ChunkMeta& chunk,
