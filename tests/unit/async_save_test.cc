@@ -233,6 +233,43 @@ TEST_CASE("async save: the checkpoint holds the state as it was when SaveAsync r
   CHECK(VersionOf(tmp / "ck") == 1);
 }
 
+TEST_CASE("async save: the snapshot's copies, split and grouped across the worker pool, are exact") {
+  // One chunk of 9 MiB + 3 bytes (split into pieces, a short last one), 500 small tensors
+  // (grouped), a bytes entry between them; every source changed after SaveAsync returns.
+  ckpt_test::TempDir tmp("async-pieces");
+  const std::size_t big = (std::size_t{9} << 20) / 4 + 3;
+  std::vector<float> w(big);
+  std::vector<std::vector<int32_t>> small(500);
+  std::vector<uint8_t> blob(70000);
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i % 100003);
+  for (std::size_t t = 0; t < small.size(); ++t) small[t].assign(1 + t % 37, static_cast<int32_t>(t * 7 + 1));
+  for (std::size_t i = 0; i < blob.size(); ++i) blob[i] = static_cast<uint8_t>(i * 31);
+  const std::vector<float> w0 = w;
+  const std::vector<std::vector<int32_t>> small0 = small;
+  const std::vector<uint8_t> blob0 = blob;
+  StateDict sd;
+  sd.Add("big", Tensor::Full(DType::kFloat32, {static_cast<int64_t>(big)}, w.data()));
+  sd.Add("blob", Bytes{blob});
+  for (std::size_t t = 0; t < small.size(); ++t)
+    sd.Add("s" + std::to_string(t), Tensor::Full(DType::kInt32, {static_cast<int64_t>(small[t].size())}, small[t].data()));
+  SingleComm comm;
+  const SaveHandle h = SaveAsync(tmp / "ck", sd, comm);
+  std::fill(w.begin(), w.end(), -1.0f);
+  for (auto& v : small) std::fill(v.begin(), v.end(), -1);
+  std::get<Bytes>(sd.At("blob")).data.assign(blob.size(), 0);
+  h.Wait();
+  auto r = CheckpointReader::Open(tmp / "ck");
+  std::vector<float> got(big);
+  r->ReadRegion("big", Box::Full({static_cast<int64_t>(big)}), got.data());
+  CHECK(got == w0);
+  CHECK(r->ReadBytes("blob") == blob0);
+  for (std::size_t t = 0; t < small.size(); ++t) {
+    std::vector<int32_t> v(small0[t].size());
+    r->ReadRegion("s" + std::to_string(t), Box::Full({static_cast<int64_t>(v.size())}), v.data());
+    REQUIRE(v == small0[t]);
+  }
+}
+
 TEST_CASE("async save: a background failure is reported once on every rank: by Wait, else by the next SaveAsync") {
   ckpt_test::TempDir tmp("async-fail");
   FsyncFailFs faulty("shard-00001-of");

@@ -26,6 +26,7 @@
 #include "checkpoint/staging.h"
 #include "ckpt/device.h"
 #include "ckpt/checkpoint.h"
+#include "storage/pool.h"
 
 namespace ckpt {
 
@@ -177,6 +178,43 @@ std::size_t ChunkBytes(const std::string& key, const Tensor& t, const Chunk& c) 
 
 }  // namespace
 
+namespace {
+
+// The snapshot's host copies, run on the process's worker pool (storage/pool.h) as well as
+// this thread: a copy of a large state is memory-bound, and one core alone does not reach the
+// memory's bandwidth. Cut into pieces of about kCopyPiece: large copies split, small ones
+// grouped (a state of many small tensors is not one job each).
+struct HostCopy {
+  unsigned char* to;
+  const unsigned char* from;
+  std::size_t n;
+};
+
+void CopyAll(const std::vector<HostCopy>& copies) {
+  constexpr std::size_t kCopyPiece = std::size_t{4} << 20;
+  std::vector<HostCopy> pieces;
+  std::vector<std::size_t> group_end;  // pieces [group_end[g - 1], group_end[g]) are job g
+  std::size_t group_bytes = 0;
+  for (const HostCopy& c : copies) {
+    for (std::size_t at = 0; at < c.n; at += kCopyPiece) {
+      const std::size_t n = std::min(kCopyPiece, c.n - at);
+      pieces.push_back({c.to + at, c.from + at, n});
+      group_bytes += n;
+      if (group_bytes >= kCopyPiece) {
+        group_end.push_back(pieces.size());
+        group_bytes = 0;
+      }
+    }
+  }
+  if (group_end.empty() || group_end.back() != pieces.size()) group_end.push_back(pieces.size());
+  storage::ParallelFor(group_end.size(), [&](std::size_t g) {
+    for (std::size_t i = g ? group_end[g - 1] : 0; i < group_end[g]; ++i)
+      std::memcpy(pieces[i].to, pieces[i].from, pieces[i].n);
+  });
+}
+
+}  // namespace
+
 Snapshot TakeSnapshot(const StateDict& state, StagingPool& pool) {
   uint64_t total = 0;
   for (const auto& [key, e] : state) {
@@ -190,6 +228,7 @@ Snapshot TakeSnapshot(const StateDict& state, StagingPool& pool) {
   if (total > 0) snap.lease = StagingAccess::Acquire(pool, total);
   snap.bytes.resize(state.size());
   DevicePipe device;  // one staging pair for every device chunk of the snapshot
+  std::vector<HostCopy> copies;
   uint64_t offset = 0;
   std::size_t index = 0;
   for (const auto& [key, e] : state) {
@@ -197,7 +236,7 @@ Snapshot TakeSnapshot(const StateDict& state, StagingPool& pool) {
     if (const auto* b = std::get_if<Bytes>(&e)) {
       const std::size_t n = b->data.size();
       if (n > 0) {
-        std::memcpy(snap.lease->data() + offset, b->data.data(), n);
+        copies.push_back({reinterpret_cast<unsigned char*>(snap.lease->data() + offset), b->data.data(), n});
         snap.bytes[i] = {reinterpret_cast<const uint8_t*>(snap.lease->data() + offset), n};
       }
       offset += RoundUp(n, kChunkAlign);
@@ -214,12 +253,17 @@ Snapshot TakeSnapshot(const StateDict& state, StagingPool& pool) {
     for (const Chunk& c : t->chunks) {
       const std::size_t bytes = ChunkBytes(key, *t, c);
       void* to = bytes > 0 ? snap.lease->data() + offset : nullptr;
-      if (bytes > 0) CopyChunkToStaging(c, to, bytes, device);
+      if (bytes > 0 && c.device == kHostDevice) {
+        copies.push_back({static_cast<unsigned char*>(to), static_cast<const unsigned char*>(c.data), bytes});
+      } else if (bytes > 0) {
+        CopyChunkToStaging(c, to, bytes, device);
+      }
       copy.chunks.push_back(Chunk{c.box, to});
       offset += RoundUp(bytes, kChunkAlign);
     }
     snap.state.Add(key, std::move(copy));
   }
+  CopyAll(copies);
   return snap;
 }
 
