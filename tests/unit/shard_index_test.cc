@@ -120,7 +120,7 @@ storage::ShardIndexEntry RandomEntry(std::mt19937_64& rng) {
     st.max = RandomDouble(rng);
     st.mean = RandomDouble(rng);
     st.l2 = RandomDouble(rng);
-    st.nan_count = static_cast<int64_t>(rng() >> (rng() % 64 + 1));
+    st.nan_count = static_cast<int64_t>(rng() >> (rng() % 63 + 1));
     st.inf_count = static_cast<int64_t>(rng() % 3);
     st.finite_count = static_cast<int64_t>(rng() >> 1);
     c.stats = st;
