@@ -1,7 +1,7 @@
 // bench_blocks: what the block size of format v2's blocked checksums (FORMAT.md §7) costs,
 // for choosing storage::kDefaultBlockBytes.
 //
-//   ckpt-bench-blocks [--dir DIR] [--repeat K] [--drop-caches]
+//   ckpt-bench-blocks [--dir DIR] [--repeat K] [--drop-caches] [--slice]
 //     writes one 256 MiB float32 tensor [16384, 4096] (rows of 16 KiB) as one contiguous
 //     chunk of a shard in DIR (default: a fresh directory under /tmp, removed at the end),
 //     then for each block size 4 KiB..16 MiB:
@@ -14,7 +14,9 @@
 //                (POSIX_FADV_DONTNEED; with --drop-caches, as root, `echo 3 >
 //                /proc/sys/vm/drop_caches` instead)
 //     and the same reads unverified, plus a raw pread of the row slices' bytes, as the
-//     baselines. Times in ms.
+//     baselines. Times in ms. --slice: only the row-slice target (issue 9): a third of the
+//     rows, cold, verified with the default block size against a raw pread of the same bytes,
+//     K interleaved pairs, medians and their ratio.
 //
 // Measured (2-core shared VM, load average ~13, memory-bound at ~4 GB/s for a hash or a
 // memcpy of 256 MiB; every figure +-30 % from run to run), `ckpt-bench-blocks --repeat 7`:

@@ -9,6 +9,7 @@
 #include <random>
 
 #include "ckpt/ckpt.h"
+#include "format/grid.h"
 #include "format/wire.h"
 #include "layout/save_messages.h"
 #include "layout/save_plan.h"
@@ -582,6 +583,12 @@ TEST_CASE("Assemble: entries in plan order, layouts from the plan, files of rank
   const EntryMeta* pw = parsed.Find("w");
   REQUIRE(pw);
   CHECK(pw->layout.kind == TensorLayout::Kind::kGrid);
+  std::vector<std::string> cells;
+  grid::ForEachCell(pw->layout, pw->shape, Box::Full({8, 2}), [&](const Box& box, int32_t file) {
+    cells.push_back(box.ToString() + "@" + parsed.files.at(static_cast<std::size_t>(file)).name);
+  });
+  CHECK(cells == std::vector<std::string>{Box{{0, 0}, {4, 2}}.ToString() + "@shard-1",
+                                          Box{{4, 0}, {4, 2}}.ToString() + "@shard-0"});
   CHECK(m.Find("step")->value == "5");
   CHECK(m.Find("step")->dtype == DType::kInt64);
   CHECK(m.Find("cfg")->kind == EntryKind::kJson);
