@@ -55,10 +55,10 @@ class Digest {
   // (storage/pool.h) when the bytes are large and start on a block boundary (block mode):
   // segments of them are hashed and summed on different cores, then combined in order.
   // Each piece (256 KiB, or one block where blocks are larger) is handed to
-  // `also(piece, length, position)` (position counted from `data`) just before it is
-  // digested, on whichever thread digests it, in no particular order across threads: a
-  // write of the piece then brings it into the cache the digest reads it from. An exception
-  // from `also` propagates (the digest is then incomplete).
+  // `also(piece, length, position)` (position counted from `data`), in order, one at a time
+  // on one thread (the pool's task 0) while the other tasks digest: a file written there
+  // is written by one thread, in order. An exception from `also` propagates (the digest
+  // is then incomplete).
   using PieceFn = std::function<void(const unsigned char*, std::size_t, std::size_t)>;
   void UpdateParallel(const void* data, std::size_t n, const PieceFn& also = {});
   // True in block mode at a block boundary without statistics: then AdoptBlocks(d, k) has
