@@ -165,8 +165,11 @@ std::string Mismatch(const Workload& w) {
 }
 
 [[noreturn]] void Usage(const char* argv0) {
-  std::fprintf(stderr, "usage: mpirun -np 4 %s --dir DIR [--rounds N] [--round-index I] [--json FILE] [--keep]\n",
-               argv0);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 0)
+    std::fprintf(stderr, "usage: mpirun -np 4 %s --dir DIR [--rounds N] [--round-index I] [--json FILE] [--keep]\n",
+                 argv0);
   std::exit(2);
 }
 
