@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""bench/report.py: the tables of issue 10 from the JSON lines of bench/core and bench/peers.
+"""bench/report.py: the tables of issue 10 from the JSON lines of bench/core (ckpt-bench-core,
+and ckpt-bench-mpi's table gpt2s-4p: 4 processes under mpirun) and bench/peers.
 
   bench/report.py RESULTS.jsonl [--markdown]
 
 Figures are medians over the rounds, [min-max] beside; "x raw" ratios are speed ratios
 (raw seconds / method seconds, higher is better). CPU is user + sys seconds of the process
-(every thread), the steadier figure on a shared machine. Then every target, met or by how much
+(every thread; for the MPI rows summed over the processes, and their peak RSS summed too), the
+steadier figure on a shared machine. Then every target, met or by how much
 it misses.
 """
 import json
@@ -92,6 +94,11 @@ def main():
           ["raw-c-wb, 4 files", "torch.save, 4 files", "DCP, 4 ranks (gloo)", "ckpt, 4 threads", "ckpt 4 -> 1 rank",
            "raw 4 files -> 3 readers by columns", "ckpt 4 -> 3 ranks by columns"],
           best4, raw4, "raw 4 files load")
+    bestp, rawp = get("gpt2s-4p", "raw-c-wb, 4 processes", "save"), get("gpt2s-4p", "raw-c-wb, 4 processes", "load")
+    ckp_s, ckp_l = get("gpt2s-4p", "ckpt, 4 processes", "save"), get("gpt2s-4p", "ckpt, 4 processes", "load")
+    if bestp or ckp_s or ckp_l:
+        table("gpt2s, 4 processes (MPI)", "gpt2s-4p", ["raw-c-wb, 4 processes", "ckpt, 4 processes"], bestp, rawp,
+              "raw 4 processes load")
     traw = get("tmpfs", "raw-c", "save")
     if traw:
         p("| tmpfs (no disk: the CPU path) | n | save s | × raw | CPU s |")
@@ -134,14 +141,23 @@ def main():
 
     target("save 1 rank vs best raw (raw-c-wb)", ratio(best, get("gpt2s", "ckpt", "save")), 0.95)
     target("save 4 ranks as threads vs raw 4 files with write-back", ratio(best4, get("gpt2s-4", "ckpt, 4 threads", "save")), 0.95)
-    p("- save 4 processes (MPI): not in this benchmark (no MPI driver here)")
+    if bestp or ckp_s:
+        target("save 4 processes (MPI) vs raw 4 processes with write-back", ratio(bestp, ckp_s), 0.95)
+    else:
+        p("- save 4 processes (MPI): not measured (no ckpt-bench-mpi rows: built without MPI, no mpirun, "
+          "or CKPT_BENCH_MPI=0)")
     for m, t, base in (("ckpt", "gpt2s", rawc), ("ckpt 1 -> 3 ranks", "gpt2s", rawc),
                        ("ckpt, 4 threads", "gpt2s-4", raw4), ("ckpt 4 -> 1 rank", "gpt2s-4", rawc),
                        ("ckpt 4 -> 3 ranks by columns", "gpt2s-4", get("gpt2s-4", "raw 4 files -> 3 readers by columns", "load"))):
         target(f"cold load {m} vs raw-c load", ratio(base, get(t, m, "load")), 0.95)
+    if rawp or ckp_l:
+        target("cold load ckpt, 4 processes (MPI) vs raw 4 processes load", ratio(rawp, ckp_l), 0.95)
     ck_s, ck_l = get("gpt2s", "ckpt", "save"), get("gpt2s", "ckpt", "load")
     target("CPU per GB of save vs raw-c-wb", cpu_gb(ck_s) / cpu_gb(best) if ck_s and best else None, 1.3, higher=False)
     target("CPU per GB of load vs raw-c load", cpu_gb(ck_l) / cpu_gb(rawc) if ck_l and rawc else None, 1.3, higher=False)
+    if bestp and ckp_s:
+        target("CPU per GB of save, 4 processes (MPI), vs raw 4 processes", cpu_gb(ckp_s) / cpu_gb(bestp), 1.3,
+               higher=False)
     target("tmpfs save vs raw write into tmpfs", ratio(traw, get("tmpfs", "ckpt", "save")), 0.8)
     target("tmpfs save, 4 threads, vs raw write into tmpfs", ratio(traw, get("tmpfs", "ckpt, 4 threads", "save")), 0.8)
     torch_ms = get("many-small", "torch.save", "save")

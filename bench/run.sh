@@ -1,8 +1,9 @@
 #!/bin/sh
 # bench/run.sh: the one benchmark command (issue 10). Builds a Release tree if needed, makes
 # the peers' venv if needed, then runs N interleaved rounds: one round of bench/core (raw,
-# HDF5 C, ckpt) and one of bench/peers (safetensors, torch.save, DCP, merge) alternately, each
-# timed phase from a dropped page cache; then bench/report.py prints the tables and targets.
+# HDF5 C, ckpt), one of bench/core's MPI driver (gpt2s by 4 processes under mpirun: raw and
+# ckpt) and one of bench/peers (safetensors, torch.save, DCP, merge) in turn, each timed phase
+# from a dropped page cache; then bench/report.py prints the tables and targets.
 #
 #   bench/run.sh                          scratch under build-bench/scratch (on the repo's disk)
 #   CKPT_BENCH_DIR=/mnt/x bench/run.sh    measure another disk (needs ~8 GB free)
@@ -11,7 +12,10 @@
 # CKPT_BENCH_ROUNDS (default 5), CKPT_BENCH_VENV (default ~/.cache/ckpt-bench-venv: outside the
 # repo, reused when present; numpy, h5py, safetensors and torch from PyPI, about 2 min and
 # 4 GB for torch's wheels; CKPT_BENCH_TORCH=0 skips torch and its rows), CKPT_BENCH_PEERS=0
-# (no peers), CKPT_BENCH_SCALE=0 (not the metadata-scale benchmark, bench/core/bench_scale:
+# (no peers), CKPT_BENCH_MPI=0 (not the 4-process rows, ckpt-bench-mpi under mpirun; skipped
+# anyway where the build has no MPI backend or mpirun is not on PATH; with Open MPI it runs
+# with --oversubscribe, shared-memory transport and, as root, --allow-run-as-root),
+# CKPT_BENCH_SCALE=0 (not the metadata-scale benchmark, bench/core/bench_scale:
 # 64 to 16,384 simulated ranks x 1,000 tensors, a few minutes and ~1.5 GB of RAM),
 # CKPT_BENCH_EXTRA=1 (also the plan, tools and runtime benchmarks),
 # CKPT_BUILD_JOBS (parallel build jobs, default nproc). Cold phases need root for
@@ -33,6 +37,19 @@ fi
 cmake --build "$build" -j "$jobs"
 
 peers=${CKPT_BENCH_PEERS:-1}
+mpi=${CKPT_BENCH_MPI:-1}
+mpi_bin=$build/bench/core/ckpt-bench-mpi
+mpirun=$(command -v mpirun || true)
+mpi_flags=""
+if [ "$mpi" = 1 ] && { [ ! -x "$mpi_bin" ] || [ -z "$mpirun" ]; }; then
+  echo "== no $mpi_bin (built without MPI) or no mpirun on PATH: the 4-process rows are skipped"
+  mpi=0
+fi
+if [ "$mpi" = 1 ] && "$mpirun" --version 2>/dev/null | grep -q "Open MPI"; then
+  # 4 ranks on fewer cores; shared memory without CMA (containers forbid it); the commit to the ranks.
+  mpi_flags="--oversubscribe --mca btl self,vader --mca btl_vader_single_copy_mechanism none -x CKPT_BENCH_COMMIT"
+  if [ "$(id -u)" = 0 ]; then mpi_flags="--allow-run-as-root $mpi_flags"; fi
+fi
 if [ "$peers" = 1 ] && [ ! -x "$venv/bin/python" ]; then
   echo "== making the peers' venv at $venv (PyPI)"
   t0=$(date +%s)
@@ -53,6 +70,10 @@ echo "== $rounds interleaved rounds, commit $commit; results in $results"
 i=0
 while [ "$i" -lt "$rounds" ]; do
   "$build/bench/core/ckpt-bench-core" --dir "$scratch" --round-index "$i" --json "$results"
+  if [ "$mpi" = 1 ]; then
+    # shellcheck disable=SC2086  # mpi_flags: several words
+    "$mpirun" $mpi_flags -np 4 "$mpi_bin" --dir "$scratch" --round-index "$i" --json "$results"
+  fi
   if [ "$peers" = 1 ]; then
     only=safetensors,torch,dcp,merge
     [ "${CKPT_BENCH_TORCH:-1}" = 1 ] || only=safetensors,merge

@@ -27,96 +27,27 @@
 //   rows of them (raw-c, raw-c-wb, h5c, ckpt, "ckpt, 4 threads", ...).
 #include <ckpt/ckpt.h>
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <hdf5.h>
-#include <sys/resource.h>
-#include <sys/stat.h>
-#include <sys/statvfs.h>
-#include <sys/uio.h>
-#include <sys/utsname.h>
 #include <unistd.h>
-#include <xxhash.h>
 
-#include "common/gpt2s.h"
+#include "bench_common.h"
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <functional>
-#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
-namespace fs = std::filesystem;
-
+namespace ckpt_bench {
 namespace {
-
-constexpr double kGB = 1e9;
-constexpr double kMiB = 1024.0 * 1024.0;
-constexpr std::size_t kRawBlock = std::size_t{8} << 20;       // write/read call size
-constexpr std::size_t kWritebackEvery = std::size_t{64} << 20;  // raw-c-wb's sync_file_range step
-
-struct TensorBuf {
-  std::string name;
-  ckpt::DType dtype;
-  ckpt::Shape shape;
-  std::size_t bytes = 0;
-  std::unique_ptr<uint8_t[]> data;
-  uint64_t hash = 0;  // of the generated contents
-};
-using Workload = std::vector<TensorBuf>;
-
-uint64_t XorShift(uint64_t& x) {
-  x ^= x << 13;
-  x ^= x >> 7;
-  x ^= x << 17;
-  return x;
-}
-
-// Deterministic, hard-to-compress fill: small float32 values from a xorshift stream.
-void Fill(TensorBuf& t, uint64_t seed) {
-  if (t.dtype == ckpt::DType::kInt64) {
-    const int64_t step = 1000;
-    std::memcpy(t.data.get(), &step, sizeof step);
-    return;
-  }
-  uint64_t x = seed * 0x9e3779b97f4a7c15ULL + 1;
-  auto* f = reinterpret_cast<float*>(t.data.get());
-  const std::size_t n = t.bytes / 4;
-  for (std::size_t i = 0; i < n; ++i)
-    f[i] = (static_cast<float>(XorShift(x) >> 40) * (1.0f / 16777216.0f) - 0.5f) * 0.04f;
-}
-
-void Add(Workload& w, std::string name, ckpt::DType dtype, ckpt::Shape shape) {
-  TensorBuf t{std::move(name), dtype, std::move(shape), 0, nullptr, 0};
-  t.bytes = static_cast<std::size_t>(ckpt::NumElements(t.shape)) * ckpt::DTypeSize(dtype);
-  t.data.reset(new uint8_t[t.bytes]);
-  Fill(t, w.size() + 1);
-  t.hash = XXH3_64bits(t.data.get(), t.bytes);
-  w.push_back(std::move(t));
-}
-
-Workload MakeGpt2s() {
-  Workload w;
-  const auto params = ckpt_bench::Gpt2sParams();
-  for (const auto& [name, shape] : params) Add(w, name, ckpt::DType::kFloat32, shape);
-  for (const auto& [name, shape] : params) {  // torch.optim.Adam state order
-    const std::string st = "optimizer.state." + name + ".";
-    Add(w, st + "step", ckpt::DType::kInt64, {});
-    Add(w, st + "exp_avg", ckpt::DType::kFloat32, shape);
-    Add(w, st + "exp_avg_sq", ckpt::DType::kFloat32, shape);
-  }
-  return w;
-}
 
 Workload MakeManySmall() {
   Workload w;
@@ -129,21 +60,6 @@ Workload MakeManySmall() {
     Add(w, name, ckpt::DType::kFloat32, {static_cast<int64_t>(std::llround(std::exp(lo + u * (hi - lo))))});
   }
   return w;
-}
-
-// Rows [begin, begin + count) of dim 0 for `rank` of `world` (the first n % world get one more).
-std::pair<int64_t, int64_t> RowRange(int64_t n, int world, int rank) {
-  const int64_t base = n / world, extra = n % world;
-  const int64_t begin = rank * base + std::min<int64_t>(rank, extra);
-  return {begin, base + (rank < extra ? 1 : 0)};
-}
-
-// Bytes of rank `rank`'s dim-0 shard of `t` (0-D tensors: rank 0 holds them).
-std::pair<const uint8_t*, std::size_t> ShardBytes(const TensorBuf& t, int world, int rank) {
-  if (t.shape.empty()) return {t.data.get(), rank == 0 ? t.bytes : 0};
-  auto [begin, count] = RowRange(t.shape[0], world, rank);
-  const std::size_t row = t.bytes / static_cast<std::size_t>(t.shape[0]);
-  return {t.data.get() + static_cast<std::size_t>(begin) * row, static_cast<std::size_t>(count) * row};
 }
 
 // This rank's view of the workload: FSDP-like dim-0 shards, 0-D tensors replicated.
@@ -245,213 +161,6 @@ struct ColumnShards {
       }
   }
 };
-
-uint64_t TotalBytes(const Workload& w) {
-  uint64_t n = 0;
-  for (const auto& t : w) n += t.bytes;
-  return n;
-}
-
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double CpuSeconds() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
-         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
-}
-
-std::string ReadFirstLine(const std::string& path, const std::string& prefix = "") {
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line))
-    if (prefix.empty() || line.rfind(prefix, 0) == 0) return line;
-  return "";
-}
-
-double Load1() {
-  const std::string l = ReadFirstLine("/proc/loadavg");
-  return l.empty() ? -1 : std::atof(l.c_str());
-}
-
-int64_t VmHWMKiB() {
-  std::string line = ReadFirstLine("/proc/self/status", "VmHWM:");
-  return line.empty() ? -1 : std::stoll(line.substr(6));
-}
-
-void ResetPeakRss() {
-  std::ofstream f("/proc/self/clear_refs");
-  f << "5";
-}
-
-[[noreturn]] void Die(const std::string& what) {
-  std::fprintf(stderr, "bench_core: %s: %s\n", what.c_str(), std::strerror(errno));
-  std::exit(2);
-}
-
-void FsyncPath(const fs::path& p, int flags) {
-  const int fd = ::open(p.c_str(), flags | O_CLOEXEC);
-  if (fd < 0) Die("open " + p.string());
-  if (::fsync(fd) != 0) Die("fsync " + p.string());
-  ::close(fd);
-}
-
-std::string g_cold_method;
-
-// Empties the page cache (drop_caches when allowed, else fadvise on the files under `dir`),
-// then pauses a second so the journal and writeback of what came before are done.
-void MakeCold(const fs::path& dir) {
-  ::sync();
-  std::ofstream f("/proc/sys/vm/drop_caches");
-  if (f && (f << "3").flush()) {
-    g_cold_method = "sync; echo 3 > /proc/sys/vm/drop_caches before every phase";
-  } else {
-    g_cold_method = "posix_fadvise(DONTNEED) on the bench files (drop_caches not permitted: not root); "
-                    "writes may meet a full page cache";
-    std::error_code ec;
-    for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
-         it.increment(ec)) {
-      if (!it->is_regular_file()) continue;
-      const int fd = ::open(it->path().c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0) continue;
-      ::fdatasync(fd);
-      ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-      ::close(fd);
-    }
-  }
-  std::this_thread::sleep_for(std::chrono::seconds(1));
-}
-
-void ZeroAll(Workload& w) {
-  for (auto& t : w) std::memset(t.data.get(), 0, t.bytes);
-}
-
-void VerifyAll(const Workload& w, const std::string& what) {
-  for (const auto& t : w) {
-    if (XXH3_64bits(t.data.get(), t.bytes) != t.hash) {
-      std::fprintf(stderr, "bench_core: %s: tensor %s differs from what was saved\n", what.c_str(),
-                   t.name.c_str());
-      std::exit(1);
-    }
-  }
-}
-
-// ---- raw
-
-void WriteAll(int fd, const uint8_t* p, std::size_t n, const fs::path& path) {
-  while (n > 0) {
-    const ssize_t k = ::write(fd, p, std::min(kRawBlock, n));
-    if (k < 0) {
-      if (errno == EINTR) continue;
-      Die("write " + path.string());
-    }
-    p += k;
-    n -= static_cast<std::size_t>(k);
-  }
-}
-
-// Writes rank `rank`'s shard bytes of every tensor to `path` in 8 MiB calls; with
-// `writeback`, starts write-back of each 64 MiB written. Many small tensors are gathered
-// into writev calls of up to 8 MiB (one write per tensor would measure syscalls, not the disk).
-void RawWriteFile(const Workload& w, const fs::path& path, bool writeback, int world, int rank) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) Die("open " + path.string());
-  std::size_t written = 0, flushed = 0;
-  std::vector<iovec> iov;
-  std::size_t pending = 0;
-  auto flush_iov = [&] {
-    std::size_t i = 0;
-    while (i < iov.size()) {
-      const ssize_t k = ::writev(fd, iov.data() + i, static_cast<int>(std::min<std::size_t>(iov.size() - i, IOV_MAX)));
-      if (k < 0) {
-        if (errno == EINTR) continue;
-        Die("writev " + path.string());
-      }
-      std::size_t left = static_cast<std::size_t>(k);
-      while (i < iov.size() && left >= iov[i].iov_len) left -= iov[i++].iov_len;
-      if (left > 0) {
-        iov[i].iov_base = static_cast<uint8_t*>(iov[i].iov_base) + left;
-        iov[i].iov_len -= left;
-      }
-    }
-    iov.clear();
-    written += pending;
-    pending = 0;
-  };
-  auto maybe_writeback = [&] {
-    if (writeback && written - flushed >= kWritebackEvery) {
-      ::sync_file_range(fd, static_cast<off_t>(flushed), static_cast<off_t>(written - flushed),
-                        SYNC_FILE_RANGE_WRITE);
-      flushed = written;
-    }
-  };
-  for (const auto& t : w) {
-    auto [p, n] = ShardBytes(t, world, rank);
-    if (n >= kRawBlock) {
-      flush_iov();
-      for (std::size_t done = 0; done < n; done += kRawBlock) {
-        const std::size_t len = std::min(kRawBlock, n - done);
-        WriteAll(fd, p + done, len, path);
-        written += len;
-        maybe_writeback();
-      }
-      continue;
-    }
-    iov.push_back({const_cast<uint8_t*>(p), n});
-    pending += n;
-    if (pending >= kRawBlock || iov.size() >= IOV_MAX) {
-      flush_iov();
-      maybe_writeback();
-    }
-  }
-  flush_iov();
-  if (::fsync(fd) != 0) Die("fsync " + path.string());
-  ::close(fd);
-}
-
-void RawReadFile(Workload& w, const fs::path& path, int world, int rank) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) Die("open " + path.string());
-  std::vector<iovec> iov;
-  std::size_t pending = 0;
-  auto flush_iov = [&] {
-    std::size_t i = 0;
-    while (i < iov.size()) {
-      const ssize_t k = ::readv(fd, iov.data() + i, static_cast<int>(std::min<std::size_t>(iov.size() - i, IOV_MAX)));
-      if (k < 0 && errno == EINTR) continue;
-      if (k <= 0) Die("read " + path.string());
-      std::size_t left = static_cast<std::size_t>(k);
-      while (i < iov.size() && left >= iov[i].iov_len) left -= iov[i++].iov_len;
-      if (left > 0) {
-        iov[i].iov_base = static_cast<uint8_t*>(iov[i].iov_base) + left;
-        iov[i].iov_len -= left;
-      }
-    }
-    iov.clear();
-    pending = 0;
-  };
-  for (auto& t : w) {
-    auto [cp, n] = ShardBytes(t, world, rank);
-    uint8_t* p = const_cast<uint8_t*>(cp);
-    if (n >= kRawBlock) {
-      flush_iov();
-      for (std::size_t done = 0; done < n;) {
-        const ssize_t k = ::read(fd, p + done, std::min(kRawBlock, n - done));
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) Die("read " + path.string());
-        done += static_cast<std::size_t>(k);
-      }
-      continue;
-    }
-    iov.push_back({p, n});
-    pending += n;
-    if (pending >= kRawBlock || iov.size() >= IOV_MAX) flush_iov();
-  }
-  flush_iov();
-  ::close(fd);
-}
 
 void RawSave(const Workload& w, const fs::path& dir, bool writeback, int files) {
   fs::create_directories(dir);
@@ -611,15 +320,6 @@ bool Wanted(const std::string& table, const std::string& method) {
   return Listed(g_only, table) && Listed(g_methods, method);
 }
 
-std::string JsonEscape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    if (static_cast<unsigned char>(c) >= 0x20) o += c;
-  }
-  return o;
-}
-
 // Runs one timed phase: `prepare` (untimed), a cold page cache, then `body` timed.
 void Phase(const std::string& table, const std::string& method, const std::string& op, uint64_t bytes,
            const fs::path& cold_dir, const std::function<void()>& prepare, const std::function<void()>& body,
@@ -634,58 +334,7 @@ void Phase(const std::string& table, const std::string& method, const std::strin
   const double wall = Now() - t0, cpu = CpuSeconds() - c0;
   const double rss = static_cast<double>(VmHWMKiB()) / 1024.0;
   if (check) check();
-  std::printf("  %-12s %-26s %-5s %7.3f s  %6.2f GB/s  cpu %6.3f s  load %.2f\n", table.c_str(), method.c_str(),
-              op.c_str(), wall, static_cast<double>(bytes) / wall / kGB, cpu, load);
-  std::fflush(stdout);
-  if (g_json) {
-    std::fprintf(g_json,
-                 "{\"source\": \"bench_core\", \"table\": \"%s\", \"method\": \"%s\", \"op\": \"%s\", \"round\": %d, "
-                 "\"wall\": %.6f, \"cpu\": %.6f, \"load\": %.2f, \"rss_mib\": %.1f, \"bytes\": %llu, \"commit\": \"%s\"}\n",
-                 JsonEscape(table).c_str(), JsonEscape(method).c_str(), op.c_str(), g_round, wall, cpu, load, rss,
-                 static_cast<unsigned long long>(bytes), JsonEscape(g_commit).c_str());
-    std::fflush(g_json);
-  }
-}
-
-void PrintMachine(const fs::path& dir) {
-  std::string cpu = ReadFirstLine("/proc/cpuinfo", "model name");
-  if (auto p = cpu.find(':'); p != std::string::npos) cpu = cpu.substr(p + 2);
-  std::string mem = ReadFirstLine("/proc/meminfo", "MemTotal:");
-  double mem_gib = 0;
-  if (!mem.empty()) mem_gib = std::stod(mem.substr(9)) / kMiB;
-  struct utsname u {};
-  ::uname(&u);
-  std::ifstream mounts("/proc/self/mounts");
-  std::string src, mnt, type, best_src, best_type, best_mnt, rest;
-  const std::string abs = fs::absolute(dir).string();
-  while (mounts >> src >> mnt >> type && std::getline(mounts, rest)) {
-    if (abs.rfind(mnt, 0) == 0 && mnt.size() >= best_mnt.size()) {
-      best_src = src;
-      best_type = type;
-      best_mnt = mnt;
-    }
-  }
-  struct statvfs sv {};
-  ::statvfs(dir.c_str(), &sv);
-  std::string rotational;
-  if (best_src.rfind("/dev/", 0) == 0) {
-    std::string r = ReadFirstLine("/sys/class/block/" + best_src.substr(5) + "/queue/rotational");
-    if (!r.empty()) rotational = r == "1" ? ", rotational" : ", non-rotational";
-  }
-  std::printf("machine: %s, %u cores, %.1f GiB RAM, kernel %s %s\n", cpu.c_str(),
-              std::thread::hardware_concurrency(), mem_gib, u.sysname, u.release);
-  std::printf("disk:    %s (%s%s) mounted at %s, %.0f GiB free; bench dir %s\n", best_src.c_str(),
-              best_type.c_str(), rotational.c_str(), best_mnt.c_str(),
-              static_cast<double>(sv.f_bavail) * static_cast<double>(sv.f_frsize) / (kMiB * 1024.0),
-              abs.c_str());
-  if (g_json) {
-    std::fprintf(g_json,
-                 "{\"source\": \"bench_core\", \"machine\": \"%s, %u cores, %.1f GiB RAM, %s %s\", \"disk\": \"%s (%s%s) "
-                 "at %s\", \"commit\": \"%s\", \"round\": %d}\n",
-                 JsonEscape(cpu).c_str(), std::thread::hardware_concurrency(), mem_gib, u.sysname, u.release,
-                 best_src.c_str(), best_type.c_str(), rotational.c_str(), best_mnt.c_str(),
-                 JsonEscape(g_commit).c_str(), g_round);
-  }
+  Record(g_json, {"bench_core", table, method, op, g_round, wall, cpu, load, rss, bytes, g_commit});
 }
 
 [[noreturn]] void Usage(const char* argv0) {
@@ -694,30 +343,23 @@ void PrintMachine(const fs::path& dir) {
   std::exit(2);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  fs::path base, tmpfs = "/dev/shm";
-  std::string json;
-  bool keep = false;
-  int rounds = 1;
+int Main(int argc, char** argv) {
+  fs::path tmpfs = "/dev/shm";
+  RunArgs args;
   for (int i = 1; i < argc; ++i) {
+    if (ParseRunArg(argc, argv, i, args, Usage)) continue;
     const std::string a = argv[i];
-    if (a == "--keep") {
-      keep = true;
-      continue;
-    }
     if (i + 1 >= argc) Usage(argv[0]);
     const char* v = argv[++i];
-    if (a == "--dir") base = v;
-    else if (a == "--rounds") rounds = std::max(1, std::atoi(v));
-    else if (a == "--round-index") g_round = std::atoi(v);
-    else if (a == "--json") json = v;
-    else if (a == "--tmpfs") tmpfs = v;
+    if (a == "--tmpfs") tmpfs = v;
     else if (a == "--only") g_only = v;
     else if (a == "--methods") g_methods = v;
     else Usage(argv[0]);
   }
+  const fs::path& base = args.dir;
+  const std::string& json = args.json;
+  const int rounds = args.rounds;
+  g_round = args.round;
   if (base.empty()) Usage(argv[0]);
   if (const char* c = std::getenv("CKPT_BENCH_COMMIT")) g_commit = c;
   if (!json.empty() && !(g_json = std::fopen(json.c_str(), "a"))) Die("open " + json);
@@ -729,7 +371,7 @@ int main(int argc, char** argv) {
   const fs::path shm = tmpfs / ("ckpt-bench-" + std::to_string(::getpid()));
 
   std::printf("ckpt %s bench/core, commit %s\n", CKPT_VERSION_STRING, g_commit.empty() ? "?" : g_commit.c_str());
-  PrintMachine(run);
+  PrintMachine(run, g_json, "bench_core", g_commit, g_round);
   Workload g = MakeGpt2s(), m = MakeManySmall();
   ColumnShards cols(g, 3);
   const uint64_t gb = TotalBytes(g), mb = TotalBytes(m);
@@ -809,12 +451,17 @@ int main(int argc, char** argv) {
           verify(m, "ckpt 4 unpacked load"));
     clean();
   }
-  std::printf("page cache: %s\n", g_cold_method.c_str());
+  std::printf("page cache: %s\n", ColdMethod().c_str());
   if (g_json) {
     std::fprintf(g_json, "{\"source\": \"bench_core\", \"cold\": \"%s\", \"round\": %d}\n",
-                 JsonEscape(g_cold_method).c_str(), g_round - 1);
+                 JsonEscape(ColdMethod()).c_str(), g_round - 1);
     std::fclose(g_json);
   }
-  if (!keep) fs::remove_all(run);
+  if (!args.keep) fs::remove_all(run);
   return 0;
 }
+
+}  // namespace
+}  // namespace ckpt_bench
+
+int main(int argc, char** argv) { return ckpt_bench::Main(argc, argv); }
