@@ -14,6 +14,7 @@
 #include "common/gpt2s.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <climits>
@@ -309,6 +310,43 @@ void RawReadFile(Workload& w, const fs::path& path, int world, int rank) {
     if (pending >= kRawBlock || iov.size() >= IOV_MAX) flush_iov();
   }
   flush_iov();
+  ::close(fd);
+}
+
+void RawReadFileParallel(Workload& w, const fs::path& path, int world, int rank, int streams) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) Die("open " + path.string());
+  struct Piece {
+    uint8_t* to;
+    std::size_t n;
+    off_t at;
+  };
+  std::vector<Piece> pieces;
+  off_t at = 0;
+  for (auto& t : w) {
+    auto [cp, n] = ShardBytes(t, world, rank);
+    for (std::size_t done = 0; done < n; done += kRawBlock) {
+      const std::size_t k = std::min(kRawBlock, n - done);
+      pieces.push_back({const_cast<uint8_t*>(cp) + done, k, at + static_cast<off_t>(done)});
+    }
+    at += static_cast<off_t>(n);
+  }
+  std::atomic<std::size_t> next{0};
+  auto read = [&] {
+    for (std::size_t i; (i = next.fetch_add(1)) < pieces.size();) {
+      const Piece& q = pieces[i];
+      for (std::size_t done = 0; done < q.n;) {
+        const ssize_t k = ::pread(fd, q.to + done, q.n - done, q.at + static_cast<off_t>(done));
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) Die("read " + path.string());
+        done += static_cast<std::size_t>(k);
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int s = 1; s < streams; ++s) threads.emplace_back(read);
+  read();
+  for (auto& t : threads) t.join();
   ::close(fd);
 }
 

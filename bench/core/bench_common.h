@@ -92,6 +92,10 @@ void VerifyAll(const Workload& w, const std::string& what);
 void RawWriteFile(const Workload& w, const fs::path& path, bool writeback, int world, int rank);
 // Reads what RawWriteFile wrote back into the same shard bytes.
 void RawReadFile(Workload& w, const fs::path& path, int world, int rank);
+// The same bytes read by `streams` threads at once, each pread(2)ing the next 8 MiB piece
+// (in file order) into its buffer: a read is in flight while another's bytes are copied
+// out, as ckpt's reader keeps one in flight while it hashes.
+void RawReadFileParallel(Workload& w, const fs::path& path, int world, int rank, int streams);
 
 // The options both benchmarks take: --dir DIR, --rounds N, --round-index I (the first
 // round's number in the records), --json FILE (append records to it), --keep (leave the files).

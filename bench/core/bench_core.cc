@@ -15,6 +15,9 @@
 //   raw-c-wb   the same, starting write-back every 64 MiB (sync_file_range WRITE), fsync:
 //              the best raw save here (the disk works while the writer still writes)
 //   raw-c load read(2) of that file in 8 MiB calls into the buffers
+//   raw-c-2r   load: the same file read by two threads, each pread(2)ing the next 8 MiB
+//              piece, so a read is in flight while the other's bytes are copied out (ckpt's
+//              reader keeps one in flight while it hashes); the targets take the faster
 //   raw, 4 files: 4 threads, each raw-c-wb of its dim-0 shard into its own file
 //   tmpfs rows: the same writes into /dev/shm (no disk: the CPU path alone)
 //
@@ -396,6 +399,8 @@ int Main(int argc, char** argv) {
     Phase("gpt2s", "raw-c", "save", gb, run, clean, [&] { RawSave(g, d, false, 1); });
     Phase("gpt2s", "raw-c-wb", "save", gb, run, clean, [&] { RawSave(g, d, true, 1); });
     Phase("gpt2s", "raw-c", "load", gb, run, zero(g), [&] { RawLoad(g, d, 1); }, verify(g, "raw load"));
+    Phase("gpt2s", "raw-c-2r", "load", gb, run, zero(g), [&] { RawReadFileParallel(g, d / "raw-0.bin", 1, 0, 2); },
+          verify(g, "raw load, 2 reads in flight"));
     Phase("gpt2s", "h5c", "save", gb, run, clean, [&] { H5Save(g, d); });
     Phase("gpt2s", "h5c", "load", gb, run, zero(g), [&] { H5Load(g, d); }, verify(g, "h5c load"));
     Phase("gpt2s", "ckpt", "save", gb, run, clean, [&] { CkptSave(g, d / "c1", 1); });
