@@ -3,6 +3,7 @@
 // thousands of simulated ranks (tests/unit/save_plan_test.cc, bench/core/bench_plan.cc).
 //
 //   Describe(state)         each rank: its claims, checked on their own
+//   MakeKeyTable, FastEntries, SlowClaims   the fast path: what rank 0 need not be told
 //   PlanSave(descriptions)  rank 0: merged and checked (kinds, dtypes, shapes, tiling)
 //   ReplicaRequests(plan)   rank 0: which chunks each rank hashes; CheckReplicas compares them
 //   AssignWriters(plan)     rank 0: one writer per region, replicas spread to balance bytes
@@ -128,9 +129,10 @@ class SavePlanner {
   // in that rank's state (strictly increasing), for a description that leaves out the
   // entries of the fast path (below); empty: the claims are the whole state, in order.
   void Add(RankDescription description, std::vector<uint32_t> entries = {});
-  // The fast path's keys (FastKeys), which no rank but 0 described: every rank r holds part
-  // r of rank 0's step rule for key `k` (rank 0's entry k) as its entry k, or none of it if
-  // there are fewer parts than r. REQUIRES: after rank 0's Add, every k regular so far.
+  // The fast path's keys (each k where fast[k]: FastEntries' minimum), which no rank but 0
+  // describes: rank r holds part r of rank 0's step rule for key k (rank 0's entry k) as
+  // its entry k, or none of it if there are r parts or fewer; a description naming such a
+  // key later is kComm. REQUIRES: right after rank 0's Add; each such tensor regular.
   void AddFastParts(std::span<const uint8_t> fast);
   // REQUIRES: Add called `world` times. The planner is spent afterwards.
   SavePlan Finish();
@@ -142,7 +144,7 @@ class SavePlanner {
 
 SavePlan PlanSave(std::vector<RankDescription> descriptions, bool compact = true);
 
-// The fast path of a save's step 1 (FORMAT.md §2), which keeps what rank 0 receives
+// The fast path of a save's step 1 (checkpoint/save.cc), which keeps what rank 0 receives
 // O(keys + ranks + irregular entries): rank 0 broadcasts the table of its own entries; each
 // rank says, per table entry, whether its own entry is one the plan already knows from the
 // table; a minimum over the ranks (an AllReduce of one byte per key) leaves the keys that
@@ -154,6 +156,7 @@ SavePlan PlanSave(std::vector<RankDescription> descriptions, bool compact = true
 // parts, so every part is some rank's): exactly what
 // SavePlanner keeps as one run. A scalar or json entry is when it has rank 0's dtype and
 // value. Bytes entries and keys rank 0 does not hold are always described.
+#define CKPT_SAVE_PLAN_FAST_PATH 1  // for bench_scale, which also builds against older trees
 struct TableEntry {
   std::string key;
   EntryKind kind = EntryKind::kTensor;
