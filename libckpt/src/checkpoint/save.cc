@@ -109,11 +109,12 @@ layout::SavePlan DescribeAndPlan(const StateDict& state, StagedBytes staged, Com
     // A key is on the fast path where it is on every rank.
     if (!fast.keys.empty()) comm.AllReduce(fast.keys.data(), fast.keys.size(), DType::kUInt8, ReduceOp::kMin);
     message.clear();
-    if (!root) {
+    internal::Phase(comm, [&] {
+      if (root) return;
       std::vector<uint32_t> entries;
       const layout::RankDescription slow = layout::SlowClaims(fast.table, fast.keys, std::move(mine), entries);
       message = layout::EncodeDescription(slow, entries);
-    }
+    });
   }
   std::vector<ByteBuffer> all = comm.Gather(message, 0);
   layout::SavePlan plan;
