@@ -658,7 +658,8 @@ std::vector<Write> FastWrites(const KeyTable& table, std::span<const uint8_t> fa
   std::vector<Write> out;
   for (std::size_t k = 0; k < table.size() && k < fast.size(); ++k) {
     const TableEntry& e = table[k];
-    if (!fast[k] || e.kind != EntryKind::kTensor || rank >= PartCount(e.shape, e.step)) continue;
+    // (A fast tensor has a step: every rank refused one without.)
+    if (!fast[k] || e.kind != EntryKind::kTensor || e.step <= 0 || rank >= PartCount(e.shape, e.step)) continue;
     out.push_back(Write{ChunkRef{static_cast<uint32_t>(k), 0}, static_cast<uint32_t>(k), static_cast<uint32_t>(rank)});
   }
   return out;

@@ -147,15 +147,15 @@ SavePlan PlanSave(std::vector<RankDescription> descriptions, bool compact = true
 // The fast path of a save's step 1 (checkpoint/save.cc), which keeps what rank 0 receives
 // O(keys + ranks + irregular entries): rank 0 broadcasts the table of its own entries; each
 // rank says, per table entry, whether its own entry is one the plan already knows from the
-// table; a minimum over the ranks (an AllReduce of one byte per key) leaves the keys that
-// every rank's entry is, and no rank describes those. A tensor entry k is on the fast path
-// when rank 0's entry k is chunk 0 of a dim-0 step rule (one box at offset 0, whole in the
-// other dims: `step` is its rows) and rank r's entry k has the same key, dtype and shape
-// and is part r of that rule (one box, rows [r * step, min((r + 1) * step, shape[0])), whole
-// in the others), or no chunk at all where r >= ceil(shape[0] / step) (at most `world`
-// parts, so every part is some rank's): exactly what
-// SavePlanner keeps as one run. A scalar or json entry is when it has rank 0's dtype and
-// value. Bytes entries and keys rank 0 does not hold are always described.
+// table; a minimum over the ranks (an AllReduce of one byte per key) leaves the keys where
+// every rank's is, and no rank describes those. A tensor entry k is on the fast path when
+// rank 0's entry k is part 0 of a dim-0 step rule (one box at offset 0, whole in the other
+// dims: `step` is its rows, in at most `world` parts so that every part is some rank's) and
+// rank r's entry k has the same key, dtype and shape and is part r of that rule (one box,
+// rows [r * step, min((r + 1) * step, shape[0])), whole in the others), or no chunk at all
+// where r >= ceil(shape[0] / step): exactly what SavePlanner keeps as one run. A scalar or
+// json entry is on it when it has rank 0's dtype and value. Bytes entries (replicas, each
+// holder named) and keys rank 0 does not hold are always described.
 #define CKPT_SAVE_PLAN_FAST_PATH 1  // for bench_scale, which also builds against older trees
 struct TableEntry {
   std::string key;
