@@ -450,6 +450,89 @@ int RunWorld(const Model& model, const std::string& inspect, const fs::path& scr
               pf.heap_plan / static_cast<double>(pf.keys + static_cast<std::size_t>(world)), MiB(pf.heap_writes),
               MiB(pf.descriptions), MiB(pf.plan_message), MiB(pf.requests));
 
+#ifdef CKPT_SAVE_PLAN_FAST_PATH
+  // 1b. The same plan by the save's fast path (checkpoint/save.cc, step 1): rank 0's key
+  // table broadcast, a byte per key reduced, only the entries off the fast path gathered;
+  // the plan message without the fast path's writes.
+  {
+    const layout::RankDescription d0 = model.Describe(0);
+    const layout::KeyTable table = layout::MakeKeyTable(d0, world);
+    const layout::Message table_message = layout::EncodeKeyTable(table);
+    std::vector<uint8_t> fast(table.size(), 1);
+    double rank_s = 0, gathered = 0, described = 0;  // rank_s: the ranks' own work, summed
+    for (int r = 0; r < world; ++r) {
+      layout::RankDescription mine = model.Describe(r);
+      described += static_cast<double>(mine.size());
+      const auto clock = Clock::now();
+      const std::vector<uint8_t> flags = layout::FastEntries(layout::DecodeKeyTable(table_message, world), mine, r);
+      rank_s += Seconds(clock);
+      for (std::size_t k = 0; k < fast.size(); ++k) fast[k] = std::min(fast[k], flags[k]);
+    }
+    const double heap1 = Heap();
+    t = Clock::now();
+    layout::SavePlanner fast_planner(world);
+    fast_planner.Add(layout::RankDescription(d0));
+    fast_planner.AddFastParts(fast);
+    std::size_t slow_entries = 0;
+    double others_s = 0;
+    for (int r = 1; r < world; ++r) {
+      std::vector<uint32_t> entries;
+      const auto before = Clock::now();
+      layout::RankDescription mine = model.Describe(r);
+      const auto clock = Clock::now();
+      others_s += Seconds(before);  // the simulated ranks' work, not rank 0's
+      const layout::RankDescription claims = layout::SlowClaims(table, fast, std::move(mine), entries);
+      layout::Message m = layout::EncodeDescription(claims, entries);
+      const double own = Seconds(clock);
+      rank_s += own;
+      others_s += own;
+      gathered += static_cast<double>(m.size());
+      slow_entries += claims.size();
+      fast_planner.Add(layout::DecodeDescription(m, r, entries), std::move(entries));
+    }
+    layout::SavePlan fast_plan = fast_planner.Finish();
+    layout::AssignWriters(fast_plan);
+    const std::vector<uint64_t> counts = layout::WriteCounts(fast_plan);
+    const layout::Message fast_message = layout::EncodePlan(
+        "/ckpt/.step-1000.staging", static_cast<uint32_t>(fast_plan.keys.size()), layout::WritesByRank(fast_plan, fast));
+    const double fast_s = Seconds(t) - others_s;
+    const double heap_fast = Heap() - heap1;
+    // The same plan, region for region (while that is quick), and the same writes per rank.
+    bool same = fast_plan.keys.size() == plan.keys.size();
+    for (std::size_t k = 0; same && k < plan.keys.size(); ++k) {
+      const layout::SaveKey& a = plan.keys[k];
+      const layout::SaveKey& b = fast_plan.keys[k];
+      same = a.key == b.key && a.step == b.step && a.RegionCount() == b.RegionCount() && a.runs.size() == b.runs.size();
+      for (std::size_t g = 0; same && g < a.RegionCount() && chunks <= static_cast<std::size_t>(assemble_max); ++g) {
+        const layout::SaveRegion x = a.Region(g), y = b.Region(g);
+        same = x.box == y.box && x.writer == y.writer && x.bytes == y.bytes;
+      }
+    }
+    for (int r = 0; same && r < world; ++r) same = counts[r] == writes[r].size();
+    std::size_t fast_keys = 0;
+    for (uint8_t f : fast) fast_keys += f;
+    const double others = std::max(1, world - 1);
+    std::printf("fast path: %zu of %zu keys on it; key table %.1f KiB (broadcast), AllReduce %zu B; "
+                "%zu of %.0f entries described\n",
+                fast_keys, fast.size(), static_cast<double>(table_message.size()) / 1024.0, fast.size(), slow_entries,
+                described - static_cast<double>(d0.size()));
+    std::printf("  rank 0 gathers %.2f MiB (%.0f B per rank; was %.1f MiB, %.0f B per rank), sends a plan message of "
+                "%.2f MiB (was %.1f MiB); plan heap %.1f MiB (was %.1f MiB); rank 0's fast planner+writers %.2f s; "
+                "each rank's own work %.2f ms; same plan and write counts: %s\n",
+                MiB(gathered), gathered / others, MiB(pf.descriptions), pf.descriptions / world,
+                MiB(static_cast<double>(fast_message.size())), MiB(pf.plan_message), MiB(heap_fast),
+                MiB(pf.heap_plan + pf.heap_writes), fast_s, 1e3 * rank_s / world, same ? "yes" : "NO");
+    std::printf("  at 16384 ranks x %d tensors from these per-rank sizes: gathered %.1f MiB (was %.1f MiB), "
+                "plan message %.1f MiB (was %.1f MiB)\n",
+                model.tensors, MiB(gathered / others * 16383), MiB(pf.descriptions / world * 16383),
+                MiB(static_cast<double>(fast_message.size()) / world * 16384), MiB(pf.plan_message / world * 16384));
+    if (!same) {
+      std::fprintf(stderr, "ckpt-bench-scale: the fast path planned differently\n");
+      return 1;
+    }
+  }
+#endif
+
   // 2. What each rank wrote, and the metadata rank 0 commits.
   std::vector<std::string> file_of(static_cast<std::size_t>(world));
   for (int r = 0; r < world; ++r) file_of[r] = ckpt::internal::ShardFileName(r, world);

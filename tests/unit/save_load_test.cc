@@ -10,6 +10,7 @@
 #include <fstream>
 #include <random>
 
+#include "checkpoint/save.h"
 #include "ckpt/ckpt.h"
 #include "fault/fault_fs.h"
 #include "test_util.h"
@@ -649,4 +650,117 @@ TEST_CASE("a rank whose own state is invalid fails the save on every rank, namin
                        doctest::Contains("rank 2: key 'w': chunk [8:12] lies outside the tensor [0:10]"), Error);
   CHECK(threw == 3);
   CHECK_FALSE(fs::exists(tmp / "ck"));
+}
+
+namespace {
+
+// A state of every kind of key for `rank` of `world`: dim-0 parts (the save's fast path),
+// one with fewer rows than ranks, a 2-D grid, a replica, scalars, json, bytes; `odd` makes
+// rank 3 split its part of "emb" in two (which takes "emb" off the fast path).
+StateDict MixedState(int rank, int world, std::vector<std::vector<float>>& keep, bool odd = false) {
+  StateDict sd;
+  auto data = [&](std::size_t n, float base) -> float* {
+    std::vector<float>& v = keep.emplace_back(n);
+    for (std::size_t i = 0; i < n; ++i) v[i] = base + static_cast<float>(i);
+    return v.data();
+  };
+  const int64_t rows = 3 * world - 1, step = 3;  // the last part two rows
+  const int64_t begin = rank * step, count = std::min(step, rows - begin);
+  if (odd && rank == 3) {
+    sd.Add("emb", Tensor::Sharded(DType::kFloat32, {rows, 4},
+                                  {Chunk{Box{{begin, 0}, {1, 4}}, data(4, 100.0f * rank)},
+                                   Chunk{Box{{begin + 1, 0}, {count - 1, 4}}, data(4 * (count - 1), 100.0f * rank + 4)}}));
+  } else {
+    sd.Add("emb", Tensor::Slice(DType::kFloat32, {rows, 4}, 0, begin, count, data(4 * count, 100.0f * rank)));
+  }
+  sd.Add("bias", Tensor::Full(DType::kFloat32, {5}, data(5, 1.0f)));  // replicated
+  // Two rows: ranks past 1 hold no part.
+  sd.Add("small", rank < 2 ? Tensor::Slice(DType::kFloat32, {2, 3}, 0, rank, 1, data(3, 7.0f * rank))
+                           : Tensor::Sharded(DType::kFloat32, {2, 3}, {}));
+  // A 2 x (world / 2) grid of columns: not the dim-0 rule.
+  const int64_t cols = world / 2;
+  sd.Add("grid", Tensor::Sharded(DType::kFloat32, {2, cols},
+                                 {Chunk{Box{{rank / cols, rank % cols}, {1, 1}}, data(1, 9.0f * rank)}}));
+  sd.Add("step", Scalar::Int(42));
+  sd.Add("config", Json{R"({"layers": 2})"});
+  sd.Add("rng.rank" + std::to_string(rank), Bytes{ckpt_test::RandomBytes(16 + rank, rank)});
+  sd.Add("shared", Bytes{ckpt_test::RandomBytes(8, 99)});
+  return sd;
+}
+
+// metadata.json of `dir` without what differs from one save to the next (its time and
+// the phases' timings); every other byte as written.
+std::string StableMetadata(const fs::path& dir) {
+  std::ifstream in(dir / "metadata.json", std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  Metadata m = ParseMetadata(text);
+  CHECK(SerializeMetadata(m) == text);  // so the comparison below is of the bytes written
+  m.created.clear();
+  m.save_timings.reset();
+  return SerializeMetadata(m);
+}
+
+void SaveMixed(const fs::path& dir, int world, bool fast_plan, bool odd, const SaveOptions& opts = {}) {
+  RunThreads(world, [&](Comm& comm) {
+    std::vector<std::vector<float>> keep;
+    const StateDict sd = MixedState(comm.rank(), world, keep, odd);
+    internal::SaveContext context;
+    context.fast_plan = fast_plan;
+    internal::SaveWithContext(dir, sd, comm, opts, context);
+  });
+}
+
+}  // namespace
+
+TEST_CASE("the save's fast path writes the checkpoint that describing every entry writes") {
+  TempDir tmp;
+  for (int world : {4, 8}) {
+    for (bool odd : {false, true}) {
+      CAPTURE(world);
+      CAPTURE(odd);
+      SaveOptions opts;
+      opts.compression = Compression{Compression::Codec::kZstd, 3};
+      const fs::path fast = tmp / ("fast" + std::to_string(world) + std::to_string(odd));
+      const fs::path slow = tmp / ("slow" + std::to_string(world) + std::to_string(odd));
+      SaveMixed(fast, world, true, odd, opts);
+      SaveMixed(slow, world, false, odd, opts);
+      const std::string a = StableMetadata(fast), b = StableMetadata(slow);
+      CHECK(a == b);  // files[].index: the digests of the shards' indexes too
+      CHECK(a.find("\"emb\"") != std::string::npos);
+      // And it loads back on every rank.
+      RunThreads(world, [&](Comm& comm) {
+        std::vector<std::vector<float>> keep;
+        const StateDict saved = MixedState(comm.rank(), world, keep, odd);
+        std::vector<std::vector<float>> into;
+        StateDict sd = MixedState(comm.rank(), world, into, odd);
+        for (auto& v : into) std::fill(v.begin(), v.end(), -1.0f);
+        LoadOptions lo;
+        lo.strict = false;  // the other ranks' rng.rank<r>
+        Load(fast, sd, comm, lo);
+        CHECK(into == keep);
+      });
+    }
+  }
+}
+
+TEST_CASE("the save's fast path: disagreements are the same errors, naming the key") {
+  TempDir tmp;
+  for (bool fast_plan : {true, false}) {
+    CAPTURE(fast_plan);
+    CHECK_THROWS_WITH_AS(RunThreads(4,
+                                    [&](Comm& comm) {
+                                      std::vector<float> v(64, 1.0f);
+                                      StateDict sd;
+                                      sd.Add("w", Tensor::Slice(comm.rank() == 2 ? DType::kInt32 : DType::kFloat32,
+                                                                {16}, 0, comm.rank() * 4, 4, v.data()));
+                                      sd.Add("step", Scalar::Int(comm.rank() == 1 ? 2 : 1));
+                                      internal::SaveContext context;
+                                      context.fast_plan = fast_plan;
+                                      internal::SaveWithContext(tmp / "ck", sd, comm, {}, context);
+                                    }),
+                         doctest::Contains("key 'step': rank 1 has value 2, another rank 1\n  "
+                                           "key 'w': rank 2 has int32 [0:16], another rank float32 [0:16]"),
+                         Error);
+    CHECK_FALSE(fs::exists(tmp / "ck"));
+  }
 }

@@ -204,6 +204,23 @@ TEST_CASE("regions: equal offsets keep the first claim's order; zero-size boxes 
 
 namespace {
 
+// Two plans' keys agree region for region: boxes, bytes, writers and holders.
+void CheckSameRegions(const SaveKey& a, const SaveKey& b) {
+  REQUIRE(a.RegionCount() == b.RegionCount());
+  for (std::size_t g = 0; g < a.RegionCount(); ++g) {
+    const SaveRegion x = a.Region(g), y = b.Region(g);
+    CHECK(x.box == y.box);
+    CHECK(x.bytes == y.bytes);
+    CHECK(x.writer == y.writer);
+    const std::vector<Holder> hx = a.RegionHolders(g), hy = b.RegionHolders(g);
+    REQUIRE(hx.size() == hy.size());
+    for (std::size_t i = 0; i < hx.size(); ++i) {
+      CHECK(hx[i].rank == hy[i].rank);
+      CHECK(hx[i].ref == hy[i].ref);
+    }
+  }
+}
+
 // The same descriptions planned compactly and with every key explicit agree region for
 // region: boxes, bytes, writers, holders, replica requests and every rank's writes.
 // Returns the compact plan; if planning fails, both fail with the same message and the
@@ -232,19 +249,7 @@ SavePlan CheckSameAsExplicit(const std::vector<RankDescription>& d) {
     CAPTURE(a.key);
     CHECK_FALSE(b.regular());
     CHECK(a.key == b.key);
-    REQUIRE(a.RegionCount() == b.RegionCount());
-    for (std::size_t g = 0; g < a.RegionCount(); ++g) {
-      const SaveRegion x = a.Region(g), y = b.Region(g);
-      CHECK(x.box == y.box);
-      CHECK(x.bytes == y.bytes);
-      CHECK(x.writer == y.writer);
-      const std::vector<Holder> hx = a.RegionHolders(g), hy = b.RegionHolders(g);
-      REQUIRE(hx.size() == hy.size());
-      for (std::size_t i = 0; i < hx.size(); ++i) {
-        CHECK(hx[i].rank == hy[i].rank);
-        CHECK(hx[i].ref == hy[i].ref);
-      }
-    }
+    CheckSameRegions(a, b);
   }
   CHECK(ReplicaRequests(compact) == ReplicaRequests(expl));
   const auto wa = WritesByRank(compact), wb = WritesByRank(expl);
@@ -774,6 +779,24 @@ TEST_CASE("malformed messages are kComm errors naming the message, never a crash
       {EncodeDigests({"abc", "de"}), [](std::span<const uint8_t> m) { DecodeDigests(m, 1); }},
       {EncodePlan("dir", 2, {{Write{{1, 0}, 0, 0}}, {Write{{2, 0}, 1, 1}}}), [](std::span<const uint8_t> m) { DecodePlan(m, 1, 2); }},
       {EncodeResult(res), [](std::span<const uint8_t> m) { DecodeResult(m, 1); }},
+      {EncodeDescription({TensorClaim("w", {4, 4}, {Box{{0, 0}, {4, 4}}}), BytesClaim("b", 300)}, std::vector<uint32_t>{2, 7}),
+       [](std::span<const uint8_t> m) {
+         std::vector<uint32_t> entries;
+         DecodeDescription(m, 3, entries);
+       }},
+      {EncodeKeyTable(MakeKeyTable({TensorClaim("w", {8, 4}, {Box{{0, 0}, {2, 4}}}), ScalarClaim("s", "1"),
+                                    BytesClaim("b", 300), JsonClaim("j", "[]")},
+                                   4)),
+       [](std::span<const uint8_t> m) {
+         // Rank 0's table names rank 0 in its errors ("save: rank 0's key table").
+         DecodeKeyTable(m, 4);
+       }},
+      {EncodePlan("dir", 3, {{Write{{1, 0}, 0, 0}}, {Write{{2, 0}, 2, 1}}}),
+       [](std::span<const uint8_t> m) {
+         const std::vector<uint8_t> fast{0, 1};
+         const std::vector<Write> mine{Write{{1, 0}, 1, 1}};
+         DecodePlan(m, 1, 2, fast, mine);
+       }},
   };
   auto expect_comm = [](const std::function<void(std::span<const uint8_t>)>& decode, std::span<const uint8_t> m) {
     try {
@@ -813,14 +836,15 @@ TEST_CASE("malformed messages are kComm errors naming the message, never a crash
   }
   // Counts the bytes cannot hold are refused before anything is allocated.
   internal::WireWriter w('D');
+  w.U8(0);  // no positions
   w.Varint(UINT64_MAX / 2);
   const Message huge = w.Take();
   CHECK_THROWS_WITH_AS(DecodeDescription(huge, 5), doctest::Contains("does not fit in the 0 bytes left"), Error);
   // Varints longer than 64 bits, an unknown kind or dtype.
   Message overlong{'H', 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f};
   CHECK_THROWS_WITH_AS(DecodeDigests(overlong, 0), doctest::Contains("a number overflows 64 bits"), Error);
-  CHECK_THROWS_WITH_AS(DecodeDescription(Message{'D', 1, 1, 'k', 9}, 0), doctest::Contains("unknown entry kind 9"), Error);
-  CHECK_THROWS_WITH_AS(DecodeDescription(Message{'D', 1, 1, 'k', 1, 200, 0}, 0), doctest::Contains("unknown dtype 200"), Error);
+  CHECK_THROWS_WITH_AS(DecodeDescription(Message{'D', 0, 1, 1, 'k', 9}, 0), doctest::Contains("unknown entry kind 9"), Error);
+  CHECK_THROWS_WITH_AS(DecodeDescription(Message{'D', 0, 1, 1, 'k', 1, 200, 0}, 0), doctest::Contains("unknown dtype 200"), Error);
   CHECK_THROWS_WITH_AS(DecodePlan(EncodePlan("d", 0, {{}, {}}), 0, 3), doctest::Contains("lists for 2 ranks, the group has 3"),
                        Error);
   CHECK_THROWS_WITH_AS(DecodeDescription(Message{}, 4),
@@ -841,4 +865,316 @@ TEST_CASE("wire: varints and zigzag at their limits") {
   for (uint64_t u : uints) CHECK(r.Varint() == u);
   CHECK(std::signbit(r.F64()));
   r.Finish();
+}
+
+namespace {
+
+// What step 1's fast path (checkpoint/save.cc) does, over simulated ranks: rank 0's key
+// table through its message, each rank's FastEntries, their minimum, each rank's other
+// claims through a description message, and the plan; `gathered` gets the bytes rank 0
+// receives from the others.
+struct FastPlanned {
+  KeyTable table;
+  std::vector<uint8_t> fast;
+  SavePlan plan;
+  std::string error;
+  std::size_t gathered = 0, table_bytes = 0;
+};
+
+FastPlanned PlanFast(const std::vector<RankDescription>& d) {
+  FastPlanned out;
+  const int world = static_cast<int>(d.size());
+  const Message table = EncodeKeyTable(MakeKeyTable(d[0], world));
+  out.table_bytes = table.size();
+  out.table = DecodeKeyTable(table, world);
+  out.fast.assign(out.table.size(), 1);
+  for (int r = 0; r < world; ++r) {
+    const std::vector<uint8_t> mine = FastEntries(out.table, d[r], r);
+    for (std::size_t k = 0; k < mine.size(); ++k) out.fast[k] = std::min(out.fast[k], mine[k]);
+  }
+  try {
+    SavePlanner planner(world);
+    planner.Add(d[0]);
+    planner.AddFastParts(out.fast);
+    for (int r = 1; r < world; ++r) {
+      std::vector<uint32_t> entries;
+      const RankDescription claims = SlowClaims(out.table, out.fast, d[r], entries);
+      const Message m = EncodeDescription(claims, entries);
+      out.gathered += m.size();
+      RankDescription slow = DecodeDescription(m, r, entries);
+      planner.Add(std::move(slow), std::move(entries));
+    }
+    out.plan = planner.Finish();
+  } catch (const Error& e) {
+    out.error = e.what();
+  }
+  return out;
+}
+
+// Every rank's writes as it decodes them from the plan message (with its own fast writes).
+std::vector<PlanMessage> DecodedWrites(const SavePlan& plan, const KeyTable& table, const std::vector<uint8_t>& fast) {
+  const Message m = EncodePlan("dir", static_cast<uint32_t>(plan.keys.size()), WritesByRank(plan, fast));
+  std::vector<PlanMessage> out;
+  for (int r = 0; r < plan.world; ++r) out.push_back(DecodePlan(m, r, plan.world, fast, FastWrites(table, fast, r)));
+  return out;
+}
+
+// The fast path gives the plan, the errors and every rank's writes that every rank
+// describing everything gives. Returns the fast path's result.
+FastPlanned CheckFastSameAsSlow(const std::vector<RankDescription>& d) {
+  std::string slow_error;
+  SavePlan slow;
+  try {
+    slow = PlanSave(d);
+  } catch (const Error& e) {
+    slow_error = e.what();
+  }
+  FastPlanned fast = PlanFast(d);
+  CHECK(fast.error == slow_error);
+  if (!slow_error.empty() || !fast.error.empty()) return fast;
+  AssignWriters(slow);
+  AssignWriters(fast.plan);
+  SavePlan& a = fast.plan;
+  REQUIRE(a.keys.size() == slow.keys.size());
+  for (std::size_t k = 0; k < a.keys.size(); ++k) {
+    const SaveKey& x = a.keys[k];
+    const SaveKey& y = slow.keys[k];
+    CAPTURE(x.key);
+    CHECK(x.key == y.key);
+    CHECK(x.kind == y.kind);
+    CHECK(x.dtype == y.dtype);
+    CHECK(x.shape == y.shape);
+    CHECK(x.value == y.value);
+    CHECK(x.size == y.size);
+    CHECK(x.step == y.step);
+    CHECK(x.row_bytes == y.row_bytes);
+    REQUIRE(x.runs.size() == y.runs.size());
+    for (std::size_t i = 0; i < x.runs.size(); ++i) {
+      CHECK(x.runs[i].first_rank == y.runs[i].first_rank);
+      CHECK(x.runs[i].first_part == y.runs[i].first_part);
+      CHECK(x.runs[i].count == y.runs[i].count);
+      CHECK(x.runs[i].entry == y.runs[i].entry);
+    }
+    CheckSameRegions(x, y);
+  }
+  CHECK(ReplicaRequests(a) == ReplicaRequests(slow));
+  const std::vector<PlanMessage> wa = DecodedWrites(a, fast.table, fast.fast);
+  const std::vector<PlanMessage> wb = DecodedWrites(slow, {}, {});
+  const std::vector<uint64_t> counts = WriteCounts(a);
+  REQUIRE(wa.size() == wb.size());
+  for (std::size_t r = 0; r < wa.size(); ++r) {
+    CAPTURE(r);
+    CHECK(wa[r].writes == wb[r].writes);
+    CHECK(wa[r].keys == wb[r].keys);
+    CHECK(counts[r] == wb[r].writes.size());
+  }
+  return fast;
+}
+
+}  // namespace
+
+TEST_CASE("fast path: regular keys, equal scalars and json are not described; bytes and odd keys are") {
+  constexpr int kWorld = 8;
+  const Shape big{8 * 3 - 1, 4}, small{5, 2}, one{16};  // small: shape[0] < world, parts past 5 empty
+  const auto d = Ranks(kWorld, [&](int r) {
+    RankDescription out{TensorClaim("a", big, {Part(big, 3, r)}),
+                        TensorClaim("b", small, r < 5 ? std::vector<Box>{Part(small, 1, r)} : std::vector<Box>{}),
+                        TensorClaim("c", one, r < 2 ? std::vector<Box>{Part(one, 8, r)} : std::vector<Box>{}, DType::kInt32),
+                        ScalarClaim("step", "7"), JsonClaim("cfg", "{\"lr\":1}"), BytesClaim("rng", 16)};
+    if (r == 6) out.push_back(ScalarClaim("only6", "1"));
+    return out;
+  });
+  const FastPlanned f = CheckFastSameAsSlow(d);
+  REQUIRE(f.error.empty());
+  CHECK(f.fast == std::vector<uint8_t>{1, 1, 1, 1, 1, 0});
+  CHECK(f.plan.keys[0].runs.size() == 1);
+  CHECK(f.plan.keys[0].runs[0].count == kWorld);
+  CHECK(f.plan.keys[1].runs[0].count == 5);
+  CHECK(f.plan.keys[2].runs[0].count == 2);
+  CHECK(f.plan.keys.back().key == "only6");
+  // Ranks 1..7 described only their bytes (and rank 6 its extra key): a few bytes each.
+  const std::size_t slow_bytes = [&] {
+    std::size_t n = 0;
+    for (int r = 1; r < kWorld; ++r) n += EncodeDescription(d[r]).size();
+    return n;
+  }();
+  CHECK(f.gathered * 5 < slow_bytes);
+}
+
+TEST_CASE("fast path: what breaks it falls back to the slow path, with the same plan and errors") {
+  constexpr int kWorld = 6;
+  const Shape s{12, 3};
+  auto base = [&](int r) {
+    return RankDescription{TensorClaim("w", s, {Part(s, 2, r)}), TensorClaim("v", s, {Part(s, 2, r)}),
+                           ScalarClaim("step", "3"), BytesClaim("rng", 4)};
+  };
+  SUBCASE("regular on every rank but one: that rank splits its part in two") {
+    const auto d = Ranks(kWorld, [&](int r) {
+      RankDescription out = base(r);
+      if (r == 4) out[0].boxes = {Box{{8, 0}, {1, 3}}, Box{{9, 0}, {1, 3}}};
+      return out;
+    });
+    const FastPlanned f = CheckFastSameAsSlow(d);
+    CHECK(f.fast == std::vector<uint8_t>{0, 1, 1, 0});
+    REQUIRE(f.error.empty());
+    CHECK_FALSE(f.plan.keys[0].regular());
+    CHECK(f.plan.keys[0].regions.size() == 7);
+  }
+  SUBCASE("another rank's part (a rank holds part r + 1): the same rule, not the fast path") {
+    const auto d = Ranks(kWorld, [&](int r) {
+      RankDescription out = base(r);
+      out[1].boxes = {Part(s, 2, (r + 1) % kWorld)};
+      return out;
+    });
+    const FastPlanned f = CheckFastSameAsSlow(d);
+    CHECK(f.fast[1] == 0);
+    CHECK(f.plan.keys[1].regular());  // regular all the same, from the descriptions
+  }
+  SUBCASE("a rank without a key: a scalar (fine) and a tensor part (a gap, the same error)") {
+    const auto scalar = Ranks(kWorld, [&](int r) {
+      RankDescription out = base(r);
+      if (r == 3) out.erase(out.begin() + 2);
+      return out;
+    });
+    CHECK(CheckFastSameAsSlow(scalar).fast == std::vector<uint8_t>{1, 1, 0, 0});
+    const auto tensor = Ranks(kWorld, [&](int r) {
+      RankDescription out = base(r);
+      if (r == 3) out.erase(out.begin() + 1);
+      return out;
+    });
+    const FastPlanned f = CheckFastSameAsSlow(tensor);
+    CHECK(f.error.find("key 'v'") != std::string::npos);
+  }
+  SUBCASE("dtype and shape disagreements are reported naming the key and rank, as without it") {
+    const auto dtype = Ranks(kWorld, [&](int r) {
+      RankDescription out = base(r);
+      if (r == 2) out[0].dtype = DType::kInt32;
+      if (r == 5) out[1].shape = {12, 4};
+      return out;
+    });
+    const FastPlanned f = CheckFastSameAsSlow(dtype);
+    CHECK(f.error.find("key 'w': rank 2 has int32") != std::string::npos);
+    CHECK(f.error.find("key 'v': rank 5 has") != std::string::npos);
+    const auto value = Ranks(kWorld, [&](int r) {
+      RankDescription out = base(r);
+      if (r == 1) out[2].value = "4";
+      return out;
+    });
+    CHECK(CheckFastSameAsSlow(value).error.find("key 'step': rank 1 has value 4") != std::string::npos);
+  }
+  SUBCASE("replicas: every rank holds the whole tensor") {
+    const auto d = Ranks(kWorld, [&](int r) {
+      RankDescription out = base(r);
+      out[1].boxes = {Box::Full(s)};
+      return out;
+    });
+    const FastPlanned f = CheckFastSameAsSlow(d);
+    CHECK(f.fast[1] == 0);
+    REQUIRE(f.error.empty());
+    CHECK(f.plan.keys[1].regions.at(0).holder_count == kWorld);
+  }
+  SUBCASE("an empty chunk past the last part, where the others hold none") {
+    const Shape few{3, 3};
+    const auto d = Ranks(kWorld, [&](int r) {
+      RankDescription out = base(r);
+      out[1] = TensorClaim("v", few, r < 3 ? std::vector<Box>{Part(few, 1, r)} : std::vector<Box>{});
+      if (r == 4) out[1].boxes = {Box{{3, 0}, {0, 3}}};
+      return out;
+    });
+    const FastPlanned f = CheckFastSameAsSlow(d);
+    CHECK(f.fast[1] == 0);
+  }
+  SUBCASE("keys in another order on one rank, and rank 0 without a rule (two chunks)") {
+    const auto d = Ranks(kWorld, [&](int r) {
+      RankDescription out = base(r);
+      if (r == 2) std::swap(out[0], out[1]);
+      if (r == 0) out[1].boxes = {Box{{0, 0}, {1, 3}}, Box{{1, 0}, {1, 3}}};
+      return out;
+    });
+    const FastPlanned f = CheckFastSameAsSlow(d);
+    CHECK(f.fast == std::vector<uint8_t>{0, 0, 1, 0});
+    CHECK(f.table[1].step == 0);
+  }
+  SUBCASE("one rank") {
+    const auto d = Ranks(1, [&](int) { return RankDescription{TensorClaim("w", s, {Box::Full(s)}), BytesClaim("b", 1)}; });
+    CHECK(CheckFastSameAsSlow(d).fast == std::vector<uint8_t>{1, 0});
+  }
+}
+
+TEST_CASE("fast path: random states plan as without it") {
+  std::mt19937 rng(5);
+  int fast_keys = 0, slow_keys = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    const int world = 1 + static_cast<int>(rng() % 6);
+    const int64_t rows = 1 + static_cast<int64_t>(rng() % 9), step = 1 + static_cast<int64_t>(rng() % 3);
+    const Shape s{rows, 2};
+    std::vector<RankDescription> d;
+    for (int r = 0; r < world; ++r) {
+      RankDescription out;
+      for (int k = 0; k < 3; ++k) {
+        std::vector<Box> boxes;
+        if (r * step < rows) boxes.push_back(Part(s, step, r));
+        switch (rng() % 8) {
+          case 0: boxes.clear(); break;                                  // a gap (or nothing missing)
+          case 1: boxes = {Box::Full(s)}; break;                         // a replica
+          case 2: if (!boxes.empty()) boxes[0].offsets[1] = 0; break;   // as it was
+          default: break;
+        }
+        if (rng() % 10 != 0) out.push_back(TensorClaim("t" + std::to_string(k), s, std::move(boxes)));
+      }
+      if (rng() % 3 != 0) out.push_back(ScalarClaim("s", rng() % 5 ? "1" : "2"));
+      d.push_back(std::move(out));
+    }
+    if (d[0].empty()) continue;
+    CAPTURE(trial);
+    const FastPlanned f = CheckFastSameAsSlow(d);
+    for (uint8_t k : f.fast) ++(k ? fast_keys : slow_keys);
+  }
+  CHECK(fast_keys > 50);  // both paths are taken
+  CHECK(slow_keys > 50);
+}
+
+TEST_CASE("fast path: messages that contradict it are kComm errors") {
+  const Shape s{4, 2};
+  const RankDescription rank0{TensorClaim("w", s, {Part(s, 2, 0)}), BytesClaim("b", 3)};
+  const KeyTable table = MakeKeyTable(rank0, 2);
+  REQUIRE(table[0].step == 2);
+  CHECK(MakeKeyTable(rank0, 1)[0].step == 0);  // two parts, one rank
+  const std::vector<uint8_t> fast{1, 0};
+  // A description naming a key that every rank said was on the fast path.
+  SavePlanner planner(2);
+  planner.Add(rank0);
+  planner.AddFastParts(fast);
+  CHECK_THROWS_WITH_AS(planner.Add({TensorClaim("w", s, {Part(s, 2, 1)})}, {0}),
+                       "save: rank 1's description: key 'w' is on the fast path, which no rank describes", Error);
+  // A plan listing a write of a fast-path key, or writes out of plan order.
+  const Message listed = EncodePlan("d", 2, {{}, {Write{{0, 0}, 0, 1}}});
+  CHECK_THROWS_WITH_AS(DecodePlan(listed, 1, 2, fast, FastWrites(table, fast, 1)),
+                       doctest::Contains("a write of key 0, which is on the fast path"), Error);
+  const Message unordered = EncodePlan("d", 2, {{}, {Write{{1, 0}, 1, 0}, Write{{0, 0}, 0, 0}}});
+  CHECK_THROWS_WITH_AS(DecodePlan(unordered, 1, 2), doctest::Contains("a write of key 0 after one of key 1"), Error);
+  // A table whose step is not some rows of dim 0.
+  KeyTable bad = table;
+  bad[0].step = 5;
+  try {
+    DecodeKeyTable(EncodeKeyTable(bad), 2);
+    FAIL("a step of 5 rows of 4 decoded");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::kComm);
+    CHECK(std::string(e.what()).find("save: rank 0's key table: malformed message (key 'w': a step of 5 rows") == 0);
+  }
+  CHECK_THROWS_WITH_AS(DecodeKeyTable(EncodeKeyTable(table), 1), doctest::Contains("a step of 2 rows for 1 ranks"), Error);
+  // Positions that overflow 32 bits.
+  internal::WireWriter w('D');
+  w.U8(1);
+  w.Varint(1);
+  w.Varint(uint64_t{1} << 33);
+  const Message far = w.Take();
+  std::vector<uint32_t> entries;
+  CHECK_THROWS_WITH_AS(DecodeDescription(far, 1, entries), doctest::Contains("an entry position of 8589934592 exceeds 32 bits"),
+                       Error);
+  // A wrong AddFastParts (a key rank 0 does not hold as part 0) is the planner's own error.
+  SavePlanner wrong(2);
+  wrong.Add({TensorClaim("w", s, {Part(s, 2, 1)})});
+  CHECK_THROWS_AS(wrong.AddFastParts(std::vector<uint8_t>{1}), Error);
 }

@@ -2,7 +2,8 @@
 //
 // Protocol, every step ending in an agreement so that no rank is left waiting. The plan is
 // pure (layout/save_plan.h), the messages binary (layout/save_messages.h):
-//  1. describe: every rank sends rank 0 what it holds (keys, dtypes, shapes, boxes);
+//  1. describe: every rank sends rank 0 what it holds (keys, dtypes, shapes, boxes), but
+//     for what rank 0's key table already says (the fast path: DescribeAndPlan);
 //  2. plan: rank 0 merges and checks the claims (same dtype/shape everywhere, boxes either
 //     identical replicas or disjoint, together tiling each tensor); if replicas exist it
 //     asks their holders for digests of their copies and compares them;
@@ -71,10 +72,19 @@ LocalBytes LocalData(const StateDict& state, const layout::ChunkRef& ref, Staged
   return {b.data(), b.size(), kHostDevice};
 }
 
+// What step 1's fast path decided, on every rank: rank 0's key table and, per table
+// entry, whether every rank's entry is on the fast path (both empty without it).
+struct FastPath {
+  layout::KeyTable table;
+  std::vector<uint8_t> keys;
+};
+
 // Steps 1 and 2: rank 0 returns the merged and checked plan, the others an empty one.
-// `device` gets the backend for this rank's device chunks (null if it has none).
-layout::SavePlan DescribeAndPlan(const StateDict& state, StagedBytes staged, Comm& comm,
-                                 std::shared_ptr<DeviceBackend>& device) {
+// `device` gets the backend for this rank's device chunks (null if it has none). With
+// `fast_plan`, rank 0 first broadcasts its key table, one AllReduce finds the entries every
+// rank holds as the table says, and only the rest is described (layout/save_plan.h).
+layout::SavePlan DescribeAndPlan(const StateDict& state, StagedBytes staged, Comm& comm, bool fast_plan,
+                                 std::shared_ptr<DeviceBackend>& device, FastPath& fast) {
   const bool root = comm.rank() == 0;
   layout::RankDescription mine;
   layout::Message message;  // rank 0 keeps its own description as it is
@@ -84,17 +94,40 @@ layout::SavePlan DescribeAndPlan(const StateDict& state, StagedBytes staged, Com
     for (std::size_t i = 0; i < staged.size(); ++i) {
       if (mine[i].kind == EntryKind::kBytes) mine[i].size = staged[i].size();
     }
-    if (!root) message = layout::EncodeDescription(mine);
+    if (root && fast_plan) {
+      fast.table = layout::MakeKeyTable(mine, comm.size());
+      message = layout::EncodeKeyTable(fast.table);
+    }
+    if (!root && !fast_plan) message = layout::EncodeDescription(mine);
   });
+  if (fast_plan) {
+    comm.Broadcast(message, 0);
+    internal::Phase(comm, [&] {
+      if (!root) fast.table = layout::DecodeKeyTable(message, comm.size());
+      fast.keys = layout::FastEntries(fast.table, mine, comm.rank());
+    });
+    // A key is on the fast path where it is on every rank.
+    if (!fast.keys.empty()) comm.AllReduce(fast.keys.data(), fast.keys.size(), DType::kUInt8, ReduceOp::kMin);
+    message.clear();
+    internal::Phase(comm, [&] {
+      if (root) return;
+      std::vector<uint32_t> entries;
+      const layout::RankDescription slow = layout::SlowClaims(fast.table, fast.keys, std::move(mine), entries);
+      message = layout::EncodeDescription(slow, entries);
+    });
+  }
   std::vector<ByteBuffer> all = comm.Gather(message, 0);
   layout::SavePlan plan;
   internal::Phase(comm, [&] {
     if (!root) return;
     layout::SavePlanner planner(comm.size());
     planner.Add(std::move(mine));
+    if (fast_plan) planner.AddFastParts(fast.keys);
     for (int r = 1; r < comm.size(); ++r) {
-      planner.Add(layout::DecodeDescription(all[r], r));
+      std::vector<uint32_t> entries;
+      layout::RankDescription d = layout::DecodeDescription(all[r], r, entries);
       ByteBuffer().swap(all[r]);
+      planner.Add(std::move(d), std::move(entries));
     }
     plan = planner.Finish();
   }, /*name_ranks=*/false);
@@ -137,18 +170,20 @@ void CompareReplicas(const StateDict& state, StagedBytes staged, Comm& comm, con
   }, /*name_ranks=*/false);
 }
 
-// Step 3 on rank 0: the target checked, writers picked (into `writes`), the staging
-// directory made (into `staging`). Every rank returns the broadcast plan.
-ByteBuffer Distribute(const fs::path& dir, Comm& comm, bool overwrite, layout::SavePlan& plan,
-                      std::vector<std::vector<layout::Write>>& writes, fs::path& staging) {
+// Step 3 on rank 0: the target checked, writers picked (each rank's count of writes into
+// `write_counts`), the staging directory made (into `staging`). Every rank returns the
+// broadcast plan, which lists no write of a fast-path key: each rank knows its own.
+ByteBuffer Distribute(const fs::path& dir, Comm& comm, bool overwrite, layout::SavePlan& plan, const FastPath& fast,
+                      std::vector<uint64_t>& write_counts, fs::path& staging) {
   ByteBuffer message;
   internal::Phase(comm, [&] {
     if (comm.rank() != 0) return;
     internal::CheckTarget(dir, overwrite);
     layout::AssignWriters(plan);
-    writes = layout::WritesByRank(plan);
+    write_counts = layout::WriteCounts(plan);
     staging = internal::MakeStagingDir(dir);
-    message = layout::EncodePlan(staging.string(), static_cast<uint32_t>(plan.keys.size()), writes);
+    message = layout::EncodePlan(staging.string(), static_cast<uint32_t>(plan.keys.size()),
+                                 layout::WritesByRank(plan, fast.keys));
   }, /*name_ranks=*/false);
   comm.Broadcast(message, 0);
   return message;
@@ -259,7 +294,7 @@ void ReduceTotals(Comm& comm, std::vector<layout::KeyTotals>& totals) {
 // Step 6 on rank 0: metadata.json from every rank's result, and the rename. `finish` adds
 // the timings to the assembled metadata (and may still stop the save) just before.
 void Commit(const fs::path& dir, const fs::path& staging, const layout::SavePlan& plan,
-            const std::vector<std::vector<layout::Write>>& writes, const std::vector<layout::RankResult>& results,
+            std::span<const uint64_t> write_counts, const std::vector<layout::RankResult>& results,
             const std::vector<layout::KeyTotals>& totals, int world, const SaveOptions& options,
             const std::function<void(Metadata&)>& finish) {
   Metadata m;
@@ -268,7 +303,7 @@ void Commit(const fs::path& dir, const fs::path& staging, const layout::SavePlan
   m.mesh = options.mesh;
   m.user = options.user_metadata;
   internal::StampMetadata(m);
-  layout::Assemble(plan, writes, results, totals, options.compression, m);
+  layout::Assemble(plan, write_counts, results, totals, options.compression, m);
   finish(m);
   internal::CommitStaging(staging, dir, m);
 }
@@ -331,11 +366,12 @@ void SaveWithContext(const std::filesystem::path& dir, const StateDict& state, C
 
   std::shared_ptr<DeviceBackend> device;
   const StagedBytes staged = context.staged_bytes;  // one per entry of `state`, or none
-  layout::SavePlan plan = DescribeAndPlan(state, staged, comm, device);
+  FastPath fast;
+  layout::SavePlan plan = DescribeAndPlan(state, staged, comm, context.fast_plan, device, fast);
   CompareReplicas(state, staged, comm, plan, options.check_replicas, device.get());
-  std::vector<std::vector<layout::Write>> writes;  // rank 0: every rank's
+  std::vector<uint64_t> write_counts;  // rank 0: every rank's
   fs::path staging;
-  const ByteBuffer plan_message = Distribute(dir, comm, options.overwrite, plan, writes, staging);
+  const ByteBuffer plan_message = Distribute(dir, comm, options.overwrite, plan, fast, write_counts, staging);
   const Clock::time_point planned = Clock::now();
   seconds[1] = Since(start, planned);
 
@@ -343,7 +379,8 @@ void SaveWithContext(const std::filesystem::path& dir, const StateDict& state, C
   std::vector<layout::KeyTotals> totals;  // per plan key: this rank's chunks, then every rank's
   std::string failure;
   try {
-    const layout::PlanMessage mine = layout::DecodePlan(plan_message, rank, world);
+    const std::vector<layout::Write> fast_writes = layout::FastWrites(fast.table, fast.keys, rank);
+    const layout::PlanMessage mine = layout::DecodePlan(plan_message, rank, world, fast.keys, fast_writes);
     staging = mine.staging;
     written = WriteShard(staging, mine, state, staged, rank, world, options.compression, options.pack_bytes,
                          device.get(), context.check, totals, seconds[3]);
@@ -376,7 +413,7 @@ void SaveWithContext(const std::filesystem::path& dir, const StateDict& state, C
       for (int r = 1; r < world; ++r) results.push_back(layout::DecodeResult(all[r], r));
       std::vector<PhaseSeconds> per_rank(static_cast<std::size_t>(world));
       for (int r = 1; r < world; ++r) per_rank[r] = DecodeSeconds(timings[r], r);
-      Commit(dir, staging, plan, writes, results, totals, world, options, [&](Metadata& m) {
+      Commit(dir, staging, plan, write_counts, results, totals, world, options, [&](Metadata& m) {
         const Clock::time_point now = Clock::now();
         seconds[4] = Since(wrote, now);
         if (!context.async) seconds[5] = Since(start, now);

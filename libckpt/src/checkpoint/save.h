@@ -27,6 +27,9 @@ struct SaveContext {
   // in its pool; the snapshot's Bytes entries themselves are left empty. Empty: every entry's
   // own bytes.
   std::span<const std::span<const uint8_t>> staged_bytes;
+  // Step 1's fast path (layout/save_plan.h, KeyTable): off, every rank describes every entry
+  // (for tests, which prove the checkpoint is the same either way). The same on every rank.
+  bool fast_plan = true;
 };
 
 // COLLECTIVE. Save (checkpoint.h) under `context`.

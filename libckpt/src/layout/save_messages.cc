@@ -12,7 +12,8 @@ using internal::WireReader;
 using internal::WireWriter;
 
 // Tags: one per kind of message, so that one read in the wrong place is refused.
-constexpr uint8_t kDescriptionTag = 'D', kRequestsTag = 'Q', kDigestsTag = 'H', kPlanTag = 'P', kResultTag = 'R';
+constexpr uint8_t kDescriptionTag = 'D', kRequestsTag = 'Q', kDigestsTag = 'H', kPlanTag = 'P', kResultTag = 'R',
+                  kKeyTableTag = 'K';
 
 uint64_t MaxRank() { return static_cast<uint64_t>(ParseLimits{}.max_rank); }
 
@@ -77,10 +78,18 @@ WireReader RankSection(WireReader& r, int rank, int world) {
 
 }  // namespace
 
-Message EncodeDescription(const RankDescription& description) {
+Message EncodeDescription(const RankDescription& description, std::span<const uint32_t> entries) {
   WireWriter w(kDescriptionTag);
+  // A whole state (the usual case without the fast path) spends no byte on positions.
+  w.U8(!entries.empty());
   w.Varint(description.size());
-  for (const EntryClaim& c : description) {
+  int64_t last = -1;
+  for (std::size_t i = 0; i < description.size(); ++i) {
+    const EntryClaim& c = description[i];
+    if (!entries.empty()) {
+      w.Varint(static_cast<uint64_t>(entries[i] - last - 1));  // the gap since the last position
+      last = entries[i];
+    }
     w.Str(c.key);
     w.U8(static_cast<uint8_t>(c.kind));
     switch (c.kind) {
@@ -106,9 +115,23 @@ Message EncodeDescription(const RankDescription& description) {
 }
 
 RankDescription DecodeDescription(std::span<const uint8_t> message, int rank) {
+  std::vector<uint32_t> entries;
+  return DecodeDescription(message, rank, entries);
+}
+
+RankDescription DecodeDescription(std::span<const uint8_t> message, int rank, std::vector<uint32_t>& entries) {
   WireReader r(message, Who(rank, "description"), kDescriptionTag);
+  const uint8_t positioned = r.U8();
+  if (positioned > 1) r.Fail("a flag of " + std::to_string(positioned));
   RankDescription d(r.Count(3));  // a key, a kind and at least one more byte each
-  for (EntryClaim& c : d) {
+  entries.resize(d.size());
+  uint64_t next = 0;  // the least position the next claim may have
+  for (std::size_t i = 0; i < d.size(); ++i) {
+    EntryClaim& c = d[i];
+    const uint64_t position = positioned ? next + r.Varint() : next;
+    if (position > UINT32_MAX) r.Fail("an entry position of " + std::to_string(position) + " exceeds 32 bits");
+    entries[i] = static_cast<uint32_t>(position);
+    next = position + 1;
     c.key = r.Str();
     const uint8_t kind = r.U8();
     if (kind > static_cast<uint8_t>(EntryKind::kJson)) r.Fail("unknown entry kind " + std::to_string(kind));
@@ -134,6 +157,70 @@ RankDescription DecodeDescription(std::span<const uint8_t> message, int rank) {
   }
   r.Finish();
   return d;
+}
+
+Message EncodeKeyTable(const KeyTable& table) {
+  WireWriter w(kKeyTableTag);
+  w.Varint(table.size());
+  for (const TableEntry& e : table) {
+    w.Str(e.key);
+    w.U8(static_cast<uint8_t>(e.kind));
+    switch (e.kind) {
+      case EntryKind::kTensor:
+        w.U8(static_cast<uint8_t>(e.dtype));
+        w.Ints(e.shape);
+        w.Varint(static_cast<uint64_t>(e.step));
+        break;
+      case EntryKind::kScalar:
+        w.U8(static_cast<uint8_t>(e.dtype));
+        w.Str(e.value);
+        break;
+      case EntryKind::kBytes:
+        break;
+      case EntryKind::kJson:
+        w.Str(e.value);
+        break;
+    }
+  }
+  return w.Take();
+}
+
+KeyTable DecodeKeyTable(std::span<const uint8_t> message, int world) {
+  WireReader r(message, Who(0, "key table"), kKeyTableTag);
+  KeyTable table(r.Count(2));  // a key and a kind each
+  for (TableEntry& e : table) {
+    e.key = r.Str();
+    const uint8_t kind = r.U8();
+    if (kind > static_cast<uint8_t>(EntryKind::kJson)) r.Fail("unknown entry kind " + std::to_string(kind));
+    e.kind = static_cast<EntryKind>(kind);
+    switch (e.kind) {
+      case EntryKind::kTensor: {
+        e.dtype = ReadDType(r);
+        e.shape = r.Ints(MaxRank());
+        const uint64_t step = r.Varint();
+        // A step is some rows of dim 0, in at most `world` parts (FastEntries relies on it:
+        // no overflow, no division by 0, no part without a rank).
+        if (step > 0 && (e.shape.empty() || e.shape[0] <= 0 || step > static_cast<uint64_t>(e.shape[0]) ||
+                         (static_cast<uint64_t>(e.shape[0]) - 1) / step >= static_cast<uint64_t>(world))) {
+          r.Fail("key '" + e.key + "': a step of " + std::to_string(step) + " rows for " + std::to_string(world) +
+                 " ranks");
+        }
+        e.step = static_cast<int64_t>(step);
+        break;
+      }
+      case EntryKind::kScalar:
+        e.dtype = ReadDType(r);
+        e.value = r.Str();
+        break;
+      case EntryKind::kBytes:
+        break;
+      case EntryKind::kJson:
+        e.value = r.Str();
+        break;
+    }
+  }
+  r.Finish();
+  return table;
 }
 
 Message EncodeRequests(const std::vector<std::vector<ChunkRef>>& per_rank) {
@@ -188,19 +275,44 @@ Message EncodePlan(const std::string& staging, uint32_t key_count, const std::ve
   return w.Take();
 }
 
-PlanMessage DecodePlan(std::span<const uint8_t> message, int rank, int world) {
+PlanMessage DecodePlan(std::span<const uint8_t> message, int rank, int world, std::span<const uint8_t> fast,
+                       std::span<const Write> fast_writes) {
   WireReader r(message, Who(0, "plan"), kPlanTag);
   PlanMessage p;
   p.staging = r.Str();
   p.key_count = U32(r);
   WireReader mine = RankSection(r, rank, world);
-  p.writes = ReadRefs(mine);
-  p.keys.resize(p.writes.size());
-  for (uint32_t& k : p.keys) {
+  std::vector<ChunkRef> listed = ReadRefs(mine);
+  std::vector<uint32_t> keys(listed.size());
+  uint32_t last = 0;
+  for (uint32_t& k : keys) {
     k = U32(mine);
     if (k >= p.key_count) mine.Fail("a write of key " + std::to_string(k) + " of " + std::to_string(p.key_count));
+    if (k < fast.size() && fast[k]) mine.Fail("a write of key " + std::to_string(k) + ", which is on the fast path");
+    if (k < last) mine.Fail("a write of key " + std::to_string(k) + " after one of key " + std::to_string(last));
+    last = k;
   }
   mine.Finish();
+  if (fast_writes.empty()) {
+    p.writes = std::move(listed);
+    p.keys = std::move(keys);
+    return p;
+  }
+  // Both lists are in plan order, and no key is in both: merged by key.
+  p.writes.reserve(listed.size() + fast_writes.size());
+  p.keys.reserve(listed.size() + fast_writes.size());
+  std::size_t i = 0, j = 0;
+  while (i < listed.size() || j < fast_writes.size()) {
+    if (j == fast_writes.size() || (i < listed.size() && keys[i] < fast_writes[j].key)) {
+      p.writes.push_back(listed[i]);
+      p.keys.push_back(keys[i++]);
+    } else {
+      if (fast_writes[j].key >= p.key_count) r.Fail("a fast-path key " + std::to_string(fast_writes[j].key) + " of " +
+                                                     std::to_string(p.key_count));
+      p.writes.push_back(fast_writes[j].ref);
+      p.keys.push_back(fast_writes[j++].key);
+    }
+  }
   return p;
 }
 

@@ -7,6 +7,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <unordered_map>
 
 #include "format/checked.h"
 #include "format/flat_index.h"
@@ -99,6 +100,7 @@ struct SavePlanner::State {
   std::vector<std::vector<Claim>> claims;  // per key (tensors)
   // Per key: a tensor still kept as runs (SaveKey::step is 0 until its first claim)?
   std::vector<uint8_t> regular;
+  std::vector<uint8_t> fast;  // per key of rank 0's: on the fast path (AddFastParts)
   internal::IndexSlots index;              // of keys by name
   std::size_t indexed = 0;
   std::vector<std::string> problems;
@@ -202,6 +204,11 @@ struct SavePlanner::State {
     bool added = false;
     const std::size_t k = FindOrAdd(entry, c, added);
     SaveKey& p = keys[k];
+    if (k < fast.size() && fast[k]) {
+      // Every rank said its entry was on the fast path: a description naming it contradicts that.
+      throw Error(ErrorCode::kComm, "save: rank " + std::to_string(rank) + "'s description: key '" + p.key +
+                                        "' is on the fast path, which no rank describes");
+    }
     auto who = [&] { return "key '" + p.key + "': rank " + std::to_string(rank); };
     if (!added && c.kind != p.kind) {
       problems.push_back(who() + " has a " + std::string(EntryKindName(c.kind)) + ", another rank a " +
@@ -295,10 +302,38 @@ SavePlanner::SavePlanner(int world, bool compact) : s_(std::make_unique<State>()
 }
 SavePlanner::~SavePlanner() = default;
 
-void SavePlanner::Add(RankDescription description) {
+void SavePlanner::Add(RankDescription description, std::vector<uint32_t> entries) {
   const int rank = s_->next_rank++;
   if (description.size() > UINT32_MAX) throw Error(ErrorCode::kInvalidArgument, "save: too many entries");
-  for (std::size_t i = 0; i < description.size(); ++i) s_->Merge(rank, static_cast<uint32_t>(i), description[i]);
+  if (!entries.empty() && entries.size() != description.size()) {
+    throw Error(ErrorCode::kInternal, "save plan: " + std::to_string(entries.size()) + " positions for " +
+                                          std::to_string(description.size()) + " claims");
+  }
+  for (std::size_t i = 0; i < description.size(); ++i) {
+    s_->Merge(rank, entries.empty() ? static_cast<uint32_t>(i) : entries[i], description[i]);
+  }
+}
+
+void SavePlanner::AddFastParts(std::span<const uint8_t> fast) {
+  State& s = *s_;
+  if (s.next_rank != 1 || fast.size() > s.keys.size()) {
+    throw Error(ErrorCode::kInternal, "save plan: fast parts of " + std::to_string(fast.size()) + " keys after " +
+                                          std::to_string(s.next_rank) + " descriptions");
+  }
+  s.fast.assign(fast.begin(), fast.end());
+  for (std::size_t k = 0; k < fast.size(); ++k) {
+    SaveKey& p = s.keys[k];
+    if (!fast[k] || p.kind != EntryKind::kTensor) continue;
+    // Rank 0's claim made the one run {rank 0, part 0}; ranks 1.. continue it, one part each.
+    const std::size_t parts = p.step > 0 ? p.RegionCount() : 0;
+    if (!s.regular[k] || p.runs.size() != 1 || !(p.runs[0].first_rank == 0 && p.runs[0].first_part == 0 &&
+                                                 p.runs[0].count == 1 && p.runs[0].entry == k) ||
+        parts > static_cast<std::size_t>(s.world)) {
+      throw Error(ErrorCode::kInternal, "save plan: key '" + p.key + "' is not part 0 of a rule of " +
+                                            std::to_string(s.world) + " ranks on rank 0");
+    }
+    p.runs[0].count = static_cast<uint32_t>(parts);
+  }
 }
 
 SavePlan SavePlanner::Finish() {
@@ -345,6 +380,120 @@ SavePlan PlanSave(std::vector<RankDescription> descriptions, bool compact) {
   SavePlanner planner(static_cast<int>(descriptions.size()), compact);
   for (RankDescription& d : descriptions) planner.Add(std::move(d));
   return planner.Finish();
+}
+
+namespace {
+
+// The parts of a dim-0 step rule of `step` rows over `shape`.
+int64_t PartCount(const Shape& shape, int64_t step) { return shape[0] / step + (shape[0] % step != 0); }
+
+// True if `boxes` is exactly part `part` of `shape`'s rule of `step` rows (SavePlanner's
+// FitsRule): one box, those rows of dim 0, whole in the others; or none, for a part past
+// the last.
+bool IsPart(const Shape& shape, int64_t step, int64_t part, const std::vector<Box>& boxes) {
+  if (part >= PartCount(shape, step)) return boxes.empty();
+  if (boxes.size() != 1) return false;
+  const Box& b = boxes[0];
+  const std::size_t n = shape.size();
+  if (b.offsets.size() != n || b.sizes.size() != n) return false;
+  for (std::size_t d = 1; d < n; ++d) {
+    if (b.offsets[d] != 0 || b.sizes[d] != shape[d]) return false;
+  }
+  const int64_t o = part * step;  // < shape[0]: no overflow
+  return b.offsets[0] == o && b.sizes[0] == std::min(step, shape[0] - o);
+}
+
+// The rows of part 0 of the rule that rank 0's claim `c` is part 0 of, or 0 if it is none.
+int64_t PartZeroRows(const EntryClaim& c) {
+  const Shape& shape = c.shape;
+  if (shape.empty() || shape[0] <= 0 || c.boxes.size() != 1) return 0;
+  for (std::size_t d = 1; d < shape.size(); ++d) {
+    if (shape[d] <= 0) return 0;  // FitsRule refuses an empty dimension
+  }
+  const int64_t step = c.boxes[0].sizes.empty() ? 0 : c.boxes[0].sizes[0];
+  if (step <= 0 || step > shape[0] || !IsPart(shape, step, 0, c.boxes)) return 0;
+  return step;
+}
+
+}  // namespace
+
+KeyTable MakeKeyTable(const RankDescription& rank0, int world) {
+  KeyTable table(rank0.size());
+  for (std::size_t i = 0; i < rank0.size(); ++i) {
+    const EntryClaim& c = rank0[i];
+    TableEntry& t = table[i];
+    t.key = c.key;
+    t.kind = c.kind;
+    if (c.kind == EntryKind::kTensor || c.kind == EntryKind::kScalar) t.dtype = c.dtype;
+    if (c.kind == EntryKind::kTensor) {
+      t.shape = c.shape;
+      t.step = PartZeroRows(c);
+      if (t.step > 0 && PartCount(t.shape, t.step) > world) t.step = 0;  // parts no rank would hold
+    }
+    if (c.kind == EntryKind::kScalar || c.kind == EntryKind::kJson) t.value = c.value;
+  }
+  return table;
+}
+
+namespace {
+
+// Calls fn(i, t) for each claim i of `mine` whose key is table entry t (t = i first: ranks
+// usually list the same keys in the same order), fn(i, table.size()) for the others.
+template <typename Fn>
+void MatchTable(const KeyTable& table, const RankDescription& mine, Fn&& fn) {
+  std::unordered_map<std::string_view, std::size_t> by_key;
+  for (std::size_t i = 0; i < mine.size(); ++i) {
+    if (i < table.size() && table[i].key == mine[i].key) {
+      fn(i, i);
+      continue;
+    }
+    if (by_key.empty()) {
+      by_key.reserve(table.size());
+      for (std::size_t t = 0; t < table.size(); ++t) by_key.emplace(table[t].key, t);
+    }
+    const auto it = by_key.find(mine[i].key);
+    fn(i, it == by_key.end() ? table.size() : it->second);
+  }
+}
+
+}  // namespace
+
+std::vector<uint8_t> FastEntries(const KeyTable& table, const RankDescription& mine, int rank) {
+  std::vector<uint8_t> out(table.size(), 0);
+  MatchTable(table, mine, [&](std::size_t i, std::size_t t) {
+    if (t == table.size()) return;
+    const TableEntry& e = table[t];
+    const EntryClaim& c = mine[i];
+    if (c.kind != e.kind) return;
+    switch (c.kind) {
+      case EntryKind::kTensor:
+        // The same position: the plan's run names rank 0's entry for every rank.
+        out[t] = t == i && e.step > 0 && c.dtype == e.dtype && c.shape == e.shape && !e.shape.empty() &&
+                 IsPart(e.shape, e.step, rank, c.boxes);
+        return;
+      case EntryKind::kScalar:
+        out[t] = c.dtype == e.dtype && c.value == e.value;
+        return;
+      case EntryKind::kJson:
+        out[t] = c.value == e.value;
+        return;
+      case EntryKind::kBytes:
+        return;  // every holder is one of the region's (replicas)
+    }
+  });
+  return out;
+}
+
+RankDescription SlowClaims(const KeyTable& table, std::span<const uint8_t> fast, RankDescription mine,
+                           std::vector<uint32_t>& entries) {
+  RankDescription out;
+  entries.clear();
+  MatchTable(table, mine, [&](std::size_t i, std::size_t t) {
+    if (t < table.size() && t < fast.size() && fast[t]) return;
+    out.push_back(std::move(mine[i]));
+    entries.push_back(static_cast<uint32_t>(i));
+  });
+  return out;
 }
 
 std::size_t SaveKey::RegionCount() const {
@@ -473,9 +622,10 @@ void AssignWriters(SavePlan& plan) {
   }
 }
 
-std::vector<std::vector<Write>> WritesByRank(const SavePlan& plan) {
+std::vector<std::vector<Write>> WritesByRank(const SavePlan& plan, std::span<const uint8_t> omit) {
   std::vector<std::vector<Write>> out(static_cast<std::size_t>(plan.world));
   for (std::size_t k = 0; k < plan.keys.size(); ++k) {
+    if (k < omit.size() && omit[k]) continue;
     const SaveKey& p = plan.keys[k];
     for (const RegularRun& run : p.runs) {
       for (uint32_t i = 0; i < run.count; ++i) {
@@ -493,6 +643,28 @@ std::vector<std::vector<Write>> WritesByRank(const SavePlan& plan) {
   return out;
 }
 
+std::vector<uint64_t> WriteCounts(const SavePlan& plan) {
+  std::vector<uint64_t> out(static_cast<std::size_t>(plan.world), 0);
+  for (const SaveKey& p : plan.keys) {
+    for (const RegularRun& run : p.runs) {
+      for (uint32_t i = 0; i < run.count; ++i) ++out[run.first_rank + i];
+    }
+    for (const SaveRegion& r : p.regions) ++out[r.writer];
+  }
+  return out;
+}
+
+std::vector<Write> FastWrites(const KeyTable& table, std::span<const uint8_t> fast, int rank) {
+  std::vector<Write> out;
+  for (std::size_t k = 0; k < table.size() && k < fast.size(); ++k) {
+    const TableEntry& e = table[k];
+    // (A fast tensor has a step: every rank refused one without.)
+    if (!fast[k] || e.kind != EntryKind::kTensor || e.step <= 0 || rank >= PartCount(e.shape, e.step)) continue;
+    out.push_back(Write{ChunkRef{static_cast<uint32_t>(k), 0}, static_cast<uint32_t>(k), static_cast<uint32_t>(rank)});
+  }
+  return out;
+}
+
 void KeyTotals::Add(const ChunkMeta& chunk) {
   stored_bytes += chunk.stored_bytes;
   compressed = compressed || chunk.compression.codec != Compression::Codec::kNone;
@@ -502,9 +674,16 @@ void KeyTotals::Add(const ChunkMeta& chunk) {
 void Assemble(const SavePlan& plan, const std::vector<std::vector<Write>>& writes,
               const std::vector<RankResult>& results, const std::vector<KeyTotals>& totals,
               const Compression& compression, Metadata& m) {
-  if (results.size() != writes.size()) {
+  std::vector<uint64_t> counts(writes.size());
+  for (std::size_t r = 0; r < writes.size(); ++r) counts[r] = writes[r].size();
+  Assemble(plan, counts, results, totals, compression, m);
+}
+
+void Assemble(const SavePlan& plan, std::span<const uint64_t> write_counts, const std::vector<RankResult>& results,
+              const std::vector<KeyTotals>& totals, const Compression& compression, Metadata& m) {
+  if (results.size() != write_counts.size()) {
     throw Error(ErrorCode::kComm, "save: " + std::to_string(results.size()) + " ranks reported what they wrote, expected " +
-                                      std::to_string(writes.size()));
+                                      std::to_string(write_counts.size()));
   }
   if (totals.size() != plan.keys.size()) {
     throw Error(ErrorCode::kComm, "save: totals of " + std::to_string(totals.size()) + " keys, expected " +
@@ -514,9 +693,9 @@ void Assemble(const SavePlan& plan, const std::vector<std::vector<Write>>& write
   std::vector<int32_t> file_of(results.size(), -1);
   for (std::size_t r = 0; r < results.size(); ++r) {
     const RankResult& res = results[r];
-    if (res.chunks != writes[r].size()) {
+    if (res.chunks != write_counts[r]) {
       throw Error(ErrorCode::kComm, "save: rank " + std::to_string(r) + " reported " + std::to_string(res.chunks) +
-                                        " chunks written, expected " + std::to_string(writes[r].size()));
+                                        " chunks written, expected " + std::to_string(write_counts[r]));
     }
     if (res.chunks == 0) continue;
     file_of[r] = static_cast<int32_t>(m.files.size());

@@ -3,6 +3,7 @@
 // thousands of simulated ranks (tests/unit/save_plan_test.cc, bench/core/bench_plan.cc).
 //
 //   Describe(state)         each rank: its claims, checked on their own
+//   MakeKeyTable, FastEntries, SlowClaims   the fast path: what rank 0 need not be told
 //   PlanSave(descriptions)  rank 0: merged and checked (kinds, dtypes, shapes, tiling)
 //   ReplicaRequests(plan)   rank 0: which chunks each rank hashes; CheckReplicas compares them
 //   AssignWriters(plan)     rank 0: one writer per region, replicas spread to balance bytes
@@ -124,8 +125,15 @@ class SavePlanner {
   SavePlanner(const SavePlanner&) = delete;
   SavePlanner& operator=(const SavePlanner&) = delete;
 
-  // REQUIRES: called once per rank, in rank order.
-  void Add(RankDescription description);
+  // REQUIRES: called once per rank, in rank order. `entries`: the position of each claim
+  // in that rank's state (strictly increasing), for a description that leaves out the
+  // entries of the fast path (below); empty: the claims are the whole state, in order.
+  void Add(RankDescription description, std::vector<uint32_t> entries = {});
+  // The fast path's keys (each k where fast[k]: FastEntries' minimum), which no rank but 0
+  // describes: rank r holds part r of rank 0's step rule for key k (rank 0's entry k) as
+  // its entry k, or none of it if there are r parts or fewer; a description naming such a
+  // key later is kComm. REQUIRES: right after rank 0's Add; each such tensor regular.
+  void AddFastParts(std::span<const uint8_t> fast);
   // REQUIRES: Add called `world` times. The planner is spent afterwards.
   SavePlan Finish();
 
@@ -135,6 +143,39 @@ class SavePlanner {
 };
 
 SavePlan PlanSave(std::vector<RankDescription> descriptions, bool compact = true);
+
+// The fast path of a save's step 1 (checkpoint/save.cc), which keeps what rank 0 receives
+// O(keys + ranks + irregular entries): rank 0 broadcasts the table of its own entries; each
+// rank says, per table entry, whether its own entry is one the plan already knows from the
+// table; a minimum over the ranks (an AllReduce of one byte per key) leaves the keys where
+// every rank's is, and no rank describes those. A tensor entry k is on the fast path when
+// rank 0's entry k is part 0 of a dim-0 step rule (one box at offset 0, whole in the other
+// dims: `step` is its rows, in at most `world` parts so that every part is some rank's) and
+// rank r's entry k has the same key, dtype and shape and is part r of that rule (one box,
+// rows [r * step, min((r + 1) * step, shape[0])), whole in the others), or no chunk at all
+// where r >= ceil(shape[0] / step): exactly what SavePlanner keeps as one run. A scalar or
+// json entry is on it when it has rank 0's dtype and value. Bytes entries (replicas, each
+// holder named) and keys rank 0 does not hold are always described.
+#define CKPT_SAVE_PLAN_FAST_PATH 1  // for bench_scale, which also builds against older trees
+struct TableEntry {
+  std::string key;
+  EntryKind kind = EntryKind::kTensor;
+  DType dtype = DType::kUInt8;  // tensor, scalar
+  Shape shape;                  // tensor
+  int64_t step = 0;             // tensor: rank 0's rows, 0 if its entry is not part 0 of a rule
+  std::string value;            // scalar, json
+};
+using KeyTable = std::vector<TableEntry>;
+
+// A step is kept where ceil(shape[0] / step) <= world (every part a rank's).
+KeyTable MakeKeyTable(const RankDescription& rank0, int world);
+// Per table entry: 1 if rank `rank`'s entry is on the fast path, else 0 (also where it
+// holds no such key).
+std::vector<uint8_t> FastEntries(const KeyTable& table, const RankDescription& mine, int rank);
+// The claims of `mine` not on the fast path (`fast`: FastEntries' minimum over the ranks),
+// each with its position in `mine` (`entries`), for SavePlanner::Add.
+RankDescription SlowClaims(const KeyTable& table, std::span<const uint8_t> fast, RankDescription mine,
+                           std::vector<uint32_t>& entries);
 
 // Per rank, the chunks whose digests CheckReplicas needs: every holder of every region
 // held by two or more ranks, in plan order. All empty if there are no replicas.
@@ -153,8 +194,14 @@ struct Write {
   ChunkRef ref;
   uint32_t key = 0, region = 0;
 };
-// REQUIRES: AssignWriters. Per rank, its writes in plan order.
-std::vector<std::vector<Write>> WritesByRank(const SavePlan& plan);
+// REQUIRES: AssignWriters. Per rank, its writes in plan order; without those of the plan
+// keys k < omit.size() where omit[k] (the fast path's, which each rank knows: FastWrites).
+std::vector<std::vector<Write>> WritesByRank(const SavePlan& plan, std::span<const uint8_t> omit = {});
+// Per rank, how many chunks it writes (WritesByRank's sizes, without holding them).
+std::vector<uint64_t> WriteCounts(const SavePlan& plan);
+// Rank `rank`'s writes of the fast path's keys, in plan order: part `rank` of each fast
+// tensor it holds a part of, as its entry k (= plan key k).
+std::vector<Write> FastWrites(const KeyTable& table, std::span<const uint8_t> fast, int rank);
 
 // What one rank wrote: its shard file (if it wrote anything) and how many chunks. The
 // chunks' records are in the shard's index, which `index` proves; rank 0 never sees them
@@ -183,5 +230,8 @@ struct KeyTotals {
 void Assemble(const SavePlan& plan, const std::vector<std::vector<Write>>& writes,
               const std::vector<RankResult>& results, const std::vector<KeyTotals>& totals,
               const Compression& compression, Metadata& m);
+// The same, from each rank's count of writes (WriteCounts) rather than the writes.
+void Assemble(const SavePlan& plan, std::span<const uint64_t> write_counts, const std::vector<RankResult>& results,
+              const std::vector<KeyTotals>& totals, const Compression& compression, Metadata& m);
 
 }  // namespace ckpt::layout
