@@ -40,7 +40,16 @@ void CheckTarget(const fs::path& dir, bool overwrite) {
   }
 }
 
-fs::path MakeStagingDir(const fs::path& dir) { return storage::BeginStaging(dir, /*directory=*/true); }
+fs::path MakeStagingDir(const fs::path& dir, bool overwrite) {
+  const fs::path staging = storage::BeginStaging(dir, /*directory=*/true);
+  try {
+    CheckTarget(dir, overwrite);
+  } catch (...) {
+    storage::DiscardStaged(staging);
+    throw;
+  }
+  return staging;
+}
 
 void StampMetadata(Metadata& m) {
   m.library_version = CKPT_VERSION_STRING;

@@ -181,7 +181,7 @@ ByteBuffer Distribute(const fs::path& dir, Comm& comm, bool overwrite, layout::S
     internal::CheckTarget(dir, overwrite);
     layout::AssignWriters(plan);
     write_counts = layout::WriteCounts(plan);
-    staging = internal::MakeStagingDir(dir);
+    staging = internal::MakeStagingDir(dir, overwrite);
     message = layout::EncodePlan(staging.string(), static_cast<uint32_t>(plan.keys.size()),
                                  layout::WritesByRank(plan, fast.keys));
   }, /*name_ranks=*/false);

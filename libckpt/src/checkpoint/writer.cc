@@ -28,7 +28,7 @@ class Writer final : public CheckpointWriter {
       throw Error(ErrorCode::kInvalidArgument, "CheckpointWriter: num_files and world_size must be >= 1");
     }
     internal::CheckTarget(dir_, options_.overwrite);
-    staging_ = internal::MakeStagingDir(dir_);
+    staging_ = internal::MakeStagingDir(dir_, options_.overwrite);
     shards_.resize(static_cast<std::size_t>(options_.num_files));
   }
 
