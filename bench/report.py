@@ -150,10 +150,11 @@ def main():
     else:
         p("- save 4 processes (MPI): not measured (no ckpt-bench-mpi rows: built without MPI, no mpirun, "
           "or CKPT_BENCH_MPI=0)")
-    for m, t, base in (("ckpt", "gpt2s", rawc), ("ckpt 1 -> 3 ranks", "gpt2s", rawc),
-                       ("ckpt, 4 threads", "gpt2s-4", raw4), ("ckpt 4 -> 1 rank", "gpt2s-4", rawc),
-                       ("ckpt 4 -> 3 ranks by columns", "gpt2s-4", get("gpt2s-4", "raw 4 files -> 3 readers by columns", "load"))):
-        name = "raw 4 files load" if base is raw4 else ("raw by columns" if t == "gpt2s-4" and m.endswith("columns") else rawc_name)
+    raw_cols = get("gpt2s-4", "raw 4 files -> 3 readers by columns", "load")
+    for m, t, base, name in (("ckpt", "gpt2s", rawc, rawc_name), ("ckpt 1 -> 3 ranks", "gpt2s", rawc, rawc_name),
+                             ("ckpt, 4 threads", "gpt2s-4", raw4, "raw 4 files load"),
+                             ("ckpt 4 -> 1 rank", "gpt2s-4", rawc, rawc_name),
+                             ("ckpt 4 -> 3 ranks by columns", "gpt2s-4", raw_cols, "raw by columns")):
         target(f"cold load {m} vs {name}", ratio(base, get(t, m, "load")), 0.95)
     if rawp or ckp_l:
         target("cold load ckpt, 4 processes (MPI) vs raw 4 processes load", ratio(rawp, ckp_l), 0.95)

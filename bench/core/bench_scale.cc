@@ -453,7 +453,7 @@ int RunWorld(const Model& model, const std::string& inspect, const fs::path& scr
               pf.heap_plan / static_cast<double>(pf.keys + static_cast<std::size_t>(world)), MiB(pf.heap_writes),
               MiB(pf.descriptions), MiB(pf.plan_message), MiB(pf.requests));
 
-#ifdef CKPT_SAVE_PLAN_FAST_PATH
+#if CKPT_BENCH_V2
   // 1b. The same plan by the save's fast path (checkpoint/save.cc, step 1): rank 0's key
   // table broadcast, a byte per key reduced, only the entries off the fast path gathered;
   // the plan message without the fast path's writes.

@@ -1,6 +1,7 @@
 // Concurrency of the commit protocol: readers racing overwrite saves see the old
 // checkpoint or the new one whole, or a clear error, never a silent mix; two saves
-// without overwrite to one new path: exactly one wins, the other fails clearly.
+// without overwrite to one new path: exactly one wins, the other fails clearly (also when
+// the other commits between this save's check of the target and its staging).
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -8,6 +9,7 @@
 #include <latch>
 #include <thread>
 
+#include "fault/fault_fs.h"
 #include "fault/fault_util.h"
 #include "test_util.h"
 
@@ -135,4 +137,49 @@ TEST_CASE("two saves without overwrite to one new path: exactly one wins, the ot
     ++rounds;
   }
   MESSAGE(rounds << " rounds of two racing saves: exactly one won each");
+}
+
+namespace {
+
+// Creates directories as POSIX does; the first time it creates `parent`, it first lets a
+// whole other save (`between`) commit, so that save lands after this writer checked its
+// target (absent: only its parent is being made) and before its staging begins.
+class CommitInBetween : public storage::FileSystem {
+ public:
+  CommitInBetween(std::filesystem::path parent, std::function<void()> between)
+      : parent_(std::move(parent)), between_(std::move(between)) {}
+  int Mkdir(const std::filesystem::path& path, mode_t mode) override {
+    const int rc = FileSystem::Mkdir(path, mode);
+    if (rc == 0 && path == parent_ && !fired_.exchange(true)) between_();
+    return rc;
+  }
+  bool fired() const { return fired_; }
+
+ private:
+  const std::filesystem::path parent_;
+  const std::function<void()> between_;
+  std::atomic<bool> fired_{false};
+};
+
+}  // namespace
+
+TEST_CASE("a save without overwrite refuses a checkpoint committed between its check and its staging") {
+  ckpt_test::TempDir tmp("race-window");
+  const std::filesystem::path parent = tmp / "new";  // absent: the first save's check makes it
+  const std::filesystem::path dst = parent / "ck";
+  CommitInBetween between(parent, [&] { SaveVersion(dst, 2, false); });
+  ckpt_test::Installed on(between);
+  ErrorCode code{};
+  std::string what;
+  try {
+    SaveVersion(dst, 1, false);
+  } catch (const Error& e) {
+    code = e.code();
+    what = e.what();
+  }
+  REQUIRE(between.fired());
+  CHECK(code == ErrorCode::kAlreadyExists);
+  CHECK(what.find(dst.string()) != std::string::npos);
+  CHECK(ckpt_test::VersionOf(dst) == 2);  // the other save's checkpoint, not replaced
+  CHECK(ckpt_test::Leftovers(parent).empty());
 }

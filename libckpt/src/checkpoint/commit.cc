@@ -41,6 +41,7 @@ void CheckTarget(const fs::path& dir, bool overwrite) {
 }
 
 fs::path MakeStagingDir(const fs::path& dir, bool overwrite) {
+  CheckTarget(dir, overwrite);  // before anything is made beside it
   const fs::path staging = storage::BeginStaging(dir, /*directory=*/true);
   try {
     CheckTarget(dir, overwrite);

@@ -21,12 +21,12 @@ std::string ShardFileName(int index, int count);
 // Throws kAlreadyExists unless `dir` is absent, an empty directory, or (with overwrite)
 // a committed checkpoint. Creates the parent directory if needed.
 void CheckTarget(const fs::path& dir, bool overwrite);
-// Creates and returns a fresh staging directory beside `dir` (storage::BeginStaging:
-// leftovers of killed saves to `dir` are removed first), then checks the target again
-// (CheckTarget; on failure the staging is discarded): the commit replaces only what was at
-// `dir` when the staging began, so a checkpoint another writer committed between the first
-// check and the staging would otherwise count as the one this writer checked, and two saves
-// without overwrite to one new path could both win.
+// Checks the target (CheckTarget), creates and returns a fresh staging directory beside
+// `dir` (storage::BeginStaging: leftovers of killed saves to `dir` are removed first), then
+// checks the target again (on failure the staging is discarded): the commit replaces only
+// what was at `dir` when the staging began, so a checkpoint another writer committed between
+// the first check and the staging would otherwise count as the one this writer checked, and
+// two saves without overwrite to one new path could both win.
 fs::path MakeStagingDir(const fs::path& dir, bool overwrite);
 // Fills library_version and created.
 void StampMetadata(Metadata& m);

@@ -178,7 +178,6 @@ ByteBuffer Distribute(const fs::path& dir, Comm& comm, bool overwrite, layout::S
   ByteBuffer message;
   internal::Phase(comm, [&] {
     if (comm.rank() != 0) return;
-    internal::CheckTarget(dir, overwrite);
     layout::AssignWriters(plan);
     write_counts = layout::WriteCounts(plan);
     staging = internal::MakeStagingDir(dir, overwrite);

@@ -27,7 +27,6 @@ class Writer final : public CheckpointWriter {
     if (options_.num_files < 1 || options_.world_size < 1) {
       throw Error(ErrorCode::kInvalidArgument, "CheckpointWriter: num_files and world_size must be >= 1");
     }
-    internal::CheckTarget(dir_, options_.overwrite);
     staging_ = internal::MakeStagingDir(dir_, options_.overwrite);
     shards_.resize(static_cast<std::size_t>(options_.num_files));
   }

@@ -156,7 +156,6 @@ SavePlan PlanSave(std::vector<RankDescription> descriptions, bool compact = true
 // where r >= ceil(shape[0] / step): exactly what SavePlanner keeps as one run. A scalar or
 // json entry is on it when it has rank 0's dtype and value. Bytes entries (replicas, each
 // holder named) and keys rank 0 does not hold are always described.
-#define CKPT_SAVE_PLAN_FAST_PATH 1  // for bench_scale, which also builds against older trees
 struct TableEntry {
   std::string key;
   EntryKind kind = EntryKind::kTensor;

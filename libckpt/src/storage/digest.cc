@@ -365,9 +365,8 @@ void Digest::Update(const void* data, std::size_t n) {
 
 namespace {
 
-// UpdateParallel's units: a piece is digested (and handed to `also`) at a time, small
-// enough to stay in the core's cache between the two; a segment of pieces is one task of
-// the pool. Both are powers of two, so whole multiples of every block size up to them and
+// UpdateParallel's units: a piece is digested at a time (and handed to `also`, in order, by
+// one task); a segment of pieces is one hashing task of the pool. Both are powers of two, so whole multiples of every block size up to them and
 // of every statistics block (at most 64 KiB): the blocks fall where one Update would put them.
 constexpr std::size_t kPieceBytes = std::size_t{256} << 10;
 constexpr std::size_t kSegmentBytes = std::size_t{2} << 20;

@@ -428,11 +428,9 @@ struct ShardWriter::Impl {
   }
 
   // Streams `n` bytes of `data` to its contiguous dataset's place, `offset` in the file,
-  // and digests them piece by piece: each piece is written and then digested while the
-  // write has left it in the cache (one read of the bytes from memory, not two), and large
-  // chunks are shared out in segments over the worker pool (the writes still one by one in
-  // the kernel, the hashing and statistics on every core). Returns `offset` (0 when there
-  // is no data).
+  // and digests them: a large chunk's pieces are written in order by one task of the worker
+  // pool while the others hash it and sum its statistics in segments (Digest::UpdateParallel;
+  // one thread writes the file). Returns `offset` (0 when there is no data).
   uint64_t StreamContiguous(uint64_t offset, const void* data, std::size_t n, Digest& digest) {
     if (n == 0) return 0;
     digest.UpdateParallel(data, n, [this, offset](const unsigned char* p, std::size_t len, std::size_t pos) {
