@@ -45,8 +45,10 @@ def test_readme_python_block_runs(index, tmp):
     world = int(launch.group(1)) if launch else 1
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world),
                OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, script], cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, env=dict(env, RANK=str(r), LOCAL_RANK=str(r))) for r in range(world)]
+    # -X faulthandler: a rank that dies of a signal prints every thread's Python stack.
+    procs = [subprocess.Popen([sys.executable, "-X", "faulthandler", script], cwd=tmp, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)))
+             for r in range(world)]
     outs = []
     try:
         outs = [p.communicate(timeout=600)[0] for p in procs]
@@ -55,4 +57,5 @@ def test_readme_python_block_runs(index, tmp):
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    assert all(p.returncode == 0 for p in procs), "\n".join(outs)
+    assert all(p.returncode == 0 for p in procs), "\n".join(
+        f"--- rank {r}: exit status {p.returncode}\n{out}" for r, (p, out) in enumerate(zip(procs, outs)))

@@ -17,6 +17,7 @@
 #include "checkpoint/reader.h"
 #include "ckpt/checkpoint.h"
 #include "format/grid.h"
+#include "storage/pool.h"
 
 namespace ckpt {
 namespace {
@@ -183,8 +184,7 @@ void ReadTensors(const storage::Dir& dir, const std::shared_ptr<const Metadata>&
       failed = true;
     }
   };
-  std::vector<std::thread> helpers;
-  for (std::size_t i = 1; i < n_threads; ++i) helpers.emplace_back(work);
+  auto helpers = storage::SpawnThreads(n_threads - 1, [&](std::size_t) { work(); });
   work();
   for (auto& h : helpers) h.join();
   if (first) std::rethrow_exception(first);

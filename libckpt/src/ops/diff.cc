@@ -18,6 +18,7 @@
 #include "ops/elements.h"
 #include "ops/util.h"
 #include "storage/digest.h"
+#include "storage/pool.h"
 
 namespace ckpt::ops {
 namespace {
@@ -172,9 +173,7 @@ std::vector<ValueStats> CompareAll(Source& a, Source& b, const std::vector<std::
       fail();
     }
   };
-  std::vector<std::thread> pool;
-  for (int t = 1; t < threads; ++t)
-    pool.emplace_back([&] {
+  auto pool = storage::SpawnThreads(static_cast<std::size_t>(threads - 1), [&](std::size_t) {
       try {
         auto sa = Source::Open(a.path());
         auto sb = Source::Open(b.path());

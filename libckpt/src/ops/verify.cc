@@ -40,6 +40,7 @@
 #include "storage/digest.h"
 #include "storage/file_hasher.h"
 #include "storage/fs.h"
+#include "storage/pool.h"
 #include "storage/shard_reader.h"
 
 namespace ckpt::ops {
@@ -688,13 +689,15 @@ uint64_t RunDataJobs(const fs::path& dir, std::vector<DataJob>& jobs, std::vecto
   std::mutex mu;
   std::condition_variable finished;
   int running = threads;
-  std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t)
-    pool.emplace_back([&] {
-      run.Worker();
-      std::lock_guard lock(mu);
-      if (--running == 0) finished.notify_all();
-    });
+  auto pool = storage::SpawnThreads(static_cast<std::size_t>(threads), [&](std::size_t) {
+    run.Worker();
+    std::lock_guard lock(mu);
+    if (--running == 0) finished.notify_all();
+  });
+  {
+    std::lock_guard lock(mu);
+    running -= threads - static_cast<int>(pool.size());  // those the system did not start
+  }
   detail::Progress progress("verify", total, progress_on);
   uint64_t shown = 0;
   auto show = [&] {
@@ -705,6 +708,7 @@ uint64_t RunDataJobs(const fs::path& dir, std::vector<DataJob>& jobs, std::vecto
   try {
     meanwhile();
     run.LocateAll(show);
+    if (threads > 0 && pool.empty()) run.Worker();  // no data thread started: this one hashes it all
   } catch (...) {
     run.Abandon();
     for (auto& t : pool) t.join();
@@ -801,7 +805,7 @@ VerifyReport Verify(const fs::path& path, const VerifyOptions& o) {
     Collector sc(schema_report);
     CheckSchema(text, o, sc);
   };
-  auto schema_check = std::async(std::launch::async, check_schema);
+  auto schema_check = storage::AsyncOrDeferred(check_schema);
   auto schema_problems = [&] {
     schema_check.get();  // rethrows an unreadable --schema
     r.problems.insert(r.problems.begin(), schema_report.problems.begin(), schema_report.problems.end());

@@ -6,6 +6,7 @@
 #include <deque>
 #include <exception>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -66,11 +67,11 @@ class Pool {
   void Start(std::size_t count) {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = false;
-    for (std::size_t i = 0; i < count; ++i) threads_.emplace_back([this] { Work(); });
+    threads_ = SpawnThreads(count, [this](std::size_t) { Work(); });
   }
 
   void Stop() {
-    std::vector<std::thread> threads;
+    std::vector<std::jthread> threads;
     {
       std::lock_guard<std::mutex> lock(mu_);
       stop_ = true;
@@ -117,7 +118,7 @@ class Pool {
   std::mutex mu_;
   std::condition_variable work_;
   std::deque<Job*> jobs_;  // jobs with indices left to claim
-  std::vector<std::thread> threads_;
+  std::vector<std::jthread> threads_;
   bool stop_ = false;
 };
 
@@ -132,6 +133,19 @@ void ParallelFor(std::size_t n, const std::function<void(std::size_t)>& fn) {
   if (n == 0) return;
   if (n == 1) return fn(0);
   ThePool().Run(n, fn);
+}
+
+std::vector<std::jthread> SpawnThreads(std::size_t count, const std::function<void(std::size_t)>& fn) {
+  std::vector<std::jthread> started;
+  started.reserve(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    try {
+      started.emplace_back([fn, i] { fn(i); });
+    } catch (const std::system_error&) {
+      break;  // the work runs on the threads already started
+    }
+  }
+  return started;
 }
 
 std::size_t PoolWorkers() { return ThePool().workers(); }

@@ -9,6 +9,10 @@
 
 #include <cstddef>
 #include <functional>
+#include <future>
+#include <system_error>
+#include <thread>
+#include <vector>
 
 namespace ckpt::storage {
 
@@ -22,5 +26,23 @@ void ParallelFor(std::size_t n, const std::function<void(std::size_t)>& fn);
 // job on its caller alone); call it while no job runs.
 std::size_t PoolWorkers();
 void SetPoolWorkers(std::size_t workers);
+
+// Starts up to `count` threads, thread i running fn(i), and returns those started. Where the
+// system refuses one (EAGAIN: a limit on processes or memory), none after it is started: the
+// caller's work then runs on fewer threads, never a crash. Destroying the result joins them,
+// so callers write their work to finish on however many threads started (the caller's own
+// included).
+std::vector<std::jthread> SpawnThreads(std::size_t count, const std::function<void(std::size_t)>& fn);
+
+// std::async(std::launch::async, f, args...) where the system starts a thread for it; where
+// it refuses, the same call deferred: get() then runs it on the caller's thread.
+template <typename F, typename... Args>
+auto AsyncOrDeferred(const F& f, const Args&... args) {
+  try {
+    return std::async(std::launch::async, f, args...);
+  } catch (const std::system_error&) {
+    return std::async(std::launch::deferred, f, args...);
+  }
+}
 
 }  // namespace ckpt::storage

@@ -17,6 +17,7 @@
 #include "storage/file_hasher.h"
 #include "storage/fs.h"
 #include "storage/h5.h"
+#include "storage/pool.h"
 #include "storage/shard_index.h"
 
 namespace ckpt::storage {
@@ -169,10 +170,10 @@ class BlockReader {
     };
     if (pipelined_ && len > piece) {
       auto read = [this, out, a, len, piece](uint64_t pos) { fetch_(a + pos, std::min(piece, len - pos), out + pos); };
-      std::future<void> reading = std::async(std::launch::async, read, 0);
+      std::future<void> reading = AsyncOrDeferred(read, 0);
       for (uint64_t pos = 0; pos < len; pos += piece) {
         reading.get();
-        if (pos + piece < len) reading = std::async(std::launch::async, read, pos + piece);
+        if (pos + piece < len) reading = AsyncOrDeferred(read, pos + piece);
         try {
           check(pos, std::min(piece, len - pos));
         } catch (...) {
@@ -691,7 +692,7 @@ uint64_t ShardReader::ReadContiguous(const ChunkMeta& chunk, uint64_t base,
       auto read_block = [&m, to, base, src, len](std::size_t pos) {
         ReadExact(m.fd.get(), to + pos, std::min(kDigestBlock, len - pos), base + src + pos, m.path);
       };
-      std::future<void> reading = std::async(std::launch::async, read_block, 0);
+      std::future<void> reading = AsyncOrDeferred(read_block, 0);
       for (std::size_t pos = 0; pos < len; pos += kDigestBlock) {
         const std::size_t n = std::min(kDigestBlock, len - pos);
         if (advised < std::min<uint64_t>(len, pos + kReadAhead)) {
@@ -701,7 +702,7 @@ uint64_t ShardReader::ReadContiguous(const ChunkMeta& chunk, uint64_t base,
           advised = until;
         }
         reading.get();
-        if (pos + n < len) reading = std::async(std::launch::async, read_block, pos + n);
+        if (pos + n < len) reading = AsyncOrDeferred(read_block, pos + n);
         if (digest) digest->Update(to + pos, n);
       }
       bytes_read += len;
