@@ -30,6 +30,13 @@ constexpr uint64_t kWritebackBytes = uint64_t{64} << 20;          // start write
 constexpr std::size_t kDigestPiece = std::size_t{256} << 10;       // digested at a time, in cache
 constexpr std::size_t kCompressChunkBytes = std::size_t{1} << 20;  // HDF5 chunk target
 constexpr std::size_t kMetadataCacheBytes = std::size_t{1} << 20;  // HDF5's metadata cache, per shard
+// Where HDF5 places a dataset of at least kAlignFrom bytes: at a multiple of kAlignTo, so
+// its data starts on a page and no piece written to it shares a page with another write
+// (the page cache can hold it in whole pages and large folios). Unaligned, HDF5 put data at
+// odd KiB offsets, and gpt2s's save took a median 0.78 s against 0.62 s aligned (ext4, 12
+// interleaved rounds; its load 0.75 s against 0.65 s). The space it costs is under kAlignTo
+// per such dataset.
+constexpr hsize_t kAlignFrom = hsize_t{1} << 20, kAlignTo = hsize_t{64} << 10;
 
 std::vector<hsize_t> Dims(const Shape& s) { return std::vector<hsize_t>(s.begin(), s.end()); }
 
@@ -472,6 +479,7 @@ ShardWriter::ShardWriter(const std::filesystem::path& dir, std::string file_name
   mdc.flash_incr_mode = H5C_flash_incr__off;
   mdc.decr_mode = H5C_decr__off;
   h5::Check(H5Pset_mdc_config(fapl.get(), &mdc), "H5Pset_mdc_config");
+  h5::Check(H5Pset_alignment(fapl.get(), kAlignFrom, kAlignTo), "H5Pset_alignment");
   impl_->file = h5::File(h5::Check(H5Fcreate(impl_->path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()),
                                    impl_->path.string() + ": creating HDF5 file"));
   impl_->fd = OpenFile(impl_->path, O_WRONLY);
