@@ -370,6 +370,12 @@ namespace {
 // of every statistics block (at most 64 KiB): the blocks fall where one Update would put them.
 constexpr std::size_t kPieceBytes = std::size_t{256} << 10;
 constexpr std::size_t kSegmentBytes = std::size_t{2} << 20;
+// What task 0 hands to `also` at a time while the others digest (nothing of it needs to stay
+// in cache): writes as large as the best raw write's. Against 256 KiB pieces, gpt2s's save on
+// ext4 took a median 1.26 s against 1.88 s (min 0.62 against 0.69 s, CPU 1.24 against 1.75 s)
+// in 36 interleaved rounds of each library, on a VM whose host reclaims memory (raw's own
+// save: 1.17 and 1.04 s in the same rounds).
+constexpr std::size_t kHandOverBytes = std::size_t{8} << 20;
 
 }  // namespace
 
@@ -407,7 +413,8 @@ void Digest::UpdateParallel(const void* data, std::size_t n, const PieceFn& also
   const std::size_t first = also ? 1 : 0;
   ParallelFor(parts.size() + first, [&](std::size_t task) {
     if (task < first) {
-      for (std::size_t pos = 0; pos < n; pos += piece) also(p + pos, std::min(piece, n - pos), pos);
+      const std::size_t span = std::max(kHandOverBytes, piece);
+      for (std::size_t pos = 0; pos < n; pos += span) also(p + pos, std::min(span, n - pos), pos);
       return;
     }
     const std::size_t k = task - first;

@@ -54,11 +54,13 @@ class Digest {
   // Update(data, n) with the same result, bit for bit, its work spread over the worker pool
   // (storage/pool.h) when the bytes are large and start on a block boundary (block mode):
   // segments of them are hashed and summed on different cores, then combined in order.
-  // Each piece (256 KiB, or one block where blocks are larger) is handed to
-  // `also(piece, length, position)` (position counted from `data`), in order, one at a time
-  // on one thread (the pool's task 0) while the other tasks digest: a file written there
-  // is written by one thread, in order. An exception from `also` propagates (the digest
-  // is then incomplete).
+  // Every byte is handed to `also(piece, length, position)` (position counted from `data`),
+  // in order, one piece at a time on one thread: spread over the pool, the pool's task 0
+  // hands over pieces of 8 MiB (or one block where blocks are larger) while the other tasks
+  // digest, so a file written there is written by one thread, in order, in large writes;
+  // on the caller alone (small, or mid-block), each 256 KiB piece is handed over and then
+  // digested while it is in cache. An exception from `also` propagates (the digest is then
+  // incomplete).
   using PieceFn = std::function<void(const unsigned char*, std::size_t, std::size_t)>;
   void UpdateParallel(const void* data, std::size_t n, const PieceFn& also = {});
   // True in block mode at a block boundary without statistics: then AdoptBlocks(d, k) has
