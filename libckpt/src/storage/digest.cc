@@ -365,9 +365,10 @@ void Digest::Update(const void* data, std::size_t n) {
 
 namespace {
 
-// UpdateParallel's units: a piece is digested at a time (and handed to `also`, in order, by
-// one task); a segment of pieces is one hashing task of the pool. Both are powers of two, so whole multiples of every block size up to them and
-// of every statistics block (at most 64 KiB): the blocks fall where one Update would put them.
+// UpdateParallel's units: a piece is digested at a time (on the caller alone, handed to
+// `also` first, while it is in cache); a segment of pieces is one hashing task of the pool.
+// Both are powers of two, so whole multiples of every block size up to them and of every
+// statistics block (at most 64 KiB): the blocks fall where one Update would put them.
 constexpr std::size_t kPieceBytes = std::size_t{256} << 10;
 constexpr std::size_t kSegmentBytes = std::size_t{2} << 20;
 // What task 0 hands to `also` at a time while the others digest (nothing of it needs to stay

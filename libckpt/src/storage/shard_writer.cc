@@ -14,6 +14,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <system_error>
 #include <thread>
 
 #include "format/names.h"
@@ -84,7 +85,19 @@ class Copier {
 
   void Push(Task task) {
     std::unique_lock<std::mutex> lock(mu_);
-    if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
+    if (!thread_.joinable() && !inline_) {
+      try {
+        thread_ = std::thread([this] { Run(); });
+      } catch (const std::system_error&) {
+        inline_ = true;  // the system starts no thread: every copy on the caller's thread
+      }
+    }
+    if (inline_) {
+      lock.unlock();
+      CopyRange(task.in_fd, task.in_offset, out_fd_, task.out_offset, task.len, task.in_path, out_path_);
+      done_(task.len);
+      return;
+    }
     cv_.wait(lock, [&] { return queue_.size() < kCopyQueue || error_; });
     if (error_) std::rethrow_exception(error_);
     queue_.push_back(std::move(task));
@@ -131,7 +144,7 @@ class Copier {
   std::condition_variable cv_;
   std::deque<Task> queue_;
   std::exception_ptr error_;
-  bool busy_ = false, stop_ = false;
+  bool busy_ = false, stop_ = false, inline_ = false;
   std::thread thread_;  // started by the first Push
 };
 
