@@ -6,7 +6,7 @@
 # from a dropped page cache; then bench/report.py prints the tables and targets.
 #
 #   bench/run.sh                          scratch under build-bench/scratch (on the repo's disk)
-#   CKPT_BENCH_DIR=/mnt/x bench/run.sh    measure another disk (needs ~8 GB free)
+#   CKPT_BENCH_DIR=/mnt/x bench/run.sh    measure another disk (needs ~12 GB free: every gpt2s method's files are kept until its loads)
 #
 # Environment: CKPT_BENCH_BUILD (build dir, default build-bench), CKPT_BENCH_DIR,
 # CKPT_BENCH_ROUNDS (default 5), CKPT_BENCH_VENV (default ~/.cache/ckpt-bench-venv: outside the
