@@ -25,7 +25,7 @@ def load(path):
         r = json.loads(line)
         if "table" in r:
             phases[(r["table"], r["method"], r["op"])].append(r)
-        for k in ("machine", "disk", "cold", "versions", "commit"):
+        for k in ("machine", "disk", "memory", "cold", "versions", "commit"):
             if r.get(k):
                 meta[k].add(r[k])
     return phases, meta
@@ -52,13 +52,17 @@ def main():
     out = []
     p = out.append
     p(f"commit: {', '.join(sorted(meta['commit'])) or '?'}")
-    for k in ("machine", "disk", "versions", "cold"):
+    for k in ("machine", "disk", "memory", "versions", "cold"):
         for v in sorted(meta[k]):
             p(f"{k}: {v}")
     loads = [r["load"] for v in phases.values() for r in v]
     if loads:
         p(f"load average (1 min) at the start of the phases: median {statistics.median(loads):.2f} "
           f"[{min(loads):.2f}–{max(loads):.2f}]")
+    host = [r["host_mib"] for v in phases.values() for r in v if r.get("host_mib", -1) >= 0]
+    if host:
+        p(f"memory the host took back from the cache drop to the end of each phase: median "
+          f"{statistics.median(host):.0f} MiB [{min(host):.0f}–{max(host):.0f}] (JSON: host_mib per phase)")
     p("")
 
     def ratio(base, x):

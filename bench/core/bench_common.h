@@ -119,8 +119,15 @@ struct PhaseRecord {
   double wall = 0, cpu = 0, load = 0, rss_mib = -1;
   uint64_t bytes = 0;
   std::string commit;
+  // MiB of free memory this guest handed back to its host (free page reporting) from the
+  // phase's cache drop to its end; -1 where the kernel does not report.
+  double host_mib = -1;
 };
 void Record(std::FILE* json, const PhaseRecord& r);
+
+// KiB of free memory the kernel has reported to its hypervisor since boot (virtio-balloon
+// free page reporting, which lets the host take the pages back); -1 where it does not.
+long long HostReportedKiB();
 
 // Prints the machine and the bench dir's disk; with `json`, a JSON line of them too.
 void PrintMachine(const fs::path& dir, std::FILE* json, const std::string& source, const std::string& commit,

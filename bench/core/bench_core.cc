@@ -332,6 +332,7 @@ void Phase(const std::string& table, const std::string& method, const std::strin
            const std::function<void()>& check = {}) {
   if (!Wanted(table, method)) return;
   if (prepare) prepare();
+  const long long host0 = HostReportedKiB();
   MakeCold(cold_dir);
   const double load = Load1();
   ResetPeakRss();
@@ -340,7 +341,9 @@ void Phase(const std::string& table, const std::string& method, const std::strin
   const double wall = Now() - t0, cpu = CpuSeconds() - c0;
   const double rss = static_cast<double>(VmHWMKiB()) / 1024.0;
   if (check) check();
-  Record(g_json, {"bench_core", table, method, op, g_round, wall, cpu, load, rss, bytes, g_commit});
+  const long long host1 = HostReportedKiB();
+  Record(g_json, {"bench_core", table, method, op, g_round, wall, cpu, load, rss, bytes, g_commit,
+                  host0 < 0 || host1 < 0 ? -1.0 : static_cast<double>(host1 - host0) / 1024.0});
 }
 
 [[noreturn]] void Usage(const char* argv0) {
