@@ -66,15 +66,17 @@ class LoadReport:
 
 
 def load(path, state_dict, comm=None, *, state_dict_type="SHARDED", strict=True, verify_checksums=True,
-         io_threads=4):
+         io_threads=None):
     """COLLECTIVE. Fills `state_dict` from the checkpoint at `path`, whatever layout and world
     size saved it: tensors in place (each rank gets exactly its region), scalars, bytes and
     JSON values replaced in their dicts. With strict=False, missing, unexpected and
-    mismatched keys are reported in the LoadReport instead of raising."""
+    mismatched keys are reported in the LoadReport instead of raising. io_threads: readers
+    per rank (None: the library's default, LoadOptions::io_threads)."""
     with _state.paused_gc():
         entries, places, targets = _state.load_entries(state_dict)
     missing, unexpected, mismatched, nbytes, values = _ckpt.load(
-        str(path), entries, comm_of(comm), str(state_dict_type).upper(), strict, verify_checksums, io_threads)
+        str(path), entries, comm_of(comm), str(state_dict_type).upper(), strict, verify_checksums,
+        io_threads or 0)
     with _state.paused_gc():
         for target in targets:
             target.finish()

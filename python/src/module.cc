@@ -261,7 +261,7 @@ nb::tuple Load(const std::string& path, const nb::list& entries, const nb::objec
   options.state_dict_type = TypeOf(type);
   options.strict = strict;
   options.verify_checksums = verify;
-  options.io_threads = io_threads;
+  if (io_threads > 0) options.io_threads = io_threads;  // 0: LoadOptions' default
   auto c = CommOf(comm);
   ckpt::LoadReport report;
   {

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <tuple>
 #include <unordered_set>
 
 #include "checkpoint/commit.h"
@@ -129,8 +130,14 @@ Scalar ScalarFromJson(DType dtype, const std::string& text) {
 }
 
 // Reads every tensor chunk of `target` with up to `threads` readers, each with its own
-// shard handles; chunks are handed out largest first so the threads finish together. A
-// reader meeting a device chunk takes a staging pair of `device` for the rest of its work.
+// shard handles. Where every stored chunk a host chunk meets lies at a known offset (v2,
+// contiguous), the chunk is read a stored chunk at a time and those reads are handed out
+// in file order: each reader's next read is just past the last, and the kernel's read-ahead
+// serves them as one stream. Handed out largest first, as the other chunks are, every chunk
+// started a new stream: a cold 1-rank load of gpt2s took a median 0.84 s with 4 readers,
+// against 0.61 s (1 reader) and 0.63 s (2) in file order and raw read(2)'s 0.50 s; 4 ranks
+// of 4 readers 0.90 s against 0.68-0.71 s (6 interleaved rounds, 2026-12-05). A reader
+// meeting a device chunk takes a staging pair of `device` for the rest of its work.
 void ReadTensors(const storage::Dir& dir, const std::shared_ptr<const Metadata>& metadata,
                  const std::shared_ptr<internal::ChunkCatalog>& catalog,
                  StateDict& target, const std::unordered_set<std::string>& skip, const LoadOptions& options,
@@ -138,20 +145,43 @@ void ReadTensors(const storage::Dir& dir, const std::shared_ptr<const Metadata>&
   struct Task {
     const std::string* key;
     Chunk* chunk;
-    uint64_t bytes;
+    const ChunkMeta* part;  // the one stored chunk read; nullptr: all that meet `chunk`
+    uint64_t order;         // whole: the chunk's bytes (read largest first); part: its file offset
     std::size_t item;
   };
-  std::vector<Task> tasks;
+  std::vector<Task> whole, parts;
+  internal::Reader planner(dir, metadata, /*check_tiling=*/false, catalog);
   for (auto& [key, entry] : target) {
     const EntryMeta* e = metadata->Find(key);
     auto* t = std::get_if<Tensor>(&entry);
     if (!e || !t || skip.count(key) || e->kind != EntryKind::kTensor) continue;
     for (Chunk& c : t->chunks) {
-      tasks.push_back(Task{&key, &c, static_cast<uint64_t>(c.box.NumElements()) * DTypeSize(t->dtype),
-                           DTypeSize(t->dtype)});
+      const std::size_t item = DTypeSize(t->dtype);
+      std::vector<const ChunkMeta*> stored;
+      if (c.device == kHostDevice) stored = planner.ChunksMeeting(key, *e, c.box);
+      const bool placed = !stored.empty() && std::all_of(stored.begin(), stored.end(), [](const ChunkMeta* m) {
+        return m->offset.has_value();
+      });
+      if (!placed) {
+        whole.push_back(Task{&key, &c, nullptr, static_cast<uint64_t>(c.box.NumElements()) * item, item});
+        continue;
+      }
+      for (const ChunkMeta* m : stored) parts.push_back(Task{&key, &c, m, *m->offset, item});
     }
   }
-  std::stable_sort(tasks.begin(), tasks.end(), [](const Task& a, const Task& b) { return a.bytes > b.bytes; });
+  std::stable_sort(whole.begin(), whole.end(), [](const Task& a, const Task& b) { return a.order > b.order; });
+  // Parts of host chunks of 256 KiB and more first, then those of smaller ones, each group
+  // in file order: the small ones lie packed together, and read first (strict file order)
+  // they held the large reads back.
+  constexpr uint64_t kSmall = 256u << 10;
+  const auto small = [](const Task& t) {
+    return static_cast<uint64_t>(t.chunk->box.NumElements()) * t.item < kSmall;
+  };
+  std::stable_sort(parts.begin(), parts.end(), [&small](const Task& a, const Task& b) {
+    return std::forward_as_tuple(small(a), a.part->file, a.order) < std::forward_as_tuple(small(b), b.part->file, b.order);
+  });
+  std::vector<Task> tasks = std::move(whole);
+  tasks.insert(tasks.end(), parts.begin(), parts.end());
   const std::size_t n_threads =
       std::clamp<std::size_t>(static_cast<std::size_t>(std::max(options.io_threads, 1)), 1, std::max<std::size_t>(tasks.size(), 1));
   std::atomic<std::size_t> next{0};
@@ -166,6 +196,10 @@ void ReadTensors(const storage::Dir& dir, const std::shared_ptr<const Metadata>&
       std::unique_ptr<internal::DeviceWriter> to_device;
       for (std::size_t i; !failed && (i = next.fetch_add(1)) < tasks.size();) {
         const Task& task = tasks[i];
+        if (task.part) {
+          reader.ReadRegionPart(*task.key, *task.part, task.chunk->box, task.chunk->data, options.verify_checksums);
+          continue;
+        }
         if (task.chunk->device == kHostDevice) {
           reader.ReadRegion(*task.key, task.chunk->box, task.chunk->data, options.verify_checksums);
           continue;

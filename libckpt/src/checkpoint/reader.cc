@@ -239,11 +239,13 @@ void Reader::ReadRegion(std::string_view key_view, const Box& region, void* out,
     throw Error(ErrorCode::kInvalidArgument, "key '" + key + "': region " + region.ToString() +
                                                  " is not inside the tensor " + Box::Full(e.shape).ToString());
   }
-  for (const ChunkMeta* c : ChunksMeeting(key, e, region)) {
-    const auto inter = layout::Intersect(c->box, region);
-    if (!inter) continue;
-    bytes_read_ += Shard(c->file).Read(key, e.dtype, *c, *inter, out, region, verify);
-  }
+  for (const ChunkMeta* c : ChunksMeeting(key, e, region)) ReadRegionPart(key, *c, region, out, verify);
+}
+
+void Reader::ReadRegionPart(const std::string& key, const ChunkMeta& c, const Box& region, void* out, bool verify) {
+  const auto inter = layout::Intersect(c.box, region);
+  if (!inter) return;
+  bytes_read_ += Shard(c.file).Read(key, TensorEntry(key).dtype, c, *inter, out, region, verify);
 }
 
 void Reader::ReadChunk(std::string_view key_view, std::size_t chunk_index, void* out, bool verify) {

@@ -74,6 +74,10 @@ class Reader final : public CheckpointReader {
   // against its digest in metadata.json). kCorrupt naming file and key when an index lacks
   // a chunk the layout has.
   std::vector<const ChunkMeta*> ChunksMeeting(const std::string& key, const EntryMeta& e, const Box& region);
+  // Reads into `out` (laid out as `region`) the part of `region` that the stored chunk `c`,
+  // one of ChunksMeeting's, holds: ReadRegion a stored chunk at a time, so that a caller
+  // reading many regions can order the reads by where their bytes lie in the files.
+  void ReadRegionPart(const std::string& key, const ChunkMeta& c, const Box& region, void* out, bool verify);
   // The chunk `chunk_index` of `key` in layout order (ReadChunk, LocateChunk, VerifyChunk).
   const ChunkMeta& ChunkAt(const std::string& key, const EntryMeta& e, std::size_t chunk_index);
 
