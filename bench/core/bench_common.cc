@@ -130,6 +130,21 @@ TensorBuf RowShard(const TensorBuf& t, int world, int rank) {
   return s;
 }
 
+ckpt::StateDict View(Workload& w, int world, int rank) {
+  ckpt::StateDict state;
+  for (TensorBuf& t : w) {
+    if (world == 1 || t.shape.empty()) {
+      state.Add(t.name, ckpt::Tensor::Full(t.dtype, t.shape, t.data.get()));
+      continue;
+    }
+    auto [begin, count] = RowRange(t.shape[0], world, rank);
+    const std::size_t row_bytes = t.bytes / static_cast<std::size_t>(t.shape[0]);
+    state.Add(t.name, ckpt::Tensor::Slice(t.dtype, t.shape, 0, begin, count,
+                                          t.data.get() + static_cast<std::size_t>(begin) * row_bytes));
+  }
+  return state;
+}
+
 uint64_t TotalBytes(const Workload& w) {
   uint64_t n = 0;
   for (const auto& t : w) n += t.bytes;

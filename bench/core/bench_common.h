@@ -62,6 +62,9 @@ std::pair<const uint8_t*, std::size_t> ShardBytes(const TensorBuf& t, int world,
 // count), its own hash; a 0-D tensor whole.
 TensorBuf RowShard(const TensorBuf& t, int world, int rank);
 uint64_t TotalBytes(const Workload& w);
+// Rank `rank`'s view of `w` as a state dict over its buffers: FSDP-like dim-0 shards (RowRange),
+// 0-D tensors replicated; world 1 holds every tensor whole.
+ckpt::StateDict View(Workload& w, int world, int rank);
 
 double Now();
 double CpuSeconds();  // user + sys of this process, every thread

@@ -68,22 +68,6 @@ Workload MakeManySmall() {
   return w;
 }
 
-// This rank's view of the workload: FSDP-like dim-0 shards, 0-D tensors replicated.
-ckpt::StateDict View(Workload& w, int world, int rank) {
-  ckpt::StateDict state;
-  for (TensorBuf& t : w) {
-    if (world == 1 || t.shape.empty()) {
-      state.Add(t.name, ckpt::Tensor::Full(t.dtype, t.shape, t.data.get()));
-      continue;
-    }
-    auto [begin, count] = RowRange(t.shape[0], world, rank);
-    const std::size_t row_bytes = t.bytes / static_cast<std::size_t>(t.shape[0]);
-    state.Add(t.name, ckpt::Tensor::Slice(t.dtype, t.shape, 0, begin, count,
-                                          t.data.get() + static_cast<std::size_t>(begin) * row_bytes));
-  }
-  return state;
-}
-
 // Column shards for a load at `world` ranks by dimension 1 (what a TP reshard reads: every
 // row of each 2-D tensor, a third of its columns): per-rank buffers, filled by the load and
 // checked against the workload. 1-D tensors stay split by rows; every rank holds the 0-D ones.
