@@ -168,11 +168,12 @@ struct LoadOptions {
   bool verify_checksums = true;
   // Threads per rank reading chunks in parallel (more requests in flight for the disk,
   // hashing on more cores). 1 reads serially. Contiguous chunks are read in file order, and
-  // there more readers are more streams for the disk to serve at once: on the VM disk the
-  // benchmark runs on, a cold 1-rank load of 1.49 GB took a median 0.66 s with 1 reader,
-  // 0.68 s with 2 and 0.90 s with 4. Raise it where hashing, not the disk, bounds a load (fast NVMe,
-  // compressed chunks).
-  int io_threads = 2;
+  // there fewer readers are fewer streams for the disk: on the benchmark's VM, with its host
+  // quiet, a cold 1-rank load of 1.49 GB took a median 0.66 s with 1 reader, 0.68 s with 2,
+  // 0.90 s with 4; while the host took back freed memory, 1.57, 1.28 and 0.82 s (more
+  // readers wait out the host's faults side by side). 4 is the steady choice; try 1-2 on a
+  // disk that serves one stream best (bench/core's ckpt-bench-readers measures it).
+  int io_threads = 4;
 };
 
 struct LoadReport {

@@ -135,9 +135,11 @@ Scalar ScalarFromJson(DType dtype, const std::string& text) {
 // in file order: each reader's next read is just past the last, and the kernel's read-ahead
 // serves them as one stream. Handed out largest first, as the other chunks are, every chunk
 // started a new stream: a cold 1-rank load of gpt2s took a median 0.84 s with 4 readers,
-// against 0.61 s (1 reader) and 0.63 s (2) in file order and raw read(2)'s 0.50 s; 4 ranks
-// of 4 readers 0.90 s against 0.68-0.71 s (6 interleaved rounds, 2026-12-05). A reader
-// meeting a device chunk takes a staging pair of `device` for the rest of its work.
+// against 0.61 s (1 reader) and 0.63 s (2) in file order and raw read(2)'s 0.50 s; with 4
+// readers file order was about level (0.90 s in a run beside it). 6 interleaved rounds each,
+// 2026-12-05, the VM's host quiet; LoadOptions::io_threads says what more readers buy while
+// it is not. A reader meeting a device chunk takes a staging pair of `device` for the rest
+// of its work.
 void ReadTensors(const storage::Dir& dir, const std::shared_ptr<const Metadata>& metadata,
                  const std::shared_ptr<internal::ChunkCatalog>& catalog,
                  StateDict& target, const std::unordered_set<std::string>& skip, const LoadOptions& options,
