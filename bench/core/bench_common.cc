@@ -366,6 +366,49 @@ void RawReadFileParallel(Workload& w, const fs::path& path, int world, int rank,
   ::close(fd);
 }
 
+void RawReadFileDirect(Workload& w, const fs::path& path, int world, int rank, int streams) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+  if (fd < 0) Die("open O_DIRECT " + path.string());
+  struct Span {
+    std::size_t at;  // in the file
+    uint8_t* to;
+    std::size_t n;
+  };
+  std::vector<Span> spans;  // the tensors' bytes, in file order
+  std::size_t size = 0;
+  for (auto& t : w) {
+    auto [cp, n] = ShardBytes(t, world, rank);
+    if (n) spans.push_back({size, const_cast<uint8_t*>(cp), n});
+    size += n;
+  }
+  constexpr std::size_t kAlign = 4096;
+  std::atomic<std::size_t> next{0};
+  auto read = [&] {
+    std::unique_ptr<uint8_t, decltype(&std::free)> scratch(static_cast<uint8_t*>(std::aligned_alloc(kAlign, kRawBlock)),
+                                                           &std::free);
+    for (std::size_t i; (i = next.fetch_add(1)) * kRawBlock < size;) {
+      const std::size_t at = i * kRawBlock, want = std::min(kRawBlock, size - at);
+      std::size_t got = 0;
+      while (got < want) {  // the last piece ends at the end of the file, mid-unit: a short read
+        const ssize_t k = ::pread(fd, scratch.get() + got, kRawBlock - got, static_cast<off_t>(at + got));
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) Die("read O_DIRECT " + path.string());
+        got += static_cast<std::size_t>(k);
+      }
+      auto it = std::upper_bound(spans.begin(), spans.end(), at, [](std::size_t a, const Span& s) { return a < s.at; });
+      for (--it; it != spans.end() && it->at < at + want; ++it) {
+        const std::size_t lo = std::max(at, it->at), hi = std::min(at + want, it->at + it->n);
+        std::memcpy(it->to + (lo - it->at), scratch.get() + (lo - at), hi - lo);
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int s = 1; s < streams; ++s) threads.emplace_back(read);
+  read();
+  for (auto& t : threads) t.join();
+  ::close(fd);
+}
+
 bool ParseRunArg(int argc, char** argv, int& i, RunArgs& args, void (*usage)(const char* argv0)) {
   const std::string a = argv[i];
   if (a == "--keep") {

@@ -99,6 +99,9 @@ void RawReadFile(Workload& w, const fs::path& path, int world, int rank);
 // (in file order) into its buffer: a read is in flight while another's bytes are copied
 // out, as ckpt's reader keeps one in flight while it hashes.
 void RawReadFileParallel(Workload& w, const fs::path& path, int world, int rank, int streams);
+// A raw read of the same file with O_DIRECT (no page cache): `streams` threads read 8 MiB
+// pieces into aligned buffers and copy them into the tensors (theirs are not aligned).
+void RawReadFileDirect(Workload& w, const fs::path& path, int world, int rank, int streams);
 
 // The options both benchmarks take: --dir DIR, --rounds N, --round-index I (the first
 // round's number in the records), --json FILE (append records to it), --keep (leave the files).

@@ -59,6 +59,7 @@ class LoadReport:
     unexpected_keys: list = field(default_factory=list)
     mismatched: list = field(default_factory=list)
     bytes_read: int = 0
+    bytes_read_direct: int = 0
 
     @property
     def ok(self):
@@ -66,17 +67,21 @@ class LoadReport:
 
 
 def load(path, state_dict, comm=None, *, state_dict_type="SHARDED", strict=True, verify_checksums=True,
-         io_threads=None):
+         io_threads=None, direct_io="off"):
     """COLLECTIVE. Fills `state_dict` from the checkpoint at `path`, whatever layout and world
     size saved it: tensors in place (each rank gets exactly its region), scalars, bytes and
     JSON values replaced in their dicts. With strict=False, missing, unexpected and
     mismatched keys are reported in the LoadReport instead of raising. io_threads: readers
-    per rank (None: the library's default, LoadOptions::io_threads)."""
+    per rank (None: the library's default, LoadOptions::io_threads). direct_io: "off" (the
+    default) reads through the page cache; "auto" reads the bulk of contiguous chunks with
+    O_DIRECT unless the page cache already holds most of a shard; "on" reads them with O_DIRECT
+    wherever the file system allows it (LoadOptions::direct_io; the report's bytes_read_direct
+    says how much was)."""
     with _state.paused_gc():
         entries, places, targets = _state.load_entries(state_dict)
-    missing, unexpected, mismatched, nbytes, values = _ckpt.load(
+    missing, unexpected, mismatched, nbytes, ndirect, values = _ckpt.load(
         str(path), entries, comm_of(comm), str(state_dict_type).upper(), strict, verify_checksums,
-        io_threads or 0)
+        io_threads or 0, str(direct_io))
     with _state.paused_gc():
         for target in targets:
             target.finish()
@@ -85,7 +90,7 @@ def load(path, state_dict, comm=None, *, state_dict_type="SHARDED", strict=True,
                 continue
             container, name, old = places[key]
             container[name] = _state.loaded_value(old, raw)
-    return LoadReport(list(missing), list(unexpected), list(mismatched), nbytes)
+    return LoadReport(list(missing), list(unexpected), list(mismatched), nbytes, ndirect)
 
 
 def read_metadata(path):

@@ -251,10 +251,17 @@ void Save(const std::string& path, const nb::list& entries, const nb::object& co
   ckpt::Save(path, state, *c, options);
 }
 
-// Returns (missing, unexpected, mismatched, bytes_read, values): values maps each scalar,
-// bytes and JSON key of `entries` to what the checkpoint holds.
+ckpt::LoadOptions::DirectIo DirectIoOf(const std::string& mode) {
+  if (mode == "off") return ckpt::LoadOptions::DirectIo::kOff;
+  if (mode == "auto") return ckpt::LoadOptions::DirectIo::kAuto;
+  if (mode == "on") return ckpt::LoadOptions::DirectIo::kOn;
+  throw ckpt::Error(ckpt::ErrorCode::kInvalidArgument, "direct_io must be 'off', 'auto' or 'on', not '" + mode + "'");
+}
+
+// Returns (missing, unexpected, mismatched, bytes_read, bytes_read_direct, values): values
+// maps each scalar, bytes and JSON key of `entries` to what the checkpoint holds.
 nb::tuple Load(const std::string& path, const nb::list& entries, const nb::object& comm, const std::string& type,
-               bool strict, bool verify, int io_threads) {
+               bool strict, bool verify, int io_threads, const std::string& direct_io) {
   std::vector<LoadBytes> keep;
   ckpt::StateDict state = StateOf(entries, keep);
   ckpt::LoadOptions options;
@@ -262,6 +269,7 @@ nb::tuple Load(const std::string& path, const nb::list& entries, const nb::objec
   options.strict = strict;
   options.verify_checksums = verify;
   if (io_threads > 0) options.io_threads = io_threads;  // 0: LoadOptions' default
+  options.direct_io = DirectIoOf(direct_io);
   auto c = CommOf(comm);
   ckpt::LoadReport report;
   {
@@ -279,7 +287,7 @@ nb::tuple Load(const std::string& path, const nb::list& entries, const nb::objec
     }
   }
   return nb::make_tuple(report.missing_keys, report.unexpected_keys, report.mismatched, report.bytes_read,
-                        values);
+                        report.bytes_read_direct, values);
 }
 
 nb::object StatsOf(const std::optional<ckpt::ChunkStats>& s) {
@@ -455,7 +463,7 @@ NB_MODULE(_ckpt, m) {
         nb::arg("overwrite"), nb::arg("check_replicas"), nb::arg("compression").none(), nb::arg("level"),
         nb::arg("user_metadata"), nb::arg("mesh"));
   m.def("load", &Load, nb::arg("path"), nb::arg("entries"), nb::arg("comm").none(), nb::arg("state_dict_type"),
-        nb::arg("strict"), nb::arg("verify"), nb::arg("io_threads"));
+        nb::arg("strict"), nb::arg("verify"), nb::arg("io_threads"), nb::arg("direct_io"));
   m.def("read_metadata", [](const std::string& path, bool resolve) {
     ckpt::Metadata md;
     {

@@ -377,3 +377,26 @@ def test_tools_read_what_python_wrote(tmp):
     assert rc == 0, out
     rc, out = run_tool("ckpt-inspect", tmp + "/c")
     assert rc == 0 and "w" in out, out
+
+
+def test_load_with_direct_io_returns_the_same_bytes(tmp):
+    a = numpy_values("float32", (1536, 1024), 5)  # 6 MiB: runs long enough to be read direct
+    ckpt.save(tmp + "/c", {"a": a})
+    try:
+        fd = os.open(tmp + "/c/metadata.json", os.O_RDONLY | os.O_DIRECT)
+        os.close(fd)
+        direct_fs = True
+    except OSError:  # tmpfs: no direct I/O, every mode reads buffered
+        direct_fs = False
+    for mode in ("on", "auto", "off"):
+        out = np.zeros_like(a)
+        report = ckpt.load(tmp + "/c", {"a": out}, direct_io=mode)
+        assert np.array_equal(out, a), mode
+        assert 0 <= report.bytes_read_direct <= report.bytes_read
+        if mode == "off" or not direct_fs:
+            assert report.bytes_read_direct == 0
+        if mode == "on" and direct_fs:
+            assert report.bytes_read_direct >= 4 << 20
+    with pytest.raises(ckpt.Error) as e:
+        ckpt.load(tmp + "/c", {"a": np.zeros_like(a)}, direct_io="sometimes")
+    assert e.value.code == "invalid argument" and "'off', 'auto' or 'on'" in str(e.value)

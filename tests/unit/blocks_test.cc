@@ -9,6 +9,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <random>
 
 #include "ckpt/ckpt.h"
@@ -84,12 +85,16 @@ struct Shard {
   }
   fs::path path() const { return tmp.path() / name; }
   uint64_t bytes() const { return values.size() * 4; }
-  // Reads `region` verified; returns what came back.
-  std::vector<float> Read(const Box& region, const ChunkMeta& c, uint64_t* read = nullptr) const {
+  // Reads `region` verified (large reads direct where `direct`); returns what came back.
+  std::vector<float> Read(const Box& region, const ChunkMeta& c, uint64_t* read = nullptr,
+                          std::optional<storage::DirectReader::Policy> direct = std::nullopt,
+                          uint64_t* read_direct = nullptr) const {
     storage::ShardReader r(tmp.path(), name);
+    r.UseDirectIo(direct);
     std::vector<float> out(static_cast<std::size_t>(region.NumElements()));
     const uint64_t n = r.Read("w", DType::kFloat32, c, region, out.data(), region, true);
     if (read) *read = n;
+    if (read_direct) *read_direct = r.bytes_read_direct();
     return out;
   }
   bool Matches(const Box& region, const std::vector<float>& got) const {
@@ -603,4 +608,102 @@ TEST_CASE("reserved chunks: datasets made in batches (small ones written by HDF5
   CHECK(Has(ErrorOf([&] { twice.WriteChunk("a", DType::kFloat32, {4}, Box::Full({4}), four.data()); }, &code),
             "writes dataset 'a' twice"));
   CHECK(code == ErrorCode::kInvalidArgument);
+}
+
+namespace {
+
+// Whether the file system under `dir` does direct I/O (tmpfs does not): a test of the direct
+// path says so and checks the buffered fallback instead.
+bool DirectIoAt(const fs::path& dir) {
+  const fs::path probe = dir / "direct-probe";
+  { std::ofstream(probe) << "x"; }
+  storage::Fd fd = storage::OpenRegularFile(probe);
+  return storage::DirectReader::Open(fd.get(), probe, storage::DirectReader::Policy::kAlways) != nullptr;
+}
+
+}  // namespace
+
+TEST_CASE("DirectReader: any offset, length and destination alignment; past the end is kCorrupt") {
+  TempDir tmp("direct");
+  const bool direct = DirectIoAt(tmp.path());
+  if (!direct) MESSAGE("no direct I/O under " << tmp.path() << ": checking the buffered fallback only");
+  // 5 MiB and an odd tail: not a whole number of any alignment unit.
+  std::vector<uint8_t> data((std::size_t{5} << 20) + 777);
+  std::mt19937_64 rng(7);
+  for (auto& b : data) b = static_cast<uint8_t>(rng());
+  const fs::path file = tmp / "f.bin";
+  std::ofstream(file, std::ios::binary).write(reinterpret_cast<const char*>(data.data()),
+                                              static_cast<std::streamsize>(data.size()));
+  storage::Fd fd = storage::OpenRegularFile(file);
+  auto reader = storage::DirectReader::Open(fd.get(), file, storage::DirectReader::Policy::kAlways);
+  REQUIRE(static_cast<bool>(reader) == direct);
+  if (!reader) return;
+  // An aligned buffer, read into at a shift: aligned destinations go straight in, others
+  // through the scratch buffer.
+  std::vector<uint8_t> buf(data.size() + 8192);
+  uint8_t* base = buf.data() + (4096 - reinterpret_cast<uintptr_t>(buf.data()) % 4096);
+  const std::size_t size = data.size();
+  for (std::size_t shift : {0, 1, 16, 511, 512}) {
+    for (uint64_t offset : {uint64_t{0}, uint64_t{1}, uint64_t{511}, uint64_t{4096}, (uint64_t{1} << 20) + 3}) {
+      for (std::size_t n : {std::size_t{1}, std::size_t{511}, std::size_t{4096}, (std::size_t{4} << 20) + 4099,
+                            size - static_cast<std::size_t>(offset)}) {
+        if (offset + n > size) continue;
+        CAPTURE(shift);
+        CAPTURE(offset);
+        CAPTURE(n);
+        std::memset(base + shift, 0, n);
+        reader->Read(base + shift, n, offset);
+        CHECK(std::memcmp(base + shift, data.data() + offset, n) == 0);
+      }
+    }
+  }
+  CHECK(reader->bytes() > 0);
+  ErrorCode code{};
+  const std::string e = ErrorOf([&] { reader->Read(base, 8192, size - 100); }, &code);
+  CHECK(code == ErrorCode::kCorrupt);
+  CHECK(Has(e, file.string() + ": unexpected end of file"));
+}
+
+TEST_CASE("reads with O_DIRECT are verified as buffered ones are: a flipped byte is caught, intact data matches") {
+  // 1280 x 1024 float32: 5 MiB, 5 blocks of 1 MiB.
+  Shard s(1280, 1024);
+  const bool direct = DirectIoAt(s.tmp.path());
+  const auto always = storage::DirectReader::Policy::kAlways;
+  for (const Box& region : {Box{{0, 0}, {1280, 1024}}, Box{{200, 0}, {700, 1024}}, Box{{0, 5}, {1280, 1000}}}) {
+    CAPTURE(region.ToString());
+    uint64_t read = 0, read_direct = 0;
+    CHECK(s.Matches(region, s.Read(region, s.chunk, &read, always, &read_direct)));
+    // Rows across whole blocks are read direct; a column slice's runs are small (windows).
+    if (direct && region.sizes[1] == 1024) CHECK(read_direct >= kB);
+    if (!direct || region.sizes[1] != 1024) CHECK(read_direct == 0);
+  }
+  for (int flipped : {0, 3}) {
+    CAPTURE(flipped);
+    Shard f(1280, 1024);
+    FlipByte(f.path(), *f.chunk.offset + flipped * kB + 4097);
+    CHECK(Has(ErrorOf([&] { f.Read(f.chunk.box, f.chunk, nullptr, always); }),
+              "block " + std::to_string(flipped) + " (bytes "));
+  }
+}
+
+TEST_CASE("DirectReader's auto policy: buffered while the page cache holds most of the file") {
+  TempDir tmp("direct-auto");
+  const fs::path file = tmp / "f.bin";
+  std::vector<uint8_t> data(std::size_t{2} << 20, 0x5a);
+  std::ofstream(file, std::ios::binary).write(reinterpret_cast<const char*>(data.data()),
+                                              static_cast<std::streamsize>(data.size()));
+  storage::Fd fd = storage::OpenRegularFile(file);
+  storage::ReadExact(fd.get(), data.data(), data.size(), 0, file);  // in the page cache now
+  CHECK(storage::CachedFraction(fd.get(), 0, data.size()) > 0.9);
+  CHECK_FALSE(storage::DirectReader::Open(fd.get(), file, storage::DirectReader::Policy::kAuto));
+  if (!DirectIoAt(tmp.path())) return;  // tmpfs keeps its pages
+  REQUIRE(::fsync(fd.get()) == 0);
+  REQUIRE(::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED) == 0);
+  CHECK(storage::CachedFraction(fd.get(), 0, data.size()) < 0.1);
+  auto reader = storage::DirectReader::Open(fd.get(), file, storage::DirectReader::Policy::kAuto);
+  REQUIRE(reader);
+  std::vector<uint8_t> got(data.size());
+  reader->Read(got.data(), got.size(), 0);
+  CHECK(got == data);
+  CHECK(reader->bytes() == data.size());
 }

@@ -143,7 +143,7 @@ Scalar ScalarFromJson(DType dtype, const std::string& text) {
 void ReadTensors(const storage::Dir& dir, const std::shared_ptr<const Metadata>& metadata,
                  const std::shared_ptr<internal::ChunkCatalog>& catalog,
                  StateDict& target, const std::unordered_set<std::string>& skip, const LoadOptions& options,
-                 DeviceBackend* device, uint64_t& bytes_read) {
+                 DeviceBackend* device, uint64_t& bytes_read, uint64_t& bytes_direct) {
   struct Task {
     const std::string* key;
     Chunk* chunk;
@@ -187,13 +187,19 @@ void ReadTensors(const storage::Dir& dir, const std::shared_ptr<const Metadata>&
   const std::size_t n_threads =
       std::clamp<std::size_t>(static_cast<std::size_t>(std::max(options.io_threads, 1)), 1, std::max<std::size_t>(tasks.size(), 1));
   std::atomic<std::size_t> next{0};
-  std::atomic<uint64_t> total{0};
+  std::atomic<uint64_t> total{0}, direct{0};
+  std::optional<storage::DirectReader::Policy> policy;
+  if (options.direct_io != LoadOptions::DirectIo::kOff) {
+    policy = options.direct_io == LoadOptions::DirectIo::kOn ? storage::DirectReader::Policy::kAlways
+                                                             : storage::DirectReader::Policy::kAuto;
+  }
   std::atomic<bool> failed{false};
   std::mutex mu;
   std::exception_ptr first;
   auto work = [&] {
     try {
       internal::Reader reader(dir, metadata, /*check_tiling=*/false, catalog);  // checked by Load's first reader
+      reader.UseDirectIo(policy);
       std::unique_ptr<DeviceStaging> staging;
       std::unique_ptr<internal::DeviceWriter> to_device;
       for (std::size_t i; !failed && (i = next.fetch_add(1)) < tasks.size();) {
@@ -214,6 +220,7 @@ void ReadTensors(const storage::Dir& dir, const std::shared_ptr<const Metadata>&
       }
       if (to_device) to_device->Finish();
       total += reader.bytes_read();
+      direct += reader.bytes_read_direct();
     } catch (...) {
       std::lock_guard lock(mu);
       if (!first) first = std::current_exception();
@@ -225,6 +232,7 @@ void ReadTensors(const storage::Dir& dir, const std::shared_ptr<const Metadata>&
   for (auto& h : helpers) h.join();
   if (first) std::rethrow_exception(first);
   bytes_read += total;
+  bytes_direct += direct;
 }
 
 }  // namespace
@@ -259,7 +267,7 @@ LoadReport Load(const std::filesystem::path& dir, StateDict& target, Comm& comm,
     }
     report.bytes_read = reader.bytes_read();
     ReadTensors(handle, reader.shared_metadata(), reader.catalog(), target, skip, options, device.get(),
-                report.bytes_read);
+                report.bytes_read, report.bytes_read_direct);
   });
   // Each rank read one checkpoint whole; if it was replaced while they opened it, they
   // may have read different ones: an error on every rank rather than a mixed state.

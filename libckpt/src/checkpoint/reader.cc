@@ -199,8 +199,15 @@ storage::ShardReader& Reader::Shard(const std::string& file) {
     // A v2 chunk carries its offset from a digest-checked index: the v1 fast path (which
     // parses the index again per reader) is only for v1 checkpoints.
     it = shards_.emplace(file, std::make_unique<storage::ShardReader>(handle_, file, metadata_->format_version < 2)).first;
+    it->second->UseDirectIo(direct_);
   }
   return *it->second;
+}
+
+uint64_t Reader::bytes_read_direct() const {
+  uint64_t n = 0;
+  for (const auto& [file, shard] : shards_) n += shard->bytes_read_direct();
+  return n;
 }
 
 std::vector<const ChunkMeta*> Reader::ChunksMeeting(const std::string& key, const EntryMeta& e, const Box& region) {

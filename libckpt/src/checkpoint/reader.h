@@ -68,6 +68,11 @@ class Reader final : public CheckpointReader {
   std::optional<FileRange> LocateChunk(std::string_view key, std::size_t chunk_index) override;
   void VerifyChunk(std::string_view key, std::size_t chunk_index) override;
   uint64_t bytes_read() const override { return bytes_read_; }
+  // Large contiguous reads with O_DIRECT under `policy` (storage::DirectReader), for the
+  // shards opened from now on; nullopt (the default): buffered.
+  void UseDirectIo(std::optional<storage::DirectReader::Policy> policy) { direct_ = policy; }
+  // Of bytes_read(), those read with O_DIRECT.
+  uint64_t bytes_read_direct() const;
 
   // The stored chunks of `key` that meet `region`: v1 (or resolved) from the metadata, v2
   // from the layout's cells and the shard indexes of their files (each read once, checked
@@ -91,6 +96,7 @@ class Reader final : public CheckpointReader {
   std::shared_ptr<ChunkCatalog> catalog_;  // v2 and not resolved: where chunk records come from
   std::map<std::string, std::unique_ptr<storage::ShardReader>> shards_;
   uint64_t bytes_read_ = 0;
+  std::optional<storage::DirectReader::Policy> direct_;
 };
 
 }  // namespace ckpt::internal

@@ -7,8 +7,11 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -169,6 +172,119 @@ void ReadExact(int fd, void* buf, std::size_t n, uint64_t offset, const fs::path
     n -= static_cast<std::size_t>(got);
     offset += static_cast<uint64_t>(got);
   }
+}
+
+namespace {
+
+constexpr std::size_t kDirectSlice = std::size_t{4} << 20;  // through the scratch buffer, at a time
+
+// The alignment direct I/O on `fd`'s file needs of memory and of offsets and lengths: {0, 0}
+// where the file system has none, {4096, 4096} where the kernel does not say.
+std::pair<std::size_t, std::size_t> DirectAlignment(int fd) {
+#if defined(STATX_DIOALIGN)
+  struct statx st {};
+  if (::statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &st) == 0 && (st.stx_mask & STATX_DIOALIGN))
+    return {st.stx_dio_mem_align, st.stx_dio_offset_align};
+#else
+  (void)fd;
+#endif
+  return {4096, 4096};
+}
+
+}  // namespace
+
+double CachedFraction(int fd, uint64_t offset, uint64_t n) {
+  static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  constexpr uint64_t kSpan = uint64_t{1} << 30;  // mapped and asked about at a time
+  if (n == 0) return 0;
+  const uint64_t start = offset - offset % page, end = offset + n;
+  std::vector<unsigned char> resident;
+  uint64_t pages = 0, in = 0;
+  for (uint64_t at = start; at < end; at += kSpan) {
+    const auto len = static_cast<std::size_t>(std::min(kSpan, end - at));
+    void* base = ::mmap(nullptr, len, PROT_READ, MAP_SHARED, fd, static_cast<off_t>(at));
+    if (base == MAP_FAILED) return 0;
+    resident.resize((len + page - 1) / page);
+    const bool ok = ::mincore(base, len, resident.data()) == 0;
+    ::munmap(base, len);
+    if (!ok) return 0;
+    for (unsigned char r : resident) in += r & 1;
+    pages += resident.size();
+  }
+  return static_cast<double>(in) / static_cast<double>(pages);
+}
+
+std::unique_ptr<DirectReader> DirectReader::Open(int fd, const fs::path& path, Policy policy) {
+  const auto [mem_align, off_align] = DirectAlignment(fd);
+  if (mem_align == 0 || off_align == 0 || (mem_align & (mem_align - 1)) || (off_align & (off_align - 1)))
+    return nullptr;
+  if (policy == Policy::kAuto && CachedFraction(fd, 0, FileSize(fd, path)) > 0.5) return nullptr;
+  const int direct = Fs().Open(ProcPath(fd), O_RDONLY | O_DIRECT | O_CLOEXEC, 0);
+  if (direct < 0) return nullptr;  // EINVAL: no direct I/O here; anything else: read buffered
+  return std::unique_ptr<DirectReader>(new DirectReader(Fd(direct), fd, path, mem_align, off_align));
+}
+
+DirectReader::DirectReader(Fd fd, int buffered_fd, fs::path path, std::size_t mem_align, std::size_t off_align)
+    : fd_(std::move(fd)), buffered_fd_(buffered_fd), path_(std::move(path)), mem_align_(mem_align),
+      off_align_(off_align) {}
+
+DirectReader::~DirectReader() { std::free(scratch_); }
+
+ssize_t DirectReader::ReadAligned(unsigned char* to, std::size_t n, uint64_t offset) {
+  for (;;) {
+    const ssize_t got = ::pread(fd_.get(), to, n, static_cast<off_t>(offset));
+    if (got >= 0 || errno != EINTR) return got;
+  }
+}
+
+void DirectReader::Read(void* to, std::size_t n, uint64_t offset) {
+  auto* out = static_cast<unsigned char*>(to);
+  while (n > 0 && !refused_) {
+    // Straight into the destination where it and the range are aligned (whole units only).
+    const std::size_t whole = n / off_align_ * off_align_;
+    const bool aligned = reinterpret_cast<uintptr_t>(out) % mem_align_ == 0 && offset % off_align_ == 0;
+    unsigned char* into = out;
+    uint64_t from = offset;
+    std::size_t want = whole, skip = 0;
+    if (!aligned || whole == 0) {  // through the scratch buffer: the aligned span around a slice
+      if (!scratch_) {
+        const std::size_t align = std::max<std::size_t>({mem_align_, off_align_, alignof(std::max_align_t)});
+        const std::size_t size = (kDirectSlice + 2 * off_align_ + align - 1) / align * align;
+        scratch_ = static_cast<unsigned char*>(std::aligned_alloc(align, size));
+        if (!scratch_) throw std::bad_alloc();
+      }
+      from = offset - offset % off_align_;
+      skip = static_cast<std::size_t>(offset - from);
+      const std::size_t take = std::min(n, kDirectSlice);
+      want = (skip + take + off_align_ - 1) / off_align_ * off_align_;
+      into = scratch_;
+    }
+    const ssize_t got = ReadAligned(into, want, from);
+    if (got < 0) {
+      if (errno == EINVAL) {  // the file system refuses after all: buffered from now on
+        refused_ = true;
+        break;
+      }
+      Fail(path_, "read at offset " + std::to_string(offset), errno);
+    }
+    if (static_cast<std::size_t>(got) <= skip) {
+      throw Error(ErrorCode::kCorrupt, path_.string() + ": unexpected end of file at offset " +
+                                           std::to_string(offset) + " (truncated?)");
+    }
+    // What of the request arrived (a short read ends at the end of the file, or where the
+    // kernel stopped: the rest is asked for again).
+    const std::size_t usable = std::min<std::size_t>(static_cast<std::size_t>(got) - skip, n);
+    const std::size_t done = into == scratch_ ? usable : std::min(usable, whole);
+    if (into == scratch_) std::memcpy(out, scratch_ + skip, done);
+    out += done;
+    offset += done;
+    n -= done;
+    bytes_ += done;
+    if (static_cast<std::size_t>(got) < want && n > 0 && (static_cast<uint64_t>(got) + from) % off_align_ != 0) {
+      break;  // stopped mid-unit (the end of the file, or odd): the rest buffered
+    }
+  }
+  if (n > 0) ReadExact(buffered_fd_, out, n, offset, path_);
 }
 
 void WriteExact(int fd, const void* buf, std::size_t n, uint64_t offset, const fs::path& path) {

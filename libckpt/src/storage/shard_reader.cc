@@ -63,12 +63,13 @@ struct ByteRun {
 class BlockReader {
  public:
   // fetch(from, n, to): the chunk's raw bytes [from, from + n) into `to`. `pipelined`: a
-  // fetch may run on a helper thread while this thread hashes.
+  // fetch may run on a helper thread while this thread hashes. `bulk`, where given, fetches
+  // the interiors of large runs instead (direct I/O), `fetch` the windows.
   using Fetch = std::function<void(uint64_t, uint64_t, unsigned char*)>;
   BlockReader(std::string what, const ChunkMeta& chunk, uint64_t n, Fetch fetch, bool pipelined,
-              std::vector<unsigned char>& window)
+              std::vector<unsigned char>& window, Fetch bulk = {})
       : what_(std::move(what)), chunk_(chunk), b_(chunk.block_bytes), n_(n), fetch_(std::move(fetch)),
-        pipelined_(pipelined), window_(window) {}
+        bulk_(bulk ? std::move(bulk) : fetch_), pipelined_(pipelined), window_(window) {}
 
   void Read(const std::vector<ByteRun>& runs) {
     for (std::size_t i = 0; i < runs.size();) {
@@ -169,7 +170,7 @@ class BlockReader {
       for (uint64_t b = 0; b < k; b += b_) Check((a + pos + b) / b_, out + pos + b);
     };
     if (pipelined_ && len > piece) {
-      auto read = [this, out, a, len, piece](uint64_t pos) { fetch_(a + pos, std::min(piece, len - pos), out + pos); };
+      auto read = [this, out, a, len, piece](uint64_t pos) { bulk_(a + pos, std::min(piece, len - pos), out + pos); };
       std::future<void> reading = AsyncOrDeferred(read, 0);
       for (uint64_t pos = 0; pos < len; pos += piece) {
         reading.get();
@@ -184,7 +185,7 @@ class BlockReader {
     } else {
       for (uint64_t pos = 0; pos < len; pos += piece) {
         const uint64_t k = std::min(piece, len - pos);
-        fetch_(a + pos, k, out + pos);
+        bulk_(a + pos, k, out + pos);
         check(pos, k);
       }
     }
@@ -196,6 +197,7 @@ class BlockReader {
   const ChunkMeta& chunk_;
   const uint64_t b_, n_;
   const Fetch fetch_;
+  const Fetch bulk_;
   const bool pipelined_;
   std::vector<unsigned char>& window_;
   uint64_t wb_ = 0, we_ = 0;  // blocks [wb_, we_) are in the window
@@ -266,6 +268,19 @@ struct ShardReader::Impl {
   h5::Handle file;
   std::vector<unsigned char> bounce;
   std::unique_ptr<FileHasher> hasher;  // over fd, made on first Hash
+  std::optional<DirectReader::Policy> direct_policy;  // large reads direct, under this policy
+  bool direct_opened = false;                          // tried to open `direct` (it may be null)
+  std::unique_ptr<DirectReader> direct;
+
+  // The direct reader, opened on first use; nullptr where reads stay buffered.
+  DirectReader* Direct() {
+    if (!direct_policy) return nullptr;
+    if (!direct_opened) {
+      direct_opened = true;
+      direct = DirectReader::Open(fd.get(), path, *direct_policy);
+    }
+    return direct.get();
+  }
   std::unordered_map<std::string, PackExtent> packs;  // pack datasets checked so far
 
   std::string Where(const std::string& key, const ChunkMeta& c) const {
@@ -371,6 +386,14 @@ std::vector<std::pair<std::string, std::string>> ShardReader::ForeignLinks(std::
 }
 
 ShardReader::~ShardReader() = default;
+
+void ShardReader::UseDirectIo(std::optional<DirectReader::Policy> policy) {
+  impl_->direct_policy = policy;
+  impl_->direct_opened = false;
+  impl_->direct.reset();
+}
+
+uint64_t ShardReader::bytes_read_direct() const { return impl_->direct ? impl_->direct->bytes() : 0; }
 uint64_t ShardReader::file_size() const { return impl_->size; }
 const std::filesystem::path& ShardReader::path() const { return impl_->path; }
 
@@ -643,11 +666,16 @@ uint64_t ShardReader::ReadBlocks(const Located& at, const std::string& key, DTyp
   layout::ForEachRun(chunk.box, dst_box, region, [&](const layout::Run& run) {
     runs.push_back({static_cast<uint64_t>(run.src) * item, static_cast<uint64_t>(run.count) * item, out + run.dst * item});
   });
-  BlockReader::Fetch fetch;
+  BlockReader::Fetch fetch, bulk;
   if (at.contiguous) {
     fetch = [&m, base = at.base](uint64_t from, uint64_t len, unsigned char* to) {
       ReadExact(m.fd.get(), to, static_cast<std::size_t>(len), base + from, m.path);
     };
+    if (DirectReader* direct = m.Direct()) {
+      bulk = [direct, base = at.base](uint64_t from, uint64_t len, unsigned char* to) {
+        direct->Read(to, static_cast<std::size_t>(len), base + from);
+      };
+    }
   } else {
     // Through HDF5: exactly the elements of the byte range (blocks end on elements: a block
     // is a power of two of at least 4 KiB, an element 1..8 bytes).
@@ -660,7 +688,7 @@ uint64_t ShardReader::ReadBlocks(const Located& at, const std::string& key, DTyp
         throw Error(ErrorCode::kCorrupt, m.Where(key, chunk) + ": cannot read data" + h5::ErrorStack());
     };
   }
-  BlockReader reader(m.Chunk(key, chunk), chunk, n, fetch, at.contiguous, m.bounce);
+  BlockReader reader(m.Chunk(key, chunk), chunk, n, fetch, at.contiguous, m.bounce, bulk);
   reader.Read(runs);
   if (m.bounce.capacity() > kBounceBytes * 2) std::vector<unsigned char>().swap(m.bounce);
   return reader.bytes_read();

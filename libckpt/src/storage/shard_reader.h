@@ -60,6 +60,13 @@ class ShardReader {
   uint64_t Read(const std::string& key, DType dtype, const ChunkMeta& chunk, const Box& region,
                 void* dst, const Box& dst_box, bool verify);
 
+  // Reads the interiors of large contiguous runs of v2 chunks with O_DIRECT under `policy`
+  // (DirectReader: no page cache), where the file system allows; nullopt, the default: all
+  // reads buffered. Set before the first Read.
+  void UseDirectIo(std::optional<DirectReader::Policy> policy);
+  // Bytes read with O_DIRECT so far.
+  uint64_t bytes_read_direct() const;
+
   // Checks the whole chunk against its checksum (and block digests) without returning its
   // data: uncompressed chunks hashed from the page cache in bounded memory, compressed
   // ones decompressed. Throws kCorrupt naming file, key and block. Returns bytes read.
