@@ -90,12 +90,15 @@ def main():
         p("")
 
     best = get("gpt2s", "raw-c-wb", "save")
-    # The best raw load: raw-c's one read(2) at a time, or raw-c-2r's two preads in flight.
-    raw_loads = [x for x in (get("gpt2s", "raw-c", "load"), get("gpt2s", "raw-c-2r", "load")) if x]
+    # The best raw load: raw-c's one read(2) at a time, raw-c-2r's two preads in flight, or
+    # the O_DIRECT read, whichever was fastest.
+    raw_loads = [x for x in (get("gpt2s", "raw-c", "load"), get("gpt2s", "raw-c-2r", "load"),
+                             get("gpt2s", "raw O_DIRECT, 4 streams", "load")) if x]
     rawc = min(raw_loads, key=lambda x: x.med) if raw_loads else None
     rawc_name = "best raw load" if len(raw_loads) > 1 else "raw-c load"
     table("gpt2s, 1 process", "gpt2s",
-          ["raw-c", "raw-c-wb", "raw-c-2r", "h5c", "safetensors", "torch.save", "DCP", "ckpt", "ckpt 1 -> 3 ranks"],
+          ["raw-c", "raw-c-wb", "raw-c-2r", "raw O_DIRECT, 4 streams", "h5c", "safetensors", "torch.save", "DCP",
+           "ckpt", "ckpt 1 -> 3 ranks", "ckpt, direct_io auto"],
           best, rawc, rawc_name)
     best4, raw4 = get("gpt2s-4", "raw-c-wb, 4 files", "save"), get("gpt2s-4", "raw-c-wb, 4 files", "load")
     table("gpt2s, 4 ranks", "gpt2s-4",
@@ -165,6 +168,15 @@ def main():
     ck_s, ck_l = get("gpt2s", "ckpt", "save"), get("gpt2s", "ckpt", "load")
     target("CPU per GB of save vs raw-c-wb", cpu_gb(ck_s) / cpu_gb(best) if ck_s and best else None, 1.3, higher=False)
     target(f"CPU per GB of load vs {rawc_name}", cpu_gb(ck_l) / cpu_gb(rawc) if ck_l and rawc else None, 1.3, higher=False)
+    # The same two with LoadOptions::direct_io (off by default): against the best raw load, and
+    # against raw's own O_DIRECT read.
+    ck_d, raw_d = get("gpt2s", "ckpt, direct_io auto", "load"), get("gpt2s", "raw O_DIRECT, 4 streams", "load")
+    if ck_d:
+        target(f"cold load ckpt, direct_io auto, vs {rawc_name}", ratio(rawc, ck_d), 0.95)
+        target(f"CPU per GB of load, direct_io auto, vs {rawc_name}", cpu_gb(ck_d) / cpu_gb(rawc) if rawc else None,
+               1.3, higher=False)
+        target("CPU per GB of load, direct_io auto, vs raw O_DIRECT", cpu_gb(ck_d) / cpu_gb(raw_d) if raw_d else None,
+               1.3, higher=False)
     if bestp and ckp_s:
         target("CPU per GB of save, 4 processes (MPI), vs raw 4 processes", cpu_gb(ckp_s) / cpu_gb(bestp), 1.3,
                higher=False)

@@ -286,11 +286,14 @@ void CkptSave(Workload& w, const fs::path& dir, int world, uint64_t pack_bytes =
   });
 }
 
-void CkptLoad(Workload& w, const fs::path& dir, int world) {
+void CkptLoad(Workload& w, const fs::path& dir, int world,
+              ckpt::LoadOptions::DirectIo direct = ckpt::LoadOptions{}.direct_io) {
   std::vector<ckpt::StateDict> views;
   for (int r = 0; r < world; ++r) views.push_back(View(w, world, r));
+  ckpt::LoadOptions options;
+  options.direct_io = direct;
   ckpt::RunThreads(world, [&](ckpt::Comm& comm) {
-    ckpt::Load(dir, views[static_cast<std::size_t>(comm.rank())], comm);
+    ckpt::Load(dir, views[static_cast<std::size_t>(comm.rank())], comm, options);
   });
 }
 
@@ -417,6 +420,16 @@ int Main(int argc, char** argv) {
         [&] {
           Phase("gpt2s", "ckpt 1 -> 3 ranks", "load", gb, run, zero(g), [&] { CkptLoad(g, c1, 3); },
                 verify(g, "ckpt load 1->3"));
+        },
+        // Without the page cache: raw's O_DIRECT read (4 streams of 8 MiB pieces, copied out
+        // of aligned buffers: the tensors' are not), and ckpt's LoadOptions::direct_io.
+        [&] {
+          Phase("gpt2s", "raw O_DIRECT, 4 streams", "load", gb, run, zero(g),
+                [&] { RawReadFileDirect(g, rawwb / "raw-0.bin", 1, 0, 4); }, verify(g, "raw O_DIRECT load"));
+        },
+        [&] {
+          Phase("gpt2s", "ckpt, direct_io auto", "load", gb, run, zero(g),
+                [&] { CkptLoad(g, c1, 1, ckpt::LoadOptions::DirectIo::kAuto); }, verify(g, "ckpt direct load"));
         },
     });
     // gpt2s, 4 ranks.
