@@ -180,7 +180,7 @@ struct LoadOptions {
   // aligned buffer and one memcpy, and are verified as buffered ones are). kAuto: direct
   // where the file system allows it, unless the page cache already holds most of a shard (a
   // load just after a save stays a memcpy); kOn: direct wherever the file system allows it.
-  // Compressed and v1 chunks, and small reads, are buffered whatever the mode. On the
+  // Compressed chunks, and small reads, are buffered whatever the mode. On the
   // benchmark's VM a cold 1-rank load of 1.49 GB took 1.12-1.20 s direct in every state of
   // the host, buffered 1.04 s while the host's memory was quiet and 1.62 s (2.06 s of CPU
   // against 0.60 s) while it took freed memory back: direct is steadier and far cheaper in

@@ -281,6 +281,11 @@ struct ShardReader::Impl {
     }
     return direct.get();
   }
+  // n bytes at `offset` of the file into `to`: direct where it may be, else buffered.
+  void ReadBulk(void* to, std::size_t n, uint64_t offset) {
+    if (DirectReader* d = Direct()) return d->Read(to, n, offset);
+    ReadExact(fd.get(), to, n, offset, path);
+  }
   std::unordered_map<std::string, PackExtent> packs;  // pack datasets checked so far
 
   std::string Where(const std::string& key, const ChunkMeta& c) const {
@@ -708,7 +713,7 @@ uint64_t ShardReader::ReadContiguous(const ChunkMeta& chunk, uint64_t base,
     const std::size_t len = static_cast<std::size_t>(run.count) * item;
     unsigned char* to = out + run.dst * item;
     if (len >= kDirectRunBytes && len <= kDigestBlock) {  // one block: read, then hash
-      ReadExact(m.fd.get(), to, len, base + src, m.path);
+      m.ReadBulk(to, len, base + src);
       if (digest) digest->Update(to, len);
       bytes_read += len;
       return;
@@ -718,12 +723,13 @@ uint64_t ShardReader::ReadContiguous(const ChunkMeta& chunk, uint64_t base,
       // asked to fetch further ahead so the disk never waits for either.
       uint64_t advised = 0;
       auto read_block = [&m, to, base, src, len](std::size_t pos) {
-        ReadExact(m.fd.get(), to + pos, std::min(kDigestBlock, len - pos), base + src + pos, m.path);
+        m.ReadBulk(to + pos, std::min(kDigestBlock, len - pos), base + src + pos);
       };
+      const bool direct = m.Direct() != nullptr;  // then the page cache is not asked to fetch ahead
       std::future<void> reading = AsyncOrDeferred(read_block, 0);
       for (std::size_t pos = 0; pos < len; pos += kDigestBlock) {
         const std::size_t n = std::min(kDigestBlock, len - pos);
-        if (advised < std::min<uint64_t>(len, pos + kReadAhead)) {
+        if (!direct && advised < std::min<uint64_t>(len, pos + kReadAhead)) {
           const uint64_t until = std::min<uint64_t>(len, pos + 2 * kReadAhead);
           ::posix_fadvise(m.fd.get(), static_cast<off_t>(base + src + advised), static_cast<off_t>(until - advised),
                           POSIX_FADV_WILLNEED);
