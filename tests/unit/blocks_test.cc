@@ -654,6 +654,21 @@ TEST_CASE("DirectReader: any offset, length and destination alignment; past the 
         std::memset(base + shift, 0, n);
         reader->Read(base + shift, n, offset);
         CHECK(std::memcmp(base + shift, data.data() + offset, n) == 0);
+        // With a sink: every byte handed over once, in order, the piece holding the file's
+        // bytes, and everything up to its end already in the destination.
+        std::memset(base + shift, 0, n);
+        std::size_t handed = 0;
+        bool in_order = true, piece_ok = true, dest_ok = true;
+        reader->Read(base + shift, n, offset, [&](const unsigned char* p, std::size_t k, std::size_t pos) {
+          in_order = in_order && pos == handed && k > 0;
+          piece_ok = piece_ok && std::memcmp(p, data.data() + offset + pos, k) == 0;
+          dest_ok = dest_ok && std::memcmp(base + shift, data.data() + offset, pos + k) == 0;
+          handed = pos + k;
+        });
+        CHECK(in_order);
+        CHECK(piece_ok);
+        CHECK(dest_ok);
+        CHECK(handed == n);
       }
     }
   }
@@ -677,12 +692,19 @@ TEST_CASE("reads with O_DIRECT are verified as buffered ones are: a flipped byte
     if (direct && region.sizes[1] == 1024) CHECK(read_direct >= kB);
     if (!direct || region.sizes[1] != 1024) CHECK(read_direct == 0);
   }
-  for (int flipped : {0, 3}) {
-    CAPTURE(flipped);
-    Shard f(1280, 1024);
-    FlipByte(f.path(), *f.chunk.offset + flipped * kB + 4097);
-    CHECK(Has(ErrorOf([&] { f.Read(f.chunk.box, f.chunk, nullptr, always); }),
-              "block " + std::to_string(flipped) + " (bytes "));
+  // Blocks of 1 MiB span several of the pieces a direct read hands over (checked in the
+  // destination), blocks of 64 KiB lie whole in one (checked in the piece, in cache).
+  for (uint64_t block : {kB, uint64_t{64} << 10}) {
+    for (uint64_t flipped : {uint64_t{0}, uint64_t{3}, uint64_t{79}}) {
+      if (flipped * block >= 5 * kB) continue;
+      CAPTURE(block);
+      CAPTURE(flipped);
+      Shard f(1280, 1024, {}, block);
+      CHECK(f.Matches(f.chunk.box, f.Read(f.chunk.box, f.chunk, nullptr, always)));
+      FlipByte(f.path(), *f.chunk.offset + flipped * block + 4097);
+      CHECK(Has(ErrorOf([&] { f.Read(f.chunk.box, f.chunk, nullptr, always); }),
+                "block " + std::to_string(flipped) + " (bytes "));
+    }
   }
 }
 

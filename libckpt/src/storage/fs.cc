@@ -7,17 +7,24 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <future>
 #include <random>
 #include <vector>
 
 #include "ckpt/error.h"
 #include "storage/commit.h"
+#include "storage/pool.h"
 
 #ifndef RENAME_NOREPLACE
 #define RENAME_NOREPLACE (1 << 0)
@@ -176,7 +183,10 @@ void ReadExact(int fd, void* buf, std::size_t n, uint64_t offset, const fs::path
 
 namespace {
 
-constexpr std::size_t kDirectSlice = std::size_t{4} << 20;  // through the scratch buffer, at a time
+constexpr std::size_t kDirectSlice = std::size_t{4} << 20;  // read at a time (one request here)
+// Slices read ahead of the one being handed over: two, as the kernel's own read-ahead keeps
+// about two requests in flight; one left the disk idle between requests (ckpt-bench-readers).
+constexpr std::size_t kDirectDepth = 2;
 
 // The alignment direct I/O on `fd`'s file needs of memory and of offsets and lengths: {0, 0}
 // where the file system has none, {4096, 4096} where the kernel does not say.
@@ -228,63 +238,135 @@ DirectReader::DirectReader(Fd fd, int buffered_fd, fs::path path, std::size_t me
     : fd_(std::move(fd)), buffered_fd_(buffered_fd), path_(std::move(path)), mem_align_(mem_align),
       off_align_(off_align) {}
 
-DirectReader::~DirectReader() { std::free(scratch_); }
+DirectReader::~DirectReader() {
+  for (unsigned char* p : scratch_) std::free(p);
+}
 
-ssize_t DirectReader::ReadAligned(unsigned char* to, std::size_t n, uint64_t offset) {
-  for (;;) {
-    const ssize_t got = ::pread(fd_.get(), to, n, static_cast<off_t>(offset));
-    if (got >= 0 || errno != EINTR) return got;
+// One aligned read and what of the request it carries: `take` bytes of it from `skip` bytes
+// into the `want` bytes read at `from` into `into` (the destination itself when skip is 0
+// and `into` is where they go).
+struct DirectReader::Slice {
+  unsigned char* into;
+  uint64_t from;
+  std::size_t want, skip, take;
+};
+
+DirectReader::Slice DirectReader::Plan(unsigned char* out, std::size_t n, uint64_t offset) {
+  const std::size_t whole = n / off_align_ * off_align_;
+  if (whole > 0 && reinterpret_cast<uintptr_t>(out) % mem_align_ == 0 && offset % off_align_ == 0) {
+    const std::size_t take = std::min(whole, kDirectSlice);
+    return {out, offset, take, 0, take};
+  }
+  static_assert(kScratchBuffers >= kDirectDepth + 1, "a buffer per slice in flight and one handed over");
+  unsigned char*& scratch = scratch_[next_scratch_];
+  next_scratch_ = (next_scratch_ + 1) % kScratchBuffers;  // in order: slices in flight never share one
+  if (!scratch) {
+    const std::size_t align = std::max<std::size_t>({mem_align_, off_align_, alignof(std::max_align_t)});
+    const std::size_t size = (kDirectSlice + 2 * off_align_ + align - 1) / align * align;
+    scratch = static_cast<unsigned char*>(std::aligned_alloc(align, size));
+    if (!scratch) throw std::bad_alloc();
+  }
+  const uint64_t from = offset - offset % off_align_;
+  const auto skip = static_cast<std::size_t>(offset - from);
+  const std::size_t take = std::min(n, kDirectSlice);
+  return {scratch, from, (skip + take + off_align_ - 1) / off_align_ * off_align_, skip, take};
+}
+
+ssize_t DirectReader::ReadAligned(const Slice& s) const {
+  std::size_t got = 0;
+  while (got < s.want) {  // a short read is asked again for the rest, until the end of the file
+    const ssize_t r = ::pread(fd_.get(), s.into + got, s.want - got, static_cast<off_t>(s.from + got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return -errno;
+    if (r == 0 || (s.from + got + static_cast<std::size_t>(r)) % off_align_ != 0) {
+      return static_cast<ssize_t>(got + static_cast<std::size_t>(r));  // the end, or mid-unit
+    }
+    got += static_cast<std::size_t>(r);
+  }
+  return static_cast<ssize_t>(got);
+}
+
+void DirectReader::Read(void* to, std::size_t n, uint64_t offset, const Sink& sink) {
+  constexpr std::size_t kPiece = std::size_t{256} << 10;  // copied out, then handed on, in cache
+  auto* out = static_cast<unsigned char*>(to);
+  std::size_t pos = 0;      // bytes in the destination and handed to the sink
+  std::size_t planned = 0;  // bytes of the read asked for so far
+  struct InFlight {
+    Slice slice;
+    std::future<ssize_t> got;
+  };
+  std::deque<InFlight> reads;  // in order; their futures wait for the reads if this throws
+  auto fill = [&] {
+    while (reads.size() < kDirectDepth && planned < n) {
+      const Slice s = Plan(out + planned, n - planned, offset + planned);
+      planned += s.take;
+      reads.push_back({s, AsyncOrDeferred([this](const Slice& x) { return ReadAligned(x); }, s)});
+    }
+  };
+  if (!refused_) fill();
+  while (!reads.empty()) {
+    const Slice cur = reads.front().slice;
+    const ssize_t got = reads.front().got.get();
+    reads.pop_front();
+    if (got == -EINVAL) {  // the file system refuses after all: buffered from now on
+      refused_ = true;
+      break;
+    }
+    if (got < 0) Fail(path_, "read at offset " + std::to_string(offset + pos), static_cast<int>(-got));
+    if (static_cast<std::size_t>(got) <= cur.skip) {
+      throw Error(ErrorCode::kCorrupt, path_.string() + ": unexpected end of file at offset " +
+                                           std::to_string(offset + pos) + " (truncated?)");
+    }
+    const std::size_t done = std::min(static_cast<std::size_t>(got) - cur.skip, cur.take);
+    // The next slices are read while this one is copied out and handed on; a short one (the
+    // end of the file, or a kernel that stopped mid-unit) ends the direct part of the read.
+    if (done == cur.take) fill();
+    if (cur.into == out + pos) {
+      if (sink) sink(out + pos, done, pos);
+    } else {
+      for (std::size_t k = 0; k < done; k += kPiece) {
+        const std::size_t len = std::min(kPiece, done - k);
+        const unsigned char* piece = cur.into + cur.skip + k;
+        CopyStreaming(out + pos + k, piece, len);
+        if (sink) sink(piece, len, pos + k);
+      }
+    }
+    pos += done;
+    bytes_ += done;
+    if (done < cur.take) break;
+  }
+  for (InFlight& r : reads) r.got.wait();  // read past a short one: discarded
+  if (pos < n) {
+    ReadExact(buffered_fd_, out + pos, n - pos, offset + pos, path_);
+    if (sink) sink(out + pos, n - pos, pos);
   }
 }
 
-void DirectReader::Read(void* to, std::size_t n, uint64_t offset) {
-  auto* out = static_cast<unsigned char*>(to);
-  while (n > 0 && !refused_) {
-    // Straight into the destination where it and the range are aligned (whole units only).
-    const std::size_t whole = n / off_align_ * off_align_;
-    const bool aligned = reinterpret_cast<uintptr_t>(out) % mem_align_ == 0 && offset % off_align_ == 0;
-    unsigned char* into = out;
-    uint64_t from = offset;
-    std::size_t want = whole, skip = 0;
-    if (!aligned || whole == 0) {  // through the scratch buffer: the aligned span around a slice
-      if (!scratch_) {
-        const std::size_t align = std::max<std::size_t>({mem_align_, off_align_, alignof(std::max_align_t)});
-        const std::size_t size = (kDirectSlice + 2 * off_align_ + align - 1) / align * align;
-        scratch_ = static_cast<unsigned char*>(std::aligned_alloc(align, size));
-        if (!scratch_) throw std::bad_alloc();
-      }
-      from = offset - offset % off_align_;
-      skip = static_cast<std::size_t>(offset - from);
-      const std::size_t take = std::min(n, kDirectSlice);
-      want = (skip + take + off_align_ - 1) / off_align_ * off_align_;
-      into = scratch_;
+void CopyStreaming(void* to, const void* from, std::size_t n) {
+  auto* d = static_cast<unsigned char*>(to);
+  const auto* s = static_cast<const unsigned char*>(from);
+#if defined(__SSE2__)
+  constexpr std::size_t kLine = 64;
+  if (n >= 4 * kLine) {
+    const std::size_t head = (16 - reinterpret_cast<uintptr_t>(d) % 16) % 16;
+    std::memcpy(d, s, head);
+    d += head;
+    s += head;
+    n -= head;
+    for (; n >= kLine; n -= kLine, d += kLine, s += kLine) {
+      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s));
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16));
+      const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 32));
+      const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 48));
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d), a);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + 16), b);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + 32), c);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + 48), e);
     }
-    const ssize_t got = ReadAligned(into, want, from);
-    if (got < 0) {
-      if (errno == EINVAL) {  // the file system refuses after all: buffered from now on
-        refused_ = true;
-        break;
-      }
-      Fail(path_, "read at offset " + std::to_string(offset), errno);
-    }
-    if (static_cast<std::size_t>(got) <= skip) {
-      throw Error(ErrorCode::kCorrupt, path_.string() + ": unexpected end of file at offset " +
-                                           std::to_string(offset) + " (truncated?)");
-    }
-    // What of the request arrived (a short read ends at the end of the file, or where the
-    // kernel stopped: the rest is asked for again).
-    const std::size_t usable = std::min<std::size_t>(static_cast<std::size_t>(got) - skip, n);
-    const std::size_t done = into == scratch_ ? usable : std::min(usable, whole);
-    if (into == scratch_) std::memcpy(out, scratch_ + skip, done);
-    out += done;
-    offset += done;
-    n -= done;
-    bytes_ += done;
-    if (static_cast<std::size_t>(got) < want && n > 0 && (static_cast<uint64_t>(got) + from) % off_align_ != 0) {
-      break;  // stopped mid-unit (the end of the file, or odd): the rest buffered
-    }
+    _mm_sfence();  // streamed stores are weakly ordered: visible before whatever follows
   }
-  if (n > 0) ReadExact(buffered_fd_, out, n, offset, path_);
+#endif
+  std::memcpy(d, s, n);
 }
 
 void WriteExact(int fd, const void* buf, std::size_t n, uint64_t offset, const fs::path& path) {

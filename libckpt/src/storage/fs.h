@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -142,39 +143,59 @@ class MappedRange {
 // takes freed memory back, a buffered cold read of 1.49 GB cost 1.4-3.4 s of CPU (allocating
 // page-cache pages the host must fault back in), four O_DIRECT streams 0.05 s and 0.8 s of
 // wall time. Reads whose destination or range is not aligned as the file system requires
-// (statx's STATX_DIOALIGN, else 4096) go through an aligned scratch buffer and one memcpy.
+// (statx's STATX_DIOALIGN, else 4096) go through aligned scratch buffers, copied out with
+// non-temporal stores (the destination is not pulled into the cache only to be evicted).
+// A read is cut into slices of 4 MiB; slices k + 1 and k + 2 are read (on helper threads)
+// while slice k is copied out and handed to the caller's sink, so the disk and the CPU overlap.
 class DirectReader {
  public:
   enum class Policy {
     kAuto,    // direct unless most of the file is in the page cache (then buffered is a memcpy)
     kAlways,  // direct wherever the file system allows it
   };
+  // sink(piece, length, position): every byte of a read, in order, one piece at a time,
+  // once it is in the destination; `piece` is where the bytes are hottest in the cache (the
+  // scratch buffer they were copied from, pieces of 256 KiB then; else the destination).
+  // Pieces split the read anywhere. An exception from the sink propagates (the rest of the
+  // destination is then unspecified).
+  using Sink = std::function<void(const unsigned char*, std::size_t, std::size_t)>;
   // A reader over the file `fd` is open on, or nullptr where the file system has no direct
   // I/O (tmpfs, some FUSE file systems) or, under kAuto, the page cache holds most of it.
   static std::unique_ptr<DirectReader> Open(int fd, const fs::path& path, Policy policy);
   ~DirectReader();
   DirectReader(const DirectReader&) = delete;
   DirectReader& operator=(const DirectReader&) = delete;
-  // Exactly n bytes at `offset` into `to` (any alignment); kIO naming the path, or kCorrupt
-  // for a read past the end of the file, as ReadExact. A file system that refuses a direct
-  // read it accepted to open (EINVAL) is read buffered from then on.
-  void Read(void* to, std::size_t n, uint64_t offset);
+  // Exactly n bytes at `offset` into `to` (any alignment), each handed to `sink` where
+  // given; kIO naming the path, or kCorrupt for a read past the end of the file, as
+  // ReadExact. A file system that refuses a direct read it accepted to open (EINVAL) is read
+  // buffered from then on; so is the rest of a read the kernel cut short.
+  void Read(void* to, std::size_t n, uint64_t offset, const Sink& sink = {});
   uint64_t bytes() const { return bytes_; }  // read directly so far
 
  private:
+  struct Slice;
   DirectReader(Fd fd, int buffered_fd, fs::path path, std::size_t mem_align, std::size_t off_align);
-  // One aligned read into `to` of up to n bytes at `offset` (both aligned); bytes read, or
-  // -1 with errno.
-  ssize_t ReadAligned(unsigned char* to, std::size_t n, uint64_t offset);
+  // The next slice of a read: of the `n` bytes at `offset` to `out`, straight into `out`
+  // where both are aligned, else into the scratch buffer after the last one used.
+  Slice Plan(unsigned char* out, std::size_t n, uint64_t offset);
+  // The slice's aligned read: bytes read, or -errno.
+  ssize_t ReadAligned(const Slice& s) const;
 
   Fd fd_;
   int buffered_fd_;  // the caller's descriptor, for the fallback
   fs::path path_;
   std::size_t mem_align_, off_align_;
-  unsigned char* scratch_ = nullptr;
+  // The slices read ahead (2) and the one handed over; allocated when first needed.
+  static constexpr int kScratchBuffers = 3;
+  unsigned char* scratch_[kScratchBuffers] = {};
+  int next_scratch_ = 0;
   bool refused_ = false;
   uint64_t bytes_ = 0;
 };
+
+// Copies n bytes with non-temporal stores where the CPU has them (SSE2), then fences: for
+// large copies the caller does not read back soon. Any alignment.
+void CopyStreaming(void* to, const void* from, std::size_t n);
 
 // The fraction of [offset, offset + n) of the file `fd` is open on that is in the page cache
 // (mincore over a read-only mapping); 0 where it cannot be told.

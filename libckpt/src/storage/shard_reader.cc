@@ -8,6 +8,7 @@
 #include <functional>
 #include <future>
 #include <map>
+#include <stdexcept>
 #include <unordered_map>
 #include <vector>
 
@@ -59,17 +60,20 @@ struct ByteRun {
 // share windows of whole blocks (read once, however many runs meet them, but never a
 // block no run touches); a large one is read straight into the destination, its
 // interior blocks hashed there (the next piece read on a helper thread meanwhile), and only its partial
-// first and last blocks go through the window.
+// first and last blocks go through the window. With direct I/O the interior's blocks are
+// hashed as they are handed over, in the scratch buffer they are copied out of (in cache).
 class BlockReader {
  public:
   // fetch(from, n, to): the chunk's raw bytes [from, from + n) into `to`. `pipelined`: a
-  // fetch may run on a helper thread while this thread hashes. `bulk`, where given, fetches
-  // the interiors of large runs instead (direct I/O), `fetch` the windows.
+  // fetch may run on a helper thread while this thread hashes. `bulk`, where given, reads
+  // the interiors of large runs instead (direct I/O), handing every piece to its sink as
+  // DirectReader::Read does; `fetch` still reads the windows.
   using Fetch = std::function<void(uint64_t, uint64_t, unsigned char*)>;
+  using Bulk = std::function<void(uint64_t, uint64_t, unsigned char*, const DirectReader::Sink&)>;
   BlockReader(std::string what, const ChunkMeta& chunk, uint64_t n, Fetch fetch, bool pipelined,
-              std::vector<unsigned char>& window, Fetch bulk = {})
+              std::vector<unsigned char>& window, Bulk bulk = {})
       : what_(std::move(what)), chunk_(chunk), b_(chunk.block_bytes), n_(n), fetch_(std::move(fetch)),
-        bulk_(bulk ? std::move(bulk) : fetch_), pipelined_(pipelined), window_(window) {}
+        bulk_(std::move(bulk)), pipelined_(pipelined), window_(window) {}
 
   void Read(const std::vector<ByteRun>& runs) {
     for (std::size_t i = 0; i < runs.size();) {
@@ -169,8 +173,21 @@ class BlockReader {
     auto check = [this, out, a](uint64_t pos, uint64_t k) {
       for (uint64_t b = 0; b < k; b += b_) Check((a + pos + b) / b_, out + pos + b);
     };
-    if (pipelined_ && len > piece) {
-      auto read = [this, out, a, len, piece](uint64_t pos) { bulk_(a + pos, std::min(piece, len - pos), out + pos); };
+    if (bulk_) {
+      // Each block is checked once its last byte is handed over: from the piece while it
+      // is whole in it, else (a block split across pieces) from the destination.
+      uint64_t unchecked = 0;  // of the interior: the first block not yet checked
+      bulk_(a, len, out, [&](const unsigned char* piece_at, std::size_t k, std::size_t pos) {
+        for (;;) {
+          const uint64_t end = std::min(unchecked + b_, len);
+          if (unchecked >= len || end > pos + k) break;
+          Check((a + unchecked) / b_, unchecked >= pos ? piece_at + (unchecked - pos) : out + unchecked);
+          unchecked = end;
+        }
+      });
+      if (unchecked != len) throw std::logic_error("BlockReader: a direct read handed over too few bytes");
+    } else if (pipelined_ && len > piece) {
+      auto read = [this, out, a, len, piece](uint64_t pos) { fetch_(a + pos, std::min(piece, len - pos), out + pos); };
       std::future<void> reading = AsyncOrDeferred(read, 0);
       for (uint64_t pos = 0; pos < len; pos += piece) {
         reading.get();
@@ -185,7 +202,7 @@ class BlockReader {
     } else {
       for (uint64_t pos = 0; pos < len; pos += piece) {
         const uint64_t k = std::min(piece, len - pos);
-        bulk_(a + pos, k, out + pos);
+        fetch_(a + pos, k, out + pos);
         check(pos, k);
       }
     }
@@ -197,7 +214,7 @@ class BlockReader {
   const ChunkMeta& chunk_;
   const uint64_t b_, n_;
   const Fetch fetch_;
-  const Fetch bulk_;
+  const Bulk bulk_;
   const bool pipelined_;
   std::vector<unsigned char>& window_;
   uint64_t wb_ = 0, we_ = 0;  // blocks [wb_, we_) are in the window
@@ -280,11 +297,6 @@ struct ShardReader::Impl {
       direct = DirectReader::Open(fd.get(), path, *direct_policy);
     }
     return direct.get();
-  }
-  // n bytes at `offset` of the file into `to`: direct where it may be, else buffered.
-  void ReadBulk(void* to, std::size_t n, uint64_t offset) {
-    if (DirectReader* d = Direct()) return d->Read(to, n, offset);
-    ReadExact(fd.get(), to, n, offset, path);
   }
   std::unordered_map<std::string, PackExtent> packs;  // pack datasets checked so far
 
@@ -671,14 +683,16 @@ uint64_t ShardReader::ReadBlocks(const Located& at, const std::string& key, DTyp
   layout::ForEachRun(chunk.box, dst_box, region, [&](const layout::Run& run) {
     runs.push_back({static_cast<uint64_t>(run.src) * item, static_cast<uint64_t>(run.count) * item, out + run.dst * item});
   });
-  BlockReader::Fetch fetch, bulk;
+  BlockReader::Fetch fetch;
+  BlockReader::Bulk bulk;
   if (at.contiguous) {
     fetch = [&m, base = at.base](uint64_t from, uint64_t len, unsigned char* to) {
       ReadExact(m.fd.get(), to, static_cast<std::size_t>(len), base + from, m.path);
     };
     if (DirectReader* direct = m.Direct()) {
-      bulk = [direct, base = at.base](uint64_t from, uint64_t len, unsigned char* to) {
-        direct->Read(to, static_cast<std::size_t>(len), base + from);
+      bulk = [direct, base = at.base](uint64_t from, uint64_t len, unsigned char* to,
+                                      const DirectReader::Sink& sink) {
+        direct->Read(to, static_cast<std::size_t>(len), base + from, sink);
       };
     }
   } else {
@@ -712,8 +726,15 @@ uint64_t ShardReader::ReadContiguous(const ChunkMeta& chunk, uint64_t base,
     const uint64_t src = static_cast<uint64_t>(run.src) * item;
     const std::size_t len = static_cast<std::size_t>(run.count) * item;
     unsigned char* to = out + run.dst * item;
+    if (len >= kDirectRunBytes && m.Direct()) {  // direct: hashed as it is handed over
+      DirectReader::Sink sink;
+      if (digest) sink = [digest](const unsigned char* p, std::size_t k, std::size_t) { digest->Update(p, k); };
+      m.Direct()->Read(to, len, base + src, sink);
+      bytes_read += len;
+      return;
+    }
     if (len >= kDirectRunBytes && len <= kDigestBlock) {  // one block: read, then hash
-      m.ReadBulk(to, len, base + src);
+      ReadExact(m.fd.get(), to, len, base + src, m.path);
       if (digest) digest->Update(to, len);
       bytes_read += len;
       return;
@@ -723,13 +744,12 @@ uint64_t ShardReader::ReadContiguous(const ChunkMeta& chunk, uint64_t base,
       // asked to fetch further ahead so the disk never waits for either.
       uint64_t advised = 0;
       auto read_block = [&m, to, base, src, len](std::size_t pos) {
-        m.ReadBulk(to + pos, std::min(kDigestBlock, len - pos), base + src + pos);
+        ReadExact(m.fd.get(), to + pos, std::min(kDigestBlock, len - pos), base + src + pos, m.path);
       };
-      const bool direct = m.Direct() != nullptr;  // then the page cache is not asked to fetch ahead
       std::future<void> reading = AsyncOrDeferred(read_block, 0);
       for (std::size_t pos = 0; pos < len; pos += kDigestBlock) {
         const std::size_t n = std::min(kDigestBlock, len - pos);
-        if (!direct && advised < std::min<uint64_t>(len, pos + kReadAhead)) {
+        if (advised < std::min<uint64_t>(len, pos + kReadAhead)) {
           const uint64_t until = std::min<uint64_t>(len, pos + 2 * kReadAhead);
           ::posix_fadvise(m.fd.get(), static_cast<off_t>(base + src + advised), static_cast<off_t>(until - advised),
                           POSIX_FADV_WILLNEED);
