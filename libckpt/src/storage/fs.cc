@@ -188,6 +188,36 @@ constexpr std::size_t kDirectSlice = std::size_t{4} << 20;  // read at a time (o
 // about two requests in flight; one left the disk idle between requests (ckpt-bench-readers).
 constexpr std::size_t kDirectDepth = 2;
 
+// Copies n bytes with non-temporal stores where the CPU has them (SSE2), then fences: for
+// large copies the caller does not read back soon (the destination is not pulled into the
+// cache only to be evicted). Any alignment.
+void CopyStreaming(void* to, const void* from, std::size_t n) {
+  auto* d = static_cast<unsigned char*>(to);
+  const auto* s = static_cast<const unsigned char*>(from);
+#if defined(__SSE2__)
+  constexpr std::size_t kLine = 64;
+  if (n >= 4 * kLine) {
+    const std::size_t head = (16 - reinterpret_cast<uintptr_t>(d) % 16) % 16;
+    std::memcpy(d, s, head);
+    d += head;
+    s += head;
+    n -= head;
+    for (; n >= kLine; n -= kLine, d += kLine, s += kLine) {
+      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s));
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16));
+      const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 32));
+      const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 48));
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d), a);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + 16), b);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + 32), c);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + 48), e);
+    }
+    _mm_sfence();  // streamed stores are weakly ordered: visible before whatever follows
+  }
+#endif
+  std::memcpy(d, s, n);
+}
+
 // The alignment direct I/O on `fd`'s file needs of memory and of offsets and lengths: {0, 0}
 // where the file system has none, {4096, 4096} where the kernel does not say.
 std::pair<std::size_t, std::size_t> DirectAlignment(int fd) {
@@ -340,33 +370,6 @@ void DirectReader::Read(void* to, std::size_t n, uint64_t offset, const Sink& si
     ReadExact(buffered_fd_, out + pos, n - pos, offset + pos, path_);
     if (sink) sink(out + pos, n - pos, pos);
   }
-}
-
-void CopyStreaming(void* to, const void* from, std::size_t n) {
-  auto* d = static_cast<unsigned char*>(to);
-  const auto* s = static_cast<const unsigned char*>(from);
-#if defined(__SSE2__)
-  constexpr std::size_t kLine = 64;
-  if (n >= 4 * kLine) {
-    const std::size_t head = (16 - reinterpret_cast<uintptr_t>(d) % 16) % 16;
-    std::memcpy(d, s, head);
-    d += head;
-    s += head;
-    n -= head;
-    for (; n >= kLine; n -= kLine, d += kLine, s += kLine) {
-      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s));
-      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16));
-      const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 32));
-      const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 48));
-      _mm_stream_si128(reinterpret_cast<__m128i*>(d), a);
-      _mm_stream_si128(reinterpret_cast<__m128i*>(d + 16), b);
-      _mm_stream_si128(reinterpret_cast<__m128i*>(d + 32), c);
-      _mm_stream_si128(reinterpret_cast<__m128i*>(d + 48), e);
-    }
-    _mm_sfence();  // streamed stores are weakly ordered: visible before whatever follows
-  }
-#endif
-  std::memcpy(d, s, n);
 }
 
 void WriteExact(int fd, const void* buf, std::size_t n, uint64_t offset, const fs::path& path) {

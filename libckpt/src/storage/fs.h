@@ -193,10 +193,6 @@ class DirectReader {
   uint64_t bytes_ = 0;
 };
 
-// Copies n bytes with non-temporal stores where the CPU has them (SSE2), then fences: for
-// large copies the caller does not read back soon. Any alignment.
-void CopyStreaming(void* to, const void* from, std::size_t n);
-
 // The fraction of [offset, offset + n) of the file `fd` is open on that is in the page cache
 // (mincore over a read-only mapping); 0 where it cannot be told.
 double CachedFraction(int fd, uint64_t offset, uint64_t n);
