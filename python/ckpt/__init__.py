@@ -74,7 +74,8 @@ def load(path, state_dict, comm=None, *, state_dict_type="SHARDED", strict=True,
     mismatched keys are reported in the LoadReport instead of raising. io_threads: readers
     per rank (None: the library's default, LoadOptions::io_threads). direct_io: "off" (the
     default) reads through the page cache; "auto" reads the bulk of contiguous chunks with
-    O_DIRECT unless the page cache already holds most of a shard; "on" reads them with O_DIRECT
+    O_DIRECT on a local disk's file system (ext4, XFS, btrfs, f2fs, ZFS) unless the page cache
+    already holds most of a shard; "on" reads them with O_DIRECT
     wherever the file system allows it (LoadOptions::direct_io; the report's bytes_read_direct
     says how much was)."""
     with _state.paused_gc():

@@ -708,6 +708,23 @@ TEST_CASE("reads with O_DIRECT are verified as buffered ones are: a flipped byte
   }
 }
 
+TEST_CASE("DirectReader's auto policy: direct only on a local disk's file system") {
+  // /dev/shm is tmpfs: O_DIRECT opens there (Linux 6.6 and later) but is a copy all the same.
+  const fs::path shm = "/dev/shm";
+  std::error_code ec;
+  if (!fs::is_directory(shm, ec)) return;  // no /dev/shm here: nothing to tell apart
+  const fs::path file = shm / ("ckpt-direct-auto-" + std::to_string(::getpid()));
+  { std::ofstream(file) << std::string(8192, 'x'); }
+  struct Remove {
+    fs::path p;
+    ~Remove() { std::error_code e; fs::remove(p, e); }
+  } remove{file};
+  storage::Fd fd = storage::OpenRegularFile(file);
+  ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED);  // tmpfs keeps its pages regardless
+  CHECK_FALSE(storage::OnLocalDiskFileSystem(fd.get()));
+  CHECK_FALSE(storage::DirectReader::Open(fd.get(), file, storage::DirectReader::Policy::kAuto));
+}
+
 TEST_CASE("DirectReader's auto policy: buffered while the page cache holds most of the file") {
   TempDir tmp("direct-auto");
   const fs::path file = tmp / "f.bin";
@@ -718,7 +735,8 @@ TEST_CASE("DirectReader's auto policy: buffered while the page cache holds most 
   storage::ReadExact(fd.get(), data.data(), data.size(), 0, file);  // in the page cache now
   CHECK(storage::CachedFraction(fd.get(), 0, data.size()) > 0.9);
   CHECK_FALSE(storage::DirectReader::Open(fd.get(), file, storage::DirectReader::Policy::kAuto));
-  if (!DirectIoAt(tmp.path())) return;  // tmpfs keeps its pages
+  // tmpfs keeps its pages; off a local disk (overlayfs, NFS) kAuto stays buffered
+  if (!DirectIoAt(tmp.path()) || !storage::OnLocalDiskFileSystem(fd.get())) return;
   REQUIRE(::fsync(fd.get()) == 0);
   REQUIRE(::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED) == 0);
   CHECK(storage::CachedFraction(fd.get(), 0, data.size()) < 0.1);

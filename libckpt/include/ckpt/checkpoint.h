@@ -178,8 +178,9 @@ struct LoadOptions {
   // or with O_DIRECT, the disk writing straight into this process's memory with no
   // page-cache page allocated, filled and copied from (the bytes then go through a small
   // aligned buffer and one memcpy, and are verified as buffered ones are). kAuto: direct
-  // where the file system allows it, unless the page cache already holds most of a shard (a
-  // load just after a save stays a memcpy); kOn: direct wherever the file system allows it.
+  // on a local disk's file system (ext2/3/4, XFS, btrfs, f2fs, ZFS; not tmpfs, overlayfs,
+  // NFS, Lustre, GPFS, CephFS or FUSE), unless the page cache already holds most of a shard
+  // (a load just after a save stays a memcpy); kOn: direct wherever the file system allows it.
   // Compressed chunks, and small reads, are buffered whatever the mode. On the
   // benchmark's VM a cold 1-rank load of 1.49 GB took 1.12-1.20 s direct in every state of
   // the host, buffered 1.04 s while the host's memory was quiet and 1.62 s (2.06 s of CPU

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -254,11 +255,31 @@ double CachedFraction(int fd, uint64_t offset, uint64_t n) {
   return static_cast<double>(in) / static_cast<double>(pages);
 }
 
+bool OnLocalDiskFileSystem(int fd) {
+  struct statfs st {};
+  if (::fstatfs(fd, &st) != 0) return false;
+  // ext2/3/4, XFS, btrfs, f2fs, ZFS: their O_DIRECT is the disk's DMA into the caller's
+  // memory. Elsewhere it may be a copy all the same (tmpfs), skip the client's read-ahead
+  // and caching (NFS, Lustre, GPFS, CephFS) or be whatever a FUSE server makes of it.
+  switch (static_cast<uint64_t>(st.f_type)) {
+    case 0xEF53:      // ext2/3/4
+    case 0x58465342:  // XFS
+    case 0x9123683E:  // btrfs
+    case 0xF2F52010:  // f2fs
+    case 0x2FC12FC1:  // ZFS
+      return true;
+    default:
+      return false;
+  }
+}
+
 std::unique_ptr<DirectReader> DirectReader::Open(int fd, const fs::path& path, Policy policy) {
   const auto [mem_align, off_align] = DirectAlignment(fd);
   if (mem_align == 0 || off_align == 0 || (mem_align & (mem_align - 1)) || (off_align & (off_align - 1)))
     return nullptr;
-  if (policy == Policy::kAuto && CachedFraction(fd, 0, FileSize(fd, path)) > 0.5) return nullptr;
+  if (policy == Policy::kAuto &&
+      (!OnLocalDiskFileSystem(fd) || CachedFraction(fd, 0, FileSize(fd, path)) > 0.5))
+    return nullptr;
   const int direct = Fs().Open(ProcPath(fd), O_RDONLY | O_DIRECT | O_CLOEXEC, 0);
   if (direct < 0) return nullptr;  // EINVAL: no direct I/O here; anything else: read buffered
   return std::unique_ptr<DirectReader>(new DirectReader(Fd(direct), fd, path, mem_align, off_align));

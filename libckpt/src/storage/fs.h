@@ -150,7 +150,8 @@ class MappedRange {
 class DirectReader {
  public:
   enum class Policy {
-    kAuto,    // direct unless most of the file is in the page cache (then buffered is a memcpy)
+    kAuto,    // direct on a local disk's file system (OnLocalDiskFileSystem) unless most of
+              // the file is in the page cache (then buffered is a memcpy)
     kAlways,  // direct wherever the file system allows it
   };
   // sink(piece, length, position): every byte of a read, in order, one piece at a time,
@@ -160,7 +161,8 @@ class DirectReader {
   // destination is then unspecified).
   using Sink = std::function<void(const unsigned char*, std::size_t, std::size_t)>;
   // A reader over the file `fd` is open on, or nullptr where the file system has no direct
-  // I/O (tmpfs, some FUSE file systems) or, under kAuto, the page cache holds most of it.
+  // I/O (some FUSE file systems) or, under kAuto, is not a local disk's or the page cache
+  // holds most of the file.
   static std::unique_ptr<DirectReader> Open(int fd, const fs::path& path, Policy policy);
   ~DirectReader();
   DirectReader(const DirectReader&) = delete;
@@ -196,6 +198,10 @@ class DirectReader {
 // The fraction of [offset, offset + n) of the file `fd` is open on that is in the page cache
 // (mincore over a read-only mapping); 0 where it cannot be told.
 double CachedFraction(int fd, uint64_t offset, uint64_t n);
+
+// Whether `fd`'s file lies on a local disk's file system whose O_DIRECT reads are the disk's
+// DMA into the caller's memory (ext2/3/4, XFS, btrfs, f2fs, ZFS): where kAuto reads direct.
+bool OnLocalDiskFileSystem(int fd);
 
 // Copies n bytes from `in_fd` at `in_offset` to `out_fd` at `out_offset` inside the kernel
 // (copy_file_range: a reflink or an in-kernel copy, never through user memory), falling
