@@ -93,8 +93,8 @@ def main():
     best = get("gpt2s", "raw-c-wb", "save")
     # The best raw load: raw-c's one read(2) at a time, raw-c-2r's two preads in flight, or
     # the O_DIRECT read, whichever was fastest.
-    raw_loads = [x for x in (get("gpt2s", "raw-c", "load"), get("gpt2s", "raw-c-2r", "load"),
-                             get("gpt2s", "raw O_DIRECT, 4 streams", "load")) if x]
+    raw_d = get("gpt2s", "raw O_DIRECT, 4 streams", "load")
+    raw_loads = [x for x in (get("gpt2s", "raw-c", "load"), get("gpt2s", "raw-c-2r", "load"), raw_d) if x]
     rawc = min(raw_loads, key=lambda x: x.med) if raw_loads else None
     rawc_name = "best raw load" if len(raw_loads) > 1 else "raw-c load"
     table("gpt2s, 1 process", "gpt2s",
@@ -172,14 +172,14 @@ def main():
     # Where the fastest raw load was the O_DIRECT one, the line above sets ckpt's buffered
     # load (the default) against a read that allocates and copies no page cache; the same
     # load against the faster buffered raw read says what the buffered path itself costs.
-    buffered = [x for x in raw_loads if x.method != "raw O_DIRECT, 4 streams"]
-    if rawc and rawc.method == "raw O_DIRECT, 4 streams" and buffered and ck_l:
+    buffered = [x for x in raw_loads if x is not raw_d]
+    if raw_d and rawc is raw_d and buffered and ck_l:
         fastest = min(buffered, key=lambda x: x.med)
         target(f"CPU per GB of load vs the best buffered raw load ({fastest.method})",
                cpu_gb(ck_l) / cpu_gb(fastest), 1.3, higher=False)
     # The same with LoadOptions::direct_io (off by default): against the best raw load, and
     # against raw's own O_DIRECT read.
-    ck_d, raw_d = get("gpt2s", "ckpt, direct_io auto", "load"), get("gpt2s", "raw O_DIRECT, 4 streams", "load")
+    ck_d = get("gpt2s", "ckpt, direct_io auto", "load")
     if ck_d:
         target(f"cold load ckpt, direct_io auto, vs {rawc_name}", ratio(rawc, ck_d), 0.95)
         target(f"CPU per GB of load, direct_io auto, vs {rawc_name}", cpu_gb(ck_d) / cpu_gb(rawc) if rawc else None,
