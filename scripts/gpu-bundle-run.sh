@@ -16,8 +16,9 @@
 # glibc come from the machine (found through ld.so.cache; where not, from the CUDA dirs or
 # a Python's nvidia/*/lib wheels), libstdc++/libgcc_s from the machine where they are new
 # enough, else from lib/gcc/. Every library any bundled file resolves outside the bundle
-# must be one of those, else nothing runs. HDF5 loads no filter plugins (HDF5_PLUGIN_PRELOAD=::);
-# ckpt registers its own zstd filter.
+# must be one of those, else nothing runs. HDF5 loads no plugin from the machine: libckpt
+# turns plugin loading off (H5PLset_loading_state) and registers its own zstd filter, and
+# run.sh sets HDF5_PLUGIN_PRELOAD=:: for any HDF5 call before that.
 set -uo pipefail
 bundle=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 log=${LOG:-${OUT:+$OUT/gpu-check.log}}
@@ -35,7 +36,9 @@ scan() {
   local f
   scanned=$(for f in $(elves); do ldd "$f" 2>&1 | sed "s|^|${f#"$bundle"/}: |"; done)
 }
-unresolved() { grep -E "not found" <<<"$scanned" | sort -u; }
+# Every line but a resolved library ("name => /path (0x...)", "name (0x...)") is a problem:
+# "not found", "version ... not found", "error while loading shared libraries: ...".
+unresolved() { grep -vE ': ([^ ]+ => /[^ ]+|[^ ]+) \(0x[0-9a-f]+\)$' <<<"$scanned" | sort -u; }
 resolved() { awk '$3 == "=>" && $4 ~ /^\// {print $1, $2, $4}' <<<"$scanned"; }
 
 # Dirs that hold a library the machine's loader cannot find: CUDA's own, then Python wheels.
@@ -116,7 +119,7 @@ libraries() {
 
 facts() {
   echo "== machine ($(date -u +%FT%TZ))"
-  echo "host $(hostname) kernel $(uname -r) cores $(nproc) $(grep MemTotal /proc/meminfo)"
+  echo "host $(cat /proc/sys/kernel/hostname) kernel $(uname -r) cores $(nproc) $(grep MemTotal /proc/meminfo)"
   grep -m1 "model name" /proc/cpuinfo || true
   [ -r /etc/os-release ] && grep PRETTY_NAME /etc/os-release
   if command -v nvidia-smi >/dev/null 2>&1; then
@@ -158,6 +161,7 @@ step() {  # name limit-seconds command...
 
 main() {
   SECONDS=0
+  chmod +x "$bundle"/bin/* 2>/dev/null || true  # in case a copy lost the modes
   facts
   libraries || { echo "gpu-check: FAIL (libraries) in ${SECONDS} s"; return 1; }
   local work

@@ -11,18 +11,21 @@
 #   scripts/gpu-check.sh run      (there) run the bundle: the same as bash build/gpu-bundle/run.sh
 #
 # The bundle: bin/ (stripped), lib/ (every shared library they load but glibc, libcuda,
-# libcudart and libnccl; libstdc++ and libgcc_s in lib/gcc/, used only where the machine's
-# are too old), golden/ (a zstd checkpoint that ckpt-verify checks without a device), run.sh
-# (scripts/gpu-bundle-run.sh). At most 40 MiB. run.sh runs, each under a timeout, in under
-# 4 minutes: unit_device_test, gpu_link_test, nccl_bootstrap_test, ckpt-verify of the golden
-# checkpoint, gpu_cuda_test (device save/load bit-exact with the host, resharding device ->
-# host -> device, reused pinned staging, the stats kernel), gpu_nccl_test (NCCL collectives
-# and a 1-rank NCCL save), gpu_nccl_multi_test (2+ GPUs only), ckpt-gpu-bench (staging D2H/H2D
-# against cudaMemcpy's pinned bandwidth, Save/Load from device vs host memory, SaveAsync's
-# blocked time from device memory against a sync Save, host statistics against the stats
-# kernel) and ckpt-verify of the checkpoint the bench saved from device memory. Without a
-# device the GPU steps report SKIPPED. No MPI: the NCCL tests bootstrap in-process (a file
-# or a host Comm, threads for several GPUs), so neither mpirun nor libmpi is needed.
+# libcudart and libnccl; libstdc++ and libgcc_s in lib/gcc/, used only where the machine's are
+# too old), golden/ (a zstd checkpoint that ckpt-verify checks without a device), run.sh
+# (scripts/gpu-bundle-run.sh). At most 40 MiB. run.sh first checks with ldd that every library
+# of every bundled file resolves, from the bundle or from the machine's glibc, CUDA runtime,
+# NCCL and C++ runtime (nothing else, e.g. no HDF5 of the host's), then runs, each under a
+# timeout, in under 4 minutes: unit_device_test, gpu_link_test, nccl_bootstrap_test, ckpt-verify
+# of the golden checkpoint, gpu_cuda_test (device save/load bit-exact with the host, resharding
+# device -> host -> device, reused pinned staging, SaveAsync from device memory, the stats
+# kernel), gpu_nccl_test (NCCL collectives and a 1-rank NCCL save), gpu_nccl_multi_test (2+ GPUs
+# only), ckpt-gpu-bench (staging D2H/H2D against cudaMemcpy's pinned bandwidth, Save/Load from
+# device vs host memory, SaveAsync's blocked time from device memory against a sync Save, host
+# statistics against the stats kernel), ckpt-verify and ckpt-inspect of the checkpoint the bench
+# saved from device memory. Without a device the GPU steps report SKIPPED. No MPI: the NCCL
+# tests bootstrap in-process (a file or a host Comm, threads for several GPUs), so neither
+# mpirun nor libmpi is needed.
 #
 # On the lent device machine, one call of the device tool's `run`:
 #   command: bash build/gpu-bundle/run.sh    carry: ["build/gpu-bundle"]    timeout_s: 300
