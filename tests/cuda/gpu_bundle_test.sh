@@ -52,7 +52,8 @@ check() {  # log rc
 rc=0
 bare_run "$work/bundle" "$log" || rc=$?
 check "$log" "$rc"
-if unshare -m --propagation private true 2>/dev/null; then
+: >"$work/probe"
+if unshare -m --propagation private sh -c 'mount --bind /dev/null "$1"' _ "$work/probe" 2>/dev/null; then
   echo "== again, with this machine's copies of the bundled libraries hidden"
   mkdir -p "$work/hidden"
   rc=0
