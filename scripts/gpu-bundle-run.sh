@@ -164,9 +164,10 @@ main() {
   chmod +x "$bundle"/bin/* 2>/dev/null || true  # in case a copy lost the modes
   facts
   libraries || { echo "gpu-check: FAIL (libraries) in ${SECONDS} s"; return 1; }
-  local work
+  # Globals, for the EXIT trap: the tests' temp dirs and the bench's dir.
   work=$(mktemp -d "${TMPDIR:-/tmp}/ckpt-gpu-check.XXXXXX")
-  trap 'rm -rf "$work"' EXIT
+  bench_dir=$work
+  trap 'rm -rf "$work" "$bench_dir"' EXIT
   export CKPT_TEST_TMP=$work/tests NCCL_DEBUG=${NCCL_DEBUG:-WARN}
   local b=$bundle/bin mib=${BENCH_MIB:-1024}
   # Without a device: the host-side tests, and a checkpoint through HDF5 + zstd + xxhash.
@@ -179,15 +180,15 @@ main() {
   step gpu_nccl_test 60 "$b/gpu_nccl_test"
   step gpu_nccl_multi_test 60 "$b/gpu_nccl_multi_test"
   # The bench on /dev/shm where it holds 3 states (an overwrite plus the kept one), else on disk.
-  local dir=$work avail
+  local avail
   avail=$(df -Pm /dev/shm 2>/dev/null | awk 'NR == 2 {print $4}')
-  [ -n "$avail" ] && ((avail > 3 * mib + 256)) && dir=/dev/shm/ckpt-gpu-check.$$
-  mkdir -p "$dir"
-  [ "$dir" = "$work" ] || trap 'rm -rf "$work" "$dir"' EXIT
-  step ckpt-gpu-bench 120 "$b/ckpt-gpu-bench" --mib "$mib" --dir "$dir" --keep "$dir/kept"
-  if [ -e "$dir/kept/metadata.json" ]; then
-    step verify-kept 60 "$b/ckpt-verify" --check-finite "$dir/kept"
-    step inspect-kept 20 "$b/ckpt-inspect" "$dir/kept"
+  if [ -n "$avail" ] && ((avail > 3 * mib + 256)); then
+    bench_dir=$(mktemp -d /dev/shm/ckpt-gpu-check.XXXXXX)
+  fi
+  step ckpt-gpu-bench 120 "$b/ckpt-gpu-bench" --mib "$mib" --dir "$bench_dir" --keep "$bench_dir/kept"
+  if [ -e "$bench_dir/kept/metadata.json" ]; then
+    step verify-kept 60 "$b/ckpt-verify" --check-finite "$bench_dir/kept"
+    step inspect-kept 20 "$b/ckpt-inspect" "$bench_dir/kept"
   fi
   echo "== summary"
   printf '%s\n' "${results[@]}"
