@@ -15,7 +15,7 @@
 # Libraries: LD_LIBRARY_PATH is the bundle's lib/ only; libcudart.so.13, libnccl.so.2 and
 # glibc come from the machine (found through ld.so.cache; where not, from the CUDA dirs or
 # a Python's nvidia/*/lib wheels), libstdc++/libgcc_s from the machine where they are new
-# enough, else from lib/gcc/. Every library any bundled file resolves outside the bundle
+# enough, else from lib/gcc/; libcudart from lib/cuda/ where the machine has none. Every library any bundled file resolves outside the bundle
 # must be one of those, else nothing runs. HDF5 loads no plugin from the machine: libckpt
 # turns plugin loading off (H5PLset_loading_state) and registers its own zstd filter, and
 # run.sh sets HDF5_PLUGIN_PRELOAD=:: for any HDF5 call before that.
@@ -29,7 +29,7 @@ budget=${BUDGET_S:-200}
 machine_libs=" $(echo linux-vdso.so.1 ld-linux-x86-64.so.2 libc.so.6 libm.so.6 libdl.so.2 libpthread.so.0 librt.so.1 \
   libresolv.so.2 libutil.so.1 libcuda.so.1 libcudart.so.13 libnccl.so.2 libstdc++.so.6 libgcc_s.so.1) "
 
-elves() { ls "$bundle"/bin/* "$bundle"/lib/*.so* "$bundle"/lib/gcc/*.so* 2>/dev/null; }
+elves() { ls "$bundle"/bin/* "$bundle"/lib/*.so* "$bundle"/lib/gcc/*.so* "$bundle"/lib/cuda/*.so* 2>/dev/null; }
 # ldd over every bundled file, kept in $scanned: "file: name => path" lines and the loader's
 # complaints ("version ... not found").
 scan() {
@@ -78,7 +78,7 @@ libraries() {
   for name in $(unresolved | awk '$3 == "=>" {print $2}' | sort -u); do
     dir=""
     for d in $(search_dirs); do
-      if [ -e "$d/$name" ]; then
+      if [ -s "$d/$name" ]; then
         dir=$d
         break
       fi
@@ -90,6 +90,11 @@ libraries() {
     fi
   done
   [ $added = 0 ] || scan
+  if unresolved | grep -q "libcudart"; then
+    echo "no usable libcudart.so.13 on the machine: using the bundle's lib/cuda"
+    LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$bundle/lib/cuda
+    scan
+  fi
   if [ -n "$(unresolved)" ]; then
     echo "FAIL: libraries not found:"
     unresolved

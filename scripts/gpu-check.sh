@@ -12,7 +12,7 @@
 #
 # The bundle: bin/ (stripped), lib/ (every shared library they load but glibc, libcuda,
 # libcudart and libnccl; libstdc++ and libgcc_s in lib/gcc/, used only where the machine's are
-# too old), golden/ (a zstd checkpoint that ckpt-verify checks without a device), run.sh
+# too old; libcudart in lib/cuda/, used only where the machine has none), golden/ (a zstd checkpoint that ckpt-verify checks without a device), run.sh
 # (scripts/gpu-bundle-run.sh). At most 40 MiB. run.sh first checks with ldd that every library
 # of every bundled file resolves, from the bundle or from the machine's glibc, CUDA runtime,
 # NCCL and C++ runtime (nothing else, e.g. no HDF5 of the host's), then runs, each under a
@@ -48,12 +48,14 @@ collect() {  # build-dir dest
     [ -x "$build/$b" ] || { echo "gpu-check: $build/$b is not built" >&2; return 1; }
   done
   rm -rf "$dest"
-  mkdir -p "$dest/bin" "$dest/lib/gcc" "$dest/golden"
+  mkdir -p "$dest/bin" "$dest/lib/gcc" "$dest/lib/cuda" "$dest/golden"
   for b in "${bins[@]}"; do
     cp "$build/$b" "$dest/bin/"
   done
   # Every library the binaries load, found as the build tree finds them (libckpt*.so there).
   while read -r lib path; do
+    # The CUDA runtime (0.7 MiB) as a fallback; NCCL (over 200 MiB) must be the machine's.
+    [ "$lib" = libcudart.so.13 ] && [ "$path" != not ] && cp -L "$path" "$dest/lib/cuda/$lib"
     [[ $machine_libs == *" $lib "* ]] && continue
     if [ "$path" = "not" ]; then
       echo "gpu-check: $lib not found (ldd over $build)" >&2
@@ -65,7 +67,7 @@ collect() {  # build-dir dest
     esac
   done < <(for b in "${bins[@]}"; do LD_LIBRARY_PATH=$build/libckpt ldd "$build/$b"; done |
     awk '$2 == "=>" {print $1, $3}' | sort -u)
-  chmod u+w "$dest"/bin/* "$dest"/lib/*.so* "$dest"/lib/gcc/*
+  chmod u+w "$dest"/bin/* "$dest"/lib/*.so* "$dest"/lib/gcc/* "$dest"/lib/cuda/*
   strip --strip-unneeded "$dest"/bin/* "$dest"/lib/libckpt*.so*
   cp -r tests/golden/v1/zstd_w2 "$dest/golden/"
   cp scripts/gpu-bundle-run.sh "$dest/run.sh"
@@ -74,7 +76,7 @@ collect() {  # build-dir dest
   bytes=$(du -sb "$dest" | cut -f1)
   glibc=$(objdump -T "$dest"/bin/* "$dest"/lib/*.so* 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1)
   echo "bundle $dest: $(find "$dest" -type f | wc -l) files, $((bytes >> 20)) MiB ($bytes bytes; limit 40 MiB), needs ${glibc:-GLIBC_?} or newer"
-  (cd "$dest" && ls -1 bin lib lib/gcc | paste -sd' ')
+  (cd "$dest" && ls -1 bin lib lib/gcc lib/cuda | paste -sd' ')
   if ((bytes > max_bytes)); then
     echo "gpu-check: the bundle is over 40 MiB" >&2
     return 1

@@ -7,7 +7,8 @@
 # HDF5, zstd and xxhash), and, where there is no GPU, report every GPU step SKIPPED.
 # Where a private mount namespace can be made (unshare -m, as root), it runs the bundle once
 # more with every copy on this machine of a library the bundle carries (HDF5, zstd, xxhash,
-# curl, libstdc++, ...) made an empty file: the bundle must still pass, on its own copies.
+# curl, libstdc++, the fallback libcudart) made an empty file: the bundle must still pass, on
+# its own copies.
 # Usage: gpu_bundle_test.sh SOURCE_DIR BUILD_DIR WORK_DIR
 set -euo pipefail
 fail() {
@@ -20,7 +21,7 @@ bare_run() {  # bundle log
 }
 if [ "${1:-}" = hidden ]; then  # (inside the namespace) hidden BUNDLE LOG
   n=0
-  for f in "$2"/lib/*.so* "$2"/lib/gcc/*.so*; do
+  for f in "$2"/lib/*.so* "$2"/lib/gcc/*.so* "$2"/lib/cuda/*.so*; do
     for p in $(ldconfig -p | awk -v n="$(basename "$f")" '$1 == n {print $NF}'); do
       mount --bind /dev/null "$(readlink -f "$p")"
       n=$((n + 1))
@@ -60,6 +61,7 @@ if unshare -m --propagation private sh -c 'mount --bind /dev/null "$1"' _ "$work
   unshare -m --propagation private bash "$0" hidden "$work/bundle" "$work/hidden/gpu-check.log" || rc=$?
   check "$work/hidden/gpu-check.log" "$rc"
   grep -q "using the bundle's lib/gcc" "$work/hidden/gpu-check.log" || fail "the bundle's libstdc++ was not used"
+  grep -q "using the bundle's lib/cuda" "$work/hidden/gpu-check.log" || fail "the bundle's libcudart was not used"
 else
   echo "(no private mount namespace here: the run with the machine's copies hidden is left out)"
 fi
