@@ -12,13 +12,13 @@
 #   command: bash build/gpu-bundle/run.sh    carry: ["build/gpu-bundle"]    timeout_s: 300
 # Env: BENCH_MIB (1024: the bench's state size), BUDGET_S (200), LOG.
 #
-# Libraries: LD_LIBRARY_PATH is the bundle's lib/ only; libcudart.so.13, libnccl.so.2 and
-# glibc come from the machine (found through ld.so.cache; where not, from the CUDA dirs or
-# a Python's nvidia/*/lib wheels), libstdc++/libgcc_s from the machine where they are new
-# enough, else from lib/gcc/; libcudart from lib/cuda/ where the machine has none. Every library any bundled file resolves outside the bundle
-# must be one of those, else nothing runs. HDF5 loads no plugin from the machine: libckpt
-# turns plugin loading off (H5PLset_loading_state) and registers its own zstd filter, and
-# run.sh sets HDF5_PLUGIN_PRELOAD=:: for any HDF5 call before that.
+# Libraries: LD_LIBRARY_PATH is the bundle's lib/ only; libcudart.so.13, libnccl.so.2 and glibc
+# come from the machine (found through ld.so.cache; where not, from the CUDA dirs or a Python's
+# nvidia/*/lib wheels), libstdc++/libgcc_s from the machine where they are new enough, else from
+# lib/gcc/; libcudart from lib/cuda/ where the machine has none. Every library any bundled file
+# resolves outside the bundle must be one of those, else nothing runs. HDF5 loads no plugin from
+# the machine: libckpt turns plugin loading off (H5PLset_loading_state) and registers its own
+# zstd filter, and run.sh sets HDF5_PLUGIN_PRELOAD=:: for any HDF5 call before that.
 set -uo pipefail
 bundle=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 log=${LOG:-${OUT:+$OUT/gpu-check.log}}
