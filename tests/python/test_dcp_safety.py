@@ -316,3 +316,19 @@ print("ok", rank)
             outs.append(p.communicate()[0] + "(hung: killed)")
     assert all(p.returncode == 0 for p in procs), "\n".join(outs)
     assert ckpt.read_metadata(os.path.join(tmp, "solo"))["world_size"] == 1
+
+
+def test_inspect_shows_which_entries_hold_pickles(tmp):
+    import json
+    path = crafted_checkpoint(tmp, os.path.join(tmp, "pwned"))
+    plain = os.path.join(tmp, "plain")
+    ckpt.save(plain, {"raw": b"not a pickle", "p": pickle.dumps([1, 2])})
+    rc, out = run_tool("ckpt-inspect", path)
+    assert rc == 0, out
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith(("meta.", "w "))}
+    assert "bytes (pickle)" in rows["meta.payload"] and "bytes (pickle)" in rows["meta.epoch"], out
+    assert "pickle" not in rows["w"], out
+    rc, out = run_tool("ckpt-inspect", "--json", plain)
+    assert rc == 0, out
+    keys = {k["key"]: k for k in json.loads(out)["keys"]}
+    assert keys["p"]["pickle"] is True and keys["raw"]["pickle"] is False
