@@ -12,14 +12,12 @@ import builtins
 import io
 import os
 import pickle
-import subprocess
-import sys
 import uuid
 
 import pytest
 
 import ckpt
-from conftest import run_tool
+from conftest import run_ranks, run_tool
 
 if os.environ.get("CKPT_REQUIRE_TORCH"):
     import torch  # scripts/test.sh's venv has torch: a missing one is a failure there
@@ -177,26 +175,8 @@ def test_errors_pickle_with_code_message_file_and_key():
 def launch(world, out, timeout=240):
     """`world` ranks of dcp_fail_worker.py; fails with their output if any fails or hangs."""
     store = os.path.join(out, f"store-{uuid.uuid4().hex}")
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "dcp_fail_worker.py"), str(r), str(world), store,
-                               out], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-             for r in range(world)]
-    outputs = []
-    try:
-        for p in procs:
-            try:
-                outputs.append(p.communicate(timeout=timeout)[0])
-            except subprocess.TimeoutExpired:
-                outputs.append("(hung: killed)")
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    failed = [(r, p.returncode) for r, p in enumerate(procs) if p.returncode != 0]
-    assert not failed, f"x{world}: ranks {failed} failed\n" + "\n".join(
-        f"--- rank {r}\n{o[-6000:]}" for r, o in enumerate(outputs))
-    return outputs
+    return run_ranks(os.path.join(HERE, "dcp_fail_worker.py"), lambda r: (r, world, store, out), world,
+                     "failure scenarios", timeout)
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -305,16 +285,10 @@ dist.barrier()
 dist.destroy_process_group()
 print("ok", rank)
 """
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(r)], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in range(2)]
-    outs = []
-    for p in procs:
-        try:
-            outs.append(p.communicate(timeout=150)[0])
-        except subprocess.TimeoutExpired:
-            p.kill()
-            outs.append(p.communicate()[0] + "(hung: killed)")
-    assert all(p.returncode == 0 for p in procs), "\n".join(outs)
+    script = os.path.join(tmp, "no_dist.py")
+    with open(script, "w") as f:
+        f.write(code)
+    run_ranks(script, lambda r: (r,), 2, "no_dist", 150)
     assert ckpt.read_metadata(os.path.join(tmp, "solo"))["world_size"] == 1
 
 
