@@ -2,7 +2,8 @@
 
     python dcp_fail_worker.py RANK WORLD STORE DIR
 
-In one gloo process group, each scenario makes dcp.save or dcp.load through ckpt.torch fail
+In one gloo process group, after saves with DCP's plan caching and dedup that must keep every
+key, each scenario makes dcp.save or dcp.load through ckpt.torch fail
 on one rank (the last, BAD: not DCP's coordinator; the coordinator for "already exists"),
 and every rank must raise DCP's CheckpointException naming the cause, within FAST seconds.
 A rank whose exception cannot reach the others (ckpt.Error once could not be unpickled), or
@@ -99,7 +100,15 @@ def main():
         load({"w": torch.zeros(9 if rank == bad else 8)}, good)
 
     try:
-        save(base(), good)
+        # First, success over the ranks with DCP's planner options: plan caching (the second
+        # save is a cache hit, whose local plan DCP hands over empty) and dedup to the lowest rank.
+        planner = DefaultSavePlanner(enable_plan_caching=True, dedup_save_to_lowest_rank=True)
+        for step in (1, 2, 1):
+            save({"w": torch.arange(8.0) * step, "step": step}, good, planner=planner)
+            back = {"w": torch.zeros(8), "step": 0}
+            load(back, good)
+            assert torch.equal(back["w"], torch.arange(8.0) * step) and back["step"] == step, (step, back)
+        print(f"rank {rank}: plan caching and dedup ok", flush=True)
         scenarios = [("unsupported dtype", odd_dtype, "complex64"),
                      ("replicas differ", replicas, "shared"),
                      ("already exists", exists, "already exists"),
