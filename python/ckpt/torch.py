@@ -110,7 +110,8 @@ class StorageWriter(_DcpStorageWriter):
     JSON object recorded beside DCP's; process_group: the ranks of the save (default: the
     default group when torch.distributed is initialized), the group given to dcp.save;
     single_process: save this process's state alone. dcp.save(..., no_dist=True) and
-    use_collectives=False save this process's state alone too.
+    use_collectives=False save this process's state alone too (a checkpoint of world size 1:
+    ranks that all do so need a path each).
 
     If any rank fails, every rank raises (DCP's CheckpointException names the cause) and
     nothing is committed. Every key of the state dict DCP's planner was given must be in the
