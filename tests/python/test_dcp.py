@@ -3,8 +3,6 @@ saved by gloo processes, loaded at other world sizes, by libckpt (ckpt.load is c
 and by the tools; and any ckpt checkpoint loaded by dcp.load."""
 import json
 import os
-import subprocess
-import sys
 import uuid
 
 import numpy as np
