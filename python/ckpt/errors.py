@@ -28,6 +28,11 @@ class Error(Exception):
     def __str__(self):
         return f"[{self.code}] {self.message}"
 
+    def __reduce__(self):
+        # Pickled with everything it carries: DCP sends a rank's exception to the others
+        # (CheckpointException), and the default, Error(*args), would lose code, file and key.
+        return (type(self), (self.code, self.message, self.file, self.key), self.__dict__)
+
 
 def _from_native(code, message):
     """Builds the Error for a ckpt::Error (called by the bindings): file and key are read

@@ -10,7 +10,12 @@ each DTensor shard is a chunk at its global offsets, a region several ranks hold
 placements, plain tensors every rank has) is written once after ckpt checks that the copies
 agree, and the state-dict type (SHARDED when there are DTensors, else FULL) and every
 DTensor's mesh and placements are recorded in metadata.json. Non-tensor values are DCP's
-pickles, stored as bytes entries and listed in the user metadata.
+pickles, stored as bytes entries and listed in the user metadata. StorageReader unpickles
+them with torch.load(weights_only=True)'s rules (numbers, strings, bytes, lists, tuples,
+dicts, sets, tensors, torch.Size, dtypes; and BytesIO, frozenset, slice, range; more with
+torch.serialization.add_safe_globals): a pickle of anything else is refused with a
+ckpt.Error naming the key, as it could run code from the checkpoint, unless the reader
+is given allow_pickle=True ("runs code from the checkpoint": for checkpoints you trust).
 
 StorageReader reads any ckpt checkpoint, whoever wrote it: DCP plans the resharding from
 the stored chunks, and each read is one ckpt region read straight into the target tensor.
@@ -18,8 +23,8 @@ Scalars, JSON values and bytes entries the C++ library wrote load as Python numb
 values and bytes.
 
 The ranks of the save are those of `process_group` (default: the default group when
-torch.distributed is initialized, else one process); dcp.save(..., no_dist=True) needs
-single_process=True here.
+torch.distributed is initialized, else one process); dcp.save(..., no_dist=True) or
+use_collectives=False saves this process's state alone.
 
 The C++ runtime's checkpoints (ckpt::runtime: model, optimizer and scheduler state under
 their prefixes, FORMAT.md section 10.1) load into an equivalent torch model and optimizer:
@@ -32,6 +37,7 @@ optimizer_state_dict() returns the torch.optim state_dict without loading it.
 import io
 import json
 import os
+from collections.abc import Mapping
 
 import torch
 import torch.distributed as dist
@@ -47,7 +53,7 @@ import ckpt as _ckpt
 from . import _arrays
 from ._state import is_dtensor
 
-__all__ = ["StorageWriter", "StorageReader", "USER_KEY", "load_module_state", "optimizer_state_dict",
+__all__ = ["StorageWriter", "StorageReader", "USER_KEY", "unpickle", "load_module_state", "optimizer_state_dict",
            "load_optimizer_state"]
 
 # Key of the user metadata under which the writer records what DCP needs back.
@@ -58,12 +64,6 @@ def _done(value):
     fut = Future()
     fut.set_result(value)
     return fut
-
-
-def _comm(process_group, single_process):
-    if single_process or not (dist.is_available() and dist.is_initialized()):
-        return None
-    return _ckpt.ProcessGroupComm(process_group)
 
 
 def _placement(p):
@@ -95,30 +95,63 @@ def _mesh_record(state_dict):
 class StorageWriter(_DcpStorageWriter):
     """Writes dcp.save's state as a ckpt checkpoint at `path` (a directory).
 
-    overwrite: replace a committed checkpoint there (atomically); check_replicas: copies of
-    a region held by several ranks must agree (a desync is an error naming key and ranks);
-    compression: None or "zstd"; user_metadata: a JSON object recorded beside DCP's."""
+    A drop-in for FileSystemWriter: its arguments are taken in its order, with its defaults.
+    overwrite (default True, as FileSystemWriter): a re-save to `path` replaces the committed
+    checkpoint there, atomically (readers see the old one or the new one, never neither);
+    False refuses it ("already exists"). _extensions: None, or DCP's ZStandard (the same as
+    compression="zstd"); any other extension is refused. single_file_per_rank, sync_files,
+    thread_count, per_thread_copy_ahead, cache_staged_state_dict and serialization_format are
+    accepted and change nothing: ckpt writes one shard file per writing rank, always fsyncs
+    before its atomic commit, writes straight from the tensors' memory (no staging copies)
+    in its own format (FORMAT.md).
 
-    def __init__(self, path=None, *, overwrite=False, check_replicas=True, compression=None, level=3,
+    ckpt's own: check_replicas: copies of a region held by several ranks must agree (a
+    desync is an error naming key and ranks); compression: None or "zstd"; user_metadata: a
+    JSON object recorded beside DCP's; process_group: the ranks of the save (default: the
+    default group when torch.distributed is initialized), the group given to dcp.save;
+    single_process: save this process's state alone. dcp.save(..., no_dist=True) and
+    use_collectives=False save this process's state alone too (a checkpoint of world size 1:
+    ranks that all do so need a path each).
+
+    If any rank fails, every rank raises (DCP's CheckpointException names the cause) and
+    nothing is committed. Every key of the state dict DCP's planner was given must be in the
+    plan: a plan that leaves one out is refused, never committed without it."""
+
+    def __init__(self, path=None, single_file_per_rank=True, sync_files=True, thread_count=1,
+                 per_thread_copy_ahead=10_000_000, cache_staged_state_dict=False, overwrite=True,
+                 _extensions=None, serialization_format=None, *, check_replicas=True, compression=None, level=3,
                  user_metadata=None, process_group=None, single_process=False):
         super().__init__()
         self.path = None if path is None else os.fspath(path)
-        self.overwrite = overwrite
+        self.overwrite = bool(overwrite)
         self.check_replicas = check_replicas
+        for ext in _extensions or ():
+            if type(ext).__name__ != "ZStandard":
+                raise _ckpt.Error("unsupported", f"ckpt.torch.StorageWriter: extension {type(ext).__name__}: ckpt "
+                                  "takes DCP's ZStandard only (compression='zstd')")
+            compression = compression or "zstd"
+        if compression not in (None, "none", "zstd"):
+            raise _ckpt.Error("invalid argument", f"ckpt.torch.StorageWriter: compression {compression!r}: ckpt "
+                              "knows 'zstd' and 'none'")
         self.compression = compression
         self.level = level
         self.user_metadata = dict(user_metadata or {})
         self.process_group = process_group
         self.single_process = single_process
         self._local_plan = None
+        self._use_collectives = True
+        self._global_plans = None
+        self.is_coordinator = True
 
     def reset(self, checkpoint_id=None):
         if checkpoint_id is not None:
             self.path = os.fspath(checkpoint_id)
         self._local_plan = None
+        self._global_plans = None
 
-    def set_up_storage_writer(self, is_coordinator, *args, **kwargs):
+    def set_up_storage_writer(self, is_coordinator, *args, use_collectives=True, **kwargs):
         self.is_coordinator = is_coordinator
+        self._use_collectives = use_collectives
 
     def prepare_local_plan(self, plan):
         # Kept whole: DCP's global plan drops the copies of replicated tensors, but ckpt wants
@@ -127,12 +160,38 @@ class StorageWriter(_DcpStorageWriter):
         return plan
 
     def prepare_global_plan(self, plans):
+        self._global_plans = len(plans)
         return plans
 
-    def write_data(self, plan, planner):
+    def _save_comm(self):
+        """The ranks of this save: None when DCP runs without them (no_dist=True, which gives
+        the coordinator a global plan of its own local plan alone, or use_collectives=False)."""
+        if self.single_process or not self._use_collectives:
+            return None
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        if self.is_coordinator and self._global_plans == 1 and dist.get_world_size(self.process_group) > 1:
+            return None
+        return _ckpt.ProcessGroupComm(self.process_group)
+
+    def _tensor_plan(self, planner):
+        """This rank's whole local plan. With DefaultSavePlanner(enable_plan_caching=True) a
+        save whose plan did not change hands DCP an empty, unusable plan; the planner keeps
+        the real one (`plan`)."""
+        local = self._local_plan
+        if local is None or not getattr(local, "usable", True):
+            local = getattr(planner, "plan", None)
+        if local is None or not getattr(local, "usable", True):
+            raise _ckpt.Error("unsupported", f"{self.path}: the save planner ({type(planner).__name__}) gave no usable "
+                              "local plan (plan caching without the plan kept): nothing was written", self.path)
+        return local
+
+    def _entries(self, plan, planner):
+        """(entries, keep, sharded, pickled, missing): what this rank writes; `missing` the
+        keys of the planner's state dict that this rank does not write."""
         if self.path is None:
             raise _ckpt.Error("invalid argument", "ckpt.torch.StorageWriter: no path (pass one, or checkpoint_id)")
-        tensor_items = [i for i in (self._local_plan or plan).items if i.type != WriteItemType.BYTE_IO]
+        tensor_items = [i for i in self._tensor_plan(planner).items if i.type != WriteItemType.BYTE_IO]
         byte_items = [i for i in plan.items if i.type == WriteItemType.BYTE_IO]
         entries, keep, tensors, sharded = [], [], {}, False
         for item in tensor_items:
@@ -153,12 +212,35 @@ class StorageWriter(_DcpStorageWriter):
         for item in byte_items:
             buf = planner.resolve_data(item)
             entries.append(("bytes", item.index.fqn, buf.getvalue() if hasattr(buf, "getvalue") else bytes(buf)))
+        pickled = sorted(i.index.fqn for i in byte_items)
+        state = getattr(planner, "state_dict", None)
+        written = set(tensors) | set(pickled)
+        missing = sorted(k for k in state if k not in written) if isinstance(state, Mapping) else []
+        return entries, keep, sharded, pickled, missing
+
+    def write_data(self, plan, planner):
+        comm = self._save_comm()
+        failure, status = None, {"error": None, "pickled": [], "missing": []}
+        try:
+            entries, keep, sharded, status["pickled"], status["missing"] = self._entries(plan, planner)
+        except Exception as e:  # noqa: BLE001 (every rank must learn of it: see _agree)
+            failure = e
+            status["error"] = [getattr(e, "code", "internal error"), f"{type(e).__name__}: {e}"]
+        everyone = _agree(comm, status)
+        if failure is not None:
+            raise failure
+        _raise_any_failure(everyone, self.path)
+        pickled = sorted({n for s in everyone for n in s["pickled"]})
+        lost = sorted({n for s in everyone for n in s["missing"]} - set(pickled))
+        if lost:
+            lost = _not_written_anywhere(comm, lost, {e[1] for e in entries})
+        if lost:
+            raise _ckpt.Error("internal error", f"{self.path}: the save plan of {type(planner).__name__} leaves out "
+                              f"key '{lost[0]}' ({len(lost)} of the state dict's keys in all): nothing was written",
+                              self.path, lost[0])
         state = getattr(planner, "state_dict", None)
         user = dict(self.user_metadata)
-        user[USER_KEY] = {"pickled": sorted(i.index.fqn for i in byte_items),
-                          "planner_data": _jsonable(getattr(planner, "mappings", None))}
-        comm = _comm(self.process_group, self.single_process)
-        user[USER_KEY]["pickled"] = _union(comm, user[USER_KEY]["pickled"])
+        user[USER_KEY] = {"pickled": pickled, "planner_data": _jsonable(getattr(planner, "mappings", None))}
         mesh = _mesh_record(state)
         _ckpt._ckpt.save(self.path, entries, _ckpt.comm_of(comm), "SHARDED" if sharded or mesh else "FULL",
                          self.overwrite, self.check_replicas, self.compression, self.level, json.dumps(user),
@@ -184,12 +266,30 @@ class StorageWriter(_DcpStorageWriter):
         return isinstance(checkpoint_id, (str, os.PathLike))
 
 
-def _union(comm, names):
-    """The sorted union of `names` over the ranks of `comm` (None: this process)."""
+def _agree(comm, status):
+    """Every rank's `status` (a JSON object), this rank's included: a collective every rank
+    reaches, whether its preparation failed or not, so that one rank's failure reaches the
+    others instead of leaving them in ckpt's collective save (a hang, or mismatched
+    collectives)."""
     if comm is None:
-        return names
-    everyone = comm.all_gather(json.dumps(names).encode())
-    return sorted({n for blob in everyone for n in json.loads(blob)})
+        return [status]
+    return [json.loads(blob) for blob in comm.all_gather(json.dumps(status).encode())]
+
+
+def _raise_any_failure(everyone, path):
+    failed = [(r, s["error"]) for r, s in enumerate(everyone) if s["error"]]
+    if failed:
+        code = failed[0][1][0] if failed[0][1][0] in _ckpt.errors.CODES else "internal error"
+        raise _ckpt.Error(code, "; ".join(f"rank {r}: {text}" for r, (_, text) in failed) +
+                          f" (nothing was written to {path})", path)
+
+
+def _not_written_anywhere(comm, keys, mine):
+    """The `keys` that no rank writes (`mine`: what this rank writes)."""
+    found = set(keys) & mine
+    if comm is not None:
+        found = {k for blob in comm.all_gather(json.dumps(sorted(found)).encode()) for k in json.loads(blob)}
+    return [k for k in keys if k not in found]
 
 
 def _jsonable(mappings):
@@ -212,12 +312,20 @@ def _item_bytes(item):
 
 class StorageReader(_DcpStorageReader):
     """Reads any ckpt checkpoint at `path` for dcp.load (DCP reshards: every target region
-    is read from the stored chunks that overlap it). verify_checksums: check every byte read."""
+    is read from the stored chunks that overlap it). verify_checksums: check every byte read.
 
-    def __init__(self, path=None, *, verify_checksums=True):
+    The bytes entries DCP pickled at save time are unpickled with torch.load(weights_only=True)'s
+    rules (see the module's doc) and handed to DCP's planner re-pickled from the values so
+    built; a pickle of any other type is refused (ckpt.Error "unsupported" naming the key).
+    allow_pickle=True hands DCP the stored pickles as they are, which DCP's planner loads with
+    torch.load(weights_only=False): that RUNS CODE FROM THE CHECKPOINT, for checkpoints whose
+    writer you trust only. _extension_registry (FileSystemReader's) is accepted and unused."""
+
+    def __init__(self, path=None, _extension_registry=None, *, verify_checksums=True, allow_pickle=False):
         super().__init__()
         self.path = None if path is None else os.fspath(path)
         self.verify_checksums = verify_checksums
+        self.allow_pickle = allow_pickle
         self._reader = None
 
     def reset(self, checkpoint_id=None):
@@ -284,9 +392,11 @@ class StorageReader(_DcpStorageReader):
         return _done(None)
 
     def _bytes(self, r, key, pickled):
-        if pickled:
-            return r.read(key, verify=self.verify_checksums)
         value = r.read(key, verify=self.verify_checksums)  # bytes, a number or a JSON value
+        if pickled:
+            if self.allow_pickle:
+                return value
+            value = unpickle(value, key=key, file=r.path)
         buf = io.BytesIO()
         torch.save(value, buf)
         return buf.getvalue()
@@ -295,6 +405,33 @@ class StorageReader(_DcpStorageReader):
     def validate_checkpoint_id(cls, checkpoint_id):
         return isinstance(checkpoint_id, (str, os.PathLike)) and os.path.isfile(
             os.path.join(os.fspath(checkpoint_id), "metadata.json"))
+
+
+# Types a DCP pickle may hold beyond torch.load(weights_only=True)'s own: values DCP
+# pickles (a BytesIO in a state dict is stored as itself) and harmless builtins.
+_SAFE_EXTRA = (io.BytesIO, frozenset, slice, range)
+
+
+def unpickle(data, *, key=None, file=None, allow_pickle=False):
+    """The value of a pickle `data` (DCP's non-tensor values: torch.save's zip or a plain
+    pickle) built with torch.load(weights_only=True)'s rules: numbers, strings, bytes, lists,
+    tuples, dicts, sets, tensors, torch.Size, dtypes, OrderedDict, BytesIO, frozenset,
+    slice, range, and what torch.serialization.add_safe_globals allows. Anything else is
+    refused (ckpt.Error "unsupported" naming `key` and `file`) without running any of it.
+    allow_pickle=True: torch.load(weights_only=False), which RUNS CODE FROM THE DATA."""
+    if allow_pickle:
+        return torch.load(io.BytesIO(data), weights_only=False, map_location="cpu")
+    try:
+        with torch.serialization.safe_globals(list(_SAFE_EXTRA)):
+            return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+    except Exception as e:  # noqa: BLE001 (torch's refusal, or a damaged pickle)
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        why = next((ln for ln in lines if "GLOBAL" in ln or "global" in ln.split(" ")[:3]), lines[0] if lines else
+                   type(e).__name__)
+        where = f"{file}: " if file else ""
+        raise _ckpt.Error("unsupported", f"{where}key '{key}': a pickle that torch.load(weights_only=True) refuses "
+                          f"({why}); loading it could run code from the checkpoint: pass allow_pickle=True only "
+                          "for a checkpoint whose writer you trust", file, key) from None
 
 
 # What the runtime's optimizers keep per parameter (FORMAT.md 10.1), by torch.optim class.

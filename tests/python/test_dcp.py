@@ -3,15 +3,13 @@ saved by gloo processes, loaded at other world sizes, by libckpt (ckpt.load is c
 and by the tools; and any ckpt checkpoint loaded by dcp.load."""
 import json
 import os
-import subprocess
-import sys
 import uuid
 
 import numpy as np
 import pytest
 
 import ckpt
-from conftest import run_tool
+from conftest import run_ranks, run_tool
 
 if os.environ.get("CKPT_REQUIRE_TORCH"):
     import torch  # scripts/test.sh's venv has torch: a missing one is a failure there
@@ -28,22 +26,7 @@ WORKER = os.path.join(os.path.dirname(__file__), "dcp_worker.py")
 def launch(scenario, world, out, timeout=600):
     """Runs `world` ranks of a dcp_worker scenario; fails with their output if any fails."""
     store = os.path.join(out, f"store-{scenario}-{uuid.uuid4().hex}")
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, WORKER, scenario, str(r), str(world), store, out],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-             for r in range(world)]
-    outputs = []
-    try:
-        for p in procs:
-            outputs.append(p.communicate(timeout=timeout)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    failed = [(r, p.returncode) for r, p in enumerate(procs) if p.returncode != 0]
-    assert not failed, f"{scenario} x{world}: ranks {failed} failed\n" + "\n".join(
-        f"--- rank {r}\n{o[-4000:]}" for r, o in enumerate(outputs))
+    run_ranks(WORKER, lambda r: (scenario, r, world, store, out), world, scenario, timeout)
 
 
 def reference_flat():
@@ -160,10 +143,10 @@ def test_storage_writer_single_process_round_trip_and_overwrite(tmp):
     assert md["state_dict_type"] == "FULL" and md["mesh"] is None
     assert md["user"][ckpt.torch.USER_KEY]["pickled"] == ["meta.epoch", "meta.name"]
     with pytest.raises(BaseException) as e:  # DCP wraps it (CheckpointException); the message is kept
-        dcp.save(state, storage_writer=ckpt.torch.StorageWriter(path), no_dist=True)
+        dcp.save(state, storage_writer=ckpt.torch.StorageWriter(path, overwrite=False), no_dist=True)
     assert "already exists" in str(e.value) or "already exists" in repr(e.value)
     state["w"] = state["w"] * 2
-    dcp.save(state, storage_writer=ckpt.torch.StorageWriter(path, overwrite=True), no_dist=True)
+    dcp.save(state, storage_writer=ckpt.torch.StorageWriter(path), no_dist=True)  # overwrites, as FileSystemWriter
     out = {"w": torch.zeros(3, 4, dtype=torch.bfloat16), "meta": {"epoch": 0, "name": ""}}
     dcp.load(out, storage_reader=ckpt.torch.StorageReader(path), no_dist=True)
     assert torch.equal(out["w"], state["w"]) and out["meta"] == {"epoch": 3, "name": "x"}

@@ -9,6 +9,8 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <string_view>
+#include <vector>
 
 #include "ckpt/error.h"
 #include "ckpt/ops/source.h"
@@ -88,6 +90,21 @@ std::string DescribeRule(const EntryMeta& e, int world_size) {
     g += (d ? "x" : "") + std::to_string(parts);
   }
   return g;
+}
+
+}  // namespace
+
+namespace {
+
+// A pickle (the PROTO opcode 0x80 and a protocol of 2 to 5, as torch.save's legacy format
+// starts too), or torch.save's zip, whose first member is its pickle (".../data.pkl").
+bool IsPickle(const std::vector<uint8_t>& b) {
+  if (b.size() >= 2 && b[0] == 0x80 && b[1] >= 2 && b[1] <= 5) return true;
+  constexpr std::size_t kNameAt = 30;  // a zip local file header's name (its length at 26)
+  if (b.size() < kNameAt || b[0] != 'P' || b[1] != 'K' || b[2] != 3 || b[3] != 4) return false;
+  const std::size_t n = static_cast<std::size_t>(b[26]) | static_cast<std::size_t>(b[27]) << 8;
+  if (b.size() < kNameAt + n) return false;
+  return std::string_view(reinterpret_cast<const char*>(b.data()) + kNameAt, n).ends_with("data.pkl");
 }
 
 }  // namespace
@@ -208,6 +225,21 @@ InspectReport Inspect(const std::filesystem::path& path, const InspectOptions& o
     r.stored_bytes += e.kind == EntryKind::kTensor ? k.stored_bytes : 0;
     r.keys.push_back(std::move(k));
   }
+  // Which bytes entries hold pickles: their content is read (bytes entries are values, small).
+  for (auto& k : r.keys) {
+    if (k.kind != EntryKind::kBytes) continue;
+    const EntryMeta& e = *md.Find(k.key);
+    bool readable = true;
+    for (const auto& c : e.chunks) readable = readable && file_ok[c.file];
+    if (e.chunks.empty())
+      for (const auto& [name, ok] : file_ok) readable = readable && ok;
+    if (!readable) continue;  // the missing file is a problem already
+    try {
+      k.pickle = IsPickle(src->ReadBytes(k.key));
+    } catch (const Error& err) {
+      r.problems.push_back(k.key + ": content not read: " + err.what());
+    }
+  }
   if (options.stats && stats_bytes > 0) {
     detail::Progress progress("stats", stats_bytes, options.progress);
     for (auto& k : r.keys) {
@@ -241,6 +273,7 @@ std::vector<std::string> RowCells(const KeyInfo& k, bool stats, const std::strin
                                   k.kind == EntryKind::kTensor || k.kind == EntryKind::kBytes ? FormatBytes(static_cast<double>(k.bytes)) : "-",
                                   k.layout};
   if (k.kind == EntryKind::kScalar) row[1] = "scalar " + k.dtype;
+  if (k.pickle) row[1] = "bytes (pickle)";
   if (stats) {
     if (k.stats) {
       for (double v : {k.stats->min, k.stats->max, k.stats->mean, k.stats->std})
@@ -397,6 +430,7 @@ ordered_json KeyJson(const KeyInfo& k) {
     kj["bytes"] = k.bytes;
     kj["stored_bytes"] = k.stored_bytes;
   }
+  if (k.kind == EntryKind::kBytes) kj["pickle"] = k.pickle;
   if (k.kind == EntryKind::kScalar || k.kind == EntryKind::kJson)
     kj["value"] = ordered_json::parse(k.value, nullptr, false);
   if (k.stats) {

@@ -39,6 +39,10 @@ struct KeyInfo {
   std::string layout;     // "full", "replicated", "sharded dim 0 / 4", "irregular"; "-" for non-tensors
   std::string value;      // scalar and json: the value as JSON text
   std::optional<TensorStats> stats;
+  // Bytes entry: its content is a pickle (protocol 2-5) or torch.save's zip of one (what
+  // DCP stores for non-tensor values): unpickling it can run code (ckpt.torch refuses
+  // pickles of types outside torch.load(weights_only=True)'s unless allow_pickle=True).
+  bool pickle = false;
 };
 
 struct FileInfo {
