@@ -9,7 +9,8 @@
 #   2. auditwheel repair: copies the shared libraries that the extension loads from the
 #      system (HDF5 and what it pulls in, zstd, xxhash) into the wheel's ckpt.libs, points the
 #      extension at them and tags the wheel manylinux_2_N for the oldest glibc it can run on.
-# CKPT_WHEEL_CUDA=AUTO (default OFF) builds ckpt::cuda in (CUDA tensors; libcudart bundled).
+# CKPT_WHEEL_CUDA=AUTO (default OFF) builds ckpt::cuda in (CUDA tensors; libcudart bundled);
+# CKPT_WHEEL_PIP_ARGS adds pip arguments (e.g. -C build-dir=../build/other -C build.verbose=true).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${1:-${CKPT_VENV:-$HOME/.cache/ckpt-venv}/bin/python}
