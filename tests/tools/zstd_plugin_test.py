@@ -32,18 +32,9 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ckpt_edit  # noqa: E402
-from cli_test import write_safetensors, read_safetensors  # noqa: E402
+from cli_test import check, finish, write_safetensors, read_safetensors  # noqa: E402
 
 PLUGIN = "libckpt_h5zstd.so"
-FAILURES = []
-
-
-def check(cond, what):
-    if not cond:
-        FAILURES.append(what)
-        print("FAIL:", what, flush=True)
-
-
 def run(args, env=None, **kw):
     return subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=300, env=env, **kw)
 
@@ -275,12 +266,8 @@ def main():
         if args.cmake and args.build_dir:
             test_install_where_debian_looks(args.cmake, args.build_dir, tmp)
     finally:
-        if not FAILURES:
-            shutil.rmtree(tmp, ignore_errors=True)
-            print("zstd plugin: all checks passed")
-        else:
-            print(f"{len(FAILURES)} failures (scratch kept in {tmp})")
-    return 1 if FAILURES else 0
+        status = finish(tmp, "zstd plugin: all checks passed")
+    return status
 
 
 if __name__ == "__main__":
