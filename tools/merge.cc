@@ -89,7 +89,8 @@ int MergeMain(int argc, char** argv) {
   AddWriteFlags(app, f);
   app.add_flag("--virtual", f.o.virtual_file,
                "Write one HDF5 file of virtual datasets that stitch each tensor from the shards\n"
-               "(named relative to it: move the two together)");
+               "(named relative to it: move the two together); packed small chunks are copied into it.\n"
+               "h5ls / h5py see every tensor by its key");
   app.add_flag("--verify-data", f.o.verify_data, "Re-read and checksum the output before committing it");
   return RunWrite(app, common, f, argc, argv);
 }

@@ -464,6 +464,26 @@ void WriteShardedSafetensors(Source& src, const std::vector<Selected>& sel, cons
   r.files = names.size() + (one_file ? 0 : 1);
 }
 
+// A scalar entry as a 0-D dataset of the virtual file, so that h5ls and h5py see it by its
+// key too: its value (metadata.json's JSON number) as int64 (uint64 past int64's range) or
+// float64. False where the value is not a number.
+bool AddVirtualScalar(storage::VirtualFileWriter& file, const std::string& key, const std::string& value) {
+  const json v = json::parse(value, nullptr, /*allow_exceptions=*/false);
+  if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t{std::numeric_limits<int64_t>::max()}) {
+    const uint64_t x = v.get<uint64_t>();
+    file.AddScalar(key, DType::kUInt64, &x);
+  } else if (v.is_number_integer()) {
+    const int64_t x = v.get<int64_t>();
+    file.AddScalar(key, DType::kInt64, &x);
+  } else if (v.is_number_float()) {
+    const double x = v.get<double>();
+    file.AddScalar(key, DType::kFloat64, &x);
+  } else {
+    return false;
+  }
+  return true;
+}
+
 void WriteVirtual(Source& src, const std::vector<Selected>& sel, const fs::path& dst,
                   const MergeOptions& o, MergeReport& r) {
   if (src.kind() != SourceKind::kCheckpoint)
@@ -477,10 +497,15 @@ void WriteVirtual(Source& src, const std::vector<Selected>& sel, const fs::path&
   // Source files are named relative to the virtual file's directory (HDF5 resolves them
   // from there), so the two can be moved or copied together.
   const fs::path src_dir = fs::relative(fs::absolute(src.path()), fs::absolute(dst).parent_path());
+  uint64_t packed = 0, packed_bytes = 0;  // packed chunks copied into the virtual file
   try {
     storage::VirtualFileWriter file(tmp, dst.string());
     for (const auto& s : sel) {
       const EntryMeta& e = *s.entry;
+      if (e.kind == EntryKind::kScalar && AddVirtualScalar(file, *s.key, e.value)) {
+        ++r.other_entries;
+        continue;
+      }
       if (e.kind != EntryKind::kTensor) {
         r.notes.push_back("'" + *s.key + "' is a " + std::string(EntryKindName(e.kind)) +
                           " entry: not in the virtual file");
@@ -491,7 +516,12 @@ void WriteVirtual(Source& src, const std::vector<Selected>& sel, const fs::path&
         src.ReadRegion(*s.key, Box::Full(e.shape), element);
         file.AddScalar(*s.key, e.dtype, element);
       } else {
-        file.AddTensor(*s.key, e.dtype, e.shape, e.chunks, src_dir);
+        // Packed chunks (FORMAT.md §5.7) are copied, read and checked as any read is.
+        file.AddTensor(*s.key, e.dtype, e.shape, e.chunks, src_dir, [&](const ChunkMeta& c, void* out) {
+          src.ReadRegion(*s.key, c.box, out);
+          ++packed;
+          packed_bytes += c.stored_bytes;
+        });
       }
       ++r.tensors;
       r.chunks += e.chunks.size();
@@ -503,6 +533,10 @@ void WriteVirtual(Source& src, const std::vector<Selected>& sel, const fs::path&
     storage::DiscardStaged(tmp);
     throw;
   }
+  if (packed)
+    r.notes.push_back(std::to_string(packed) + " packed chunk(s) (FORMAT.md §5.7), " +
+                      detail::FormatBytes(static_cast<double>(packed_bytes)) +
+                      ", copied into the virtual file: a mapping cannot retype a pack's bytes");
   r.files = 1;
   Install(tmp, dst, o.force);
 }

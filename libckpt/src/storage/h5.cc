@@ -29,7 +29,9 @@ void Init() {
     // No filter or VFD plugin is ever loaded from the machine's plugin directory: the
     // format names its filters (shuffle, zstd) and ckpt registers them itself.
     H5PLset_loading_state(0);
-    RegisterZstdFilter();
+    // Registered whatever is there: asking H5Zfilter_avail first would search the plugin
+    // directory, and no plugin may stand in for this filter.
+    H5Zregister(&ZstdFilterClass());
     std::atexit(Shutdown);
   });
   // The thread-safe HDF5 keeps the error-printing switch per thread: silence every
