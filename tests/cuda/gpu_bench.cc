@@ -1,7 +1,9 @@
 // ckpt-gpu-bench: the figures scripts/gpu-check.sh prints. cudaMemcpy's pinned bandwidth
 // (device to host, host to device), ckpt::cuda's staging pipeline in both directions against
 // it, Save and Load of the same state from device and from host memory, and the statistics of
-// a float32 chunk by the CUDA kernel. Usage: ckpt-gpu-bench [--mib N] [--dir DIR]
+// a float32 chunk by the CUDA kernel. Usage: ckpt-gpu-bench [--mib N] [--dir DIR] [--keep PATH]
+// --keep: also save the state from device memory to PATH and leave it there (for ckpt-verify).
+// Exits 77 (skipped) where there is no CUDA device.
 #include <cuda_runtime.h>
 #include <unistd.h>
 
@@ -37,20 +39,23 @@ double GBs(std::size_t bytes, double s) { return static_cast<double>(bytes) / s 
 int main(int argc, char** argv) {
   std::size_t mib = 1024;
   fs::path dir = fs::exists("/dev/shm") ? fs::path("/dev/shm") : fs::temp_directory_path();
+  fs::path keep;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--mib" && i + 1 < argc) {
       mib = std::strtoull(argv[++i], nullptr, 10);
     } else if (a == "--dir" && i + 1 < argc) {
       dir = argv[++i];
+    } else if (a == "--keep" && i + 1 < argc) {
+      keep = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: ckpt-gpu-bench [--mib N] [--dir DIR]\n");
+      std::fprintf(stderr, "usage: ckpt-gpu-bench [--mib N] [--dir DIR] [--keep PATH]\n");
       return 2;
     }
   }
   if (ckpt::cuda::DeviceCount() == 0) {
-    std::printf("ckpt-gpu-bench: no CUDA device here\n");
-    return 1;
+    std::printf("SKIPPED: ckpt-gpu-bench: no CUDA device here\n");
+    return 77;
   }
   const std::size_t bytes = mib << 20;
   void* dev = nullptr;
@@ -178,6 +183,12 @@ int main(int argc, char** argv) {
   const double kernel = GBs(bytes, Seconds(t0));
   std::printf("stats kernel        %6.2f GB/s   (finite %lld; the host computes them inside Save above)\n", kernel,
               static_cast<long long>(s.finite_count));
+  if (!keep.empty()) {
+    t0 = Clock::now();
+    ckpt::Save(keep, on_device, comm, overwrite);
+    std::printf("kept                %s (%zu MiB saved from device memory in %.3f s)\n", keep.c_str(), mib,
+                Seconds(t0));
+  }
   ckpt::SetDeviceBackend(nullptr);
   Ok(cudaFreeHost(pinned), "cudaFreeHost");
   Ok(cudaFree(dev), "cudaFree");

@@ -10,7 +10,8 @@
 //  3. rank 0 checks the target, picks one writer per region (replicas spread to balance
 //     bytes), creates the staging directory and broadcasts the plan;
 //  4. write: each writer streams its chunks into its shard, fsyncs it, and reports them;
-//  5. commit: rank 0 writes metadata.json and renames the directory into place.
+//  5. totals: each key's statistics summed over the ranks (O(keys) per reduction);
+//  6. commit: rank 0 writes metadata.json and renames the directory into place.
 // Each rank times its phases; rank 0 gathers them into metadata.json (FORMAT.md §3.8).
 #include "checkpoint/save.h"
 
