@@ -9,6 +9,7 @@ and then saves DIR/ws4; "w2" and "w3" load the checkpoints of the larger and sma
 saved before (and DIR/ws4x, the other format's copy of DIR/ws4 that the test converted) and save
 DIR/ws<world>; "back" (world 4) loads DIR/ws2 and DIR/ws3. Each scenario prints
 "SCENARIO <name> ok" (or "skip: why") on every rank; any failure exits non-zero.
+CKPT_DCP_SCENARIOS=name,name runs only those (debugging).
 
 Every tensor holds ref(key): values fixed by its key alone, so a load at any layout is checked
 against the whole tensor (DTensor.full_tensor()) bit for bit.
@@ -390,9 +391,31 @@ def no_dist():
     dist.barrier()
 
 
+def edge_cases():
+    """An empty state dict (test_no_dist); checkpoint_id naming the path (given to a writer
+    and reader made for another); a 0-d, an empty, a non-contiguous and a bool tensor; the
+    whole checkpoint loaded without a state dict (_load_state_dict_from_keys())."""
+    dcp.save({}, storage_writer=writer("empty"))
+    dcp.load({}, storage_reader=reader("empty"))
+    odd = {"s": torch.tensor(3.5), "z": torch.zeros(0, 4), "nc": ref("nc", (3, 4)).t(),
+           "b": torch.tensor([True, False, True]), "meta": {"k": "v"}}
+    dcp.save(odd, storage_writer=writer("unused"), checkpoint_id=path_of("edges"))
+    assert not os.path.exists(path_of("unused"))
+    got = {"s": torch.tensor(0.0), "z": torch.ones(0, 4), "nc": torch.zeros(4, 3), "b": torch.zeros(3, dtype=torch.bool),
+           "meta": {"k": None}}
+    dcp.load(got, storage_reader=reader("unused"), checkpoint_id=path_of("edges"))
+    for k in ("s", "z", "nc", "b"):
+        assert got[k].dtype == odd[k].dtype and torch.equal(got[k], odd[k]), k
+    assert got["meta"] == {"k": "v"}
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+    everything = _load_state_dict_from_keys(storage_reader=reader("edges"))
+    assert set(everything) == {"s", "z", "nc", "b", "meta"} and everything["meta"] == {"k": "v"}, everything
+    assert torch.equal(everything["nc"], odd["nc"])
+
+
 SAME_WORLD = [("resharding", resharding), ("fsdp2", fsdp2), ("partial_loads", partial_loads), ("hsdp", hsdp),
               ("stateful", stateful), ("non_tensor", non_tensor), ("planners", planners),
-              ("overwrite", overwrite), ("no_dist", no_dist), ("async_thread", lambda: async_save("THREAD")),
+              ("overwrite", overwrite), ("no_dist", no_dist), ("edge_cases", edge_cases), ("async_thread", lambda: async_save("THREAD")),
               ("async_process", lambda: async_save("PROCESS"))]
 
 
@@ -446,8 +469,11 @@ def main():
         sys.argv[5], sys.argv[6]
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=RANK, world_size=WORLD)
+    only = os.environ.get("CKPT_DCP_SCENARIOS")  # debugging: a comma-separated subset
     try:
         for name, fn in PHASES[phase]:
+            if only and name not in only.split(","):
+                continue
             try:
                 outcome = fn() or "ok"
             except BaseException:

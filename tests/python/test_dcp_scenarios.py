@@ -1,8 +1,9 @@
 """PyTorch's own DCP scenarios (its test/distributed/checkpoint/: resharding between placements
 and meshes, world-size changes, FSDP2 and HSDP state dicts, Stateful objects, non-tensor values,
 async save with thread and process executors, every planner option, overwrite, no_dist, partial
-loads), re-written for gloo on CPU with at most 4 processes (dcp_scenarios_worker.py) and run
-twice: with DCP's FileSystemWriter / FileSystemReader ("stock": proves the scenario) and with
+loads; edge cases: an empty state dict, checkpoint_id, 0-d and empty tensors), re-written for
+gloo on CPU with at most 4 processes (dcp_scenarios_worker.py) and run twice: with DCP's
+FileSystemWriter / FileSystemReader ("stock": proves the scenario) and with
 ckpt.torch.StorageWriter / StorageReader ("ckpt": proves ckpt). Every checkpoint ckpt wrote then
 passes ckpt-verify. DCP directories are imported into ckpt and ckpt checkpoints exported to DCP
 (python -m ckpt.convert) and loaded at another world size with the other format's reader.
