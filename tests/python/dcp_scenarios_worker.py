@@ -165,8 +165,7 @@ def resharding():
 
 
 def fsdp2():
-    """FSDP2 model + AdamW through get_state_dict / dcp / set_state_dict; then the checkpoint
-    loaded partially (the model alone; _load_state_dict_from_keys; keys absent)."""
+    """FSDP2 model + AdamW through get_state_dict / dcp.save / dcp.load / set_state_dict."""
     mesh = init_device_mesh("cpu", (WORLD,))
     m, opt = model_on(mesh)
     sd = train_state(m, opt)
@@ -305,6 +304,8 @@ def async_save(kind):
     sd["meta"] = {"step": 11}
     name = f"async_{kind.lower()}"
     for i in range(2):
+        # (e2e's cache_staged_state_dict=True is left out: FileSystemWriter then stages into
+        # pinned memory, which needs CUDA.)
         res = dcp.async_save(sd, storage_writer=writer(f"{name}{i}"), async_checkpointer_type=executor)
         fut = getattr(res, "upload_completion", res)
         for v in flat(sd).values():
@@ -363,7 +364,7 @@ def planners():
 
 def overwrite():
     """A re-save to the same path replaces the checkpoint (the default, as FileSystemWriter);
-    overwrite=False refuses it; a load sees the latest."""
+    overwrite=False refuses it; a load sees the latest, and no key of the one replaced."""
     t1, t2 = ref("o1", (10,)), ref("o2", (10,))
     dcp.save({"random": t1}, storage_writer=writer("overwrite"))
     dcp.save({"random": t2}, storage_writer=writer("overwrite"))
@@ -376,6 +377,13 @@ def overwrite():
     got = {"random": torch.zeros(10)}
     dcp.load(got, storage_reader=reader("overwrite"))
     assert torch.equal(got["random"], t2)
+    # A re-save of other keys: the old ones are gone, not left behind.
+    dcp.save({"other": t1}, storage_writer=writer("overwrite"))
+    expect_failure(lambda: dcp.load({"random": torch.zeros(10)}, storage_reader=reader("overwrite")),
+                   "random", "missing")
+    got = {"other": torch.zeros(10)}
+    dcp.load(got, storage_reader=reader("overwrite"))
+    assert torch.equal(got["other"], t1)
 
 
 def no_dist():
@@ -401,8 +409,8 @@ def edge_cases():
            "b": torch.tensor([True, False, True]), "meta": {"k": "v"}}
     dcp.save(odd, storage_writer=writer("unused"), checkpoint_id=path_of("edges"))
     assert not os.path.exists(path_of("unused"))
-    got = {"s": torch.tensor(0.0), "z": torch.ones(0, 4), "nc": torch.zeros(4, 3), "b": torch.zeros(3, dtype=torch.bool),
-           "meta": {"k": None}}
+    got = {"s": torch.tensor(0.0), "z": torch.ones(0, 4), "nc": torch.zeros(4, 3),
+           "b": torch.zeros(3, dtype=torch.bool), "meta": {"k": None}}
     dcp.load(got, storage_reader=reader("unused"), checkpoint_id=path_of("edges"))
     for k in ("s", "z", "nc", "b"):
         assert got[k].dtype == odd[k].dtype and torch.equal(got[k], odd[k]), k
@@ -415,17 +423,19 @@ def edge_cases():
 
 SAME_WORLD = [("resharding", resharding), ("fsdp2", fsdp2), ("partial_loads", partial_loads), ("hsdp", hsdp),
               ("stateful", stateful), ("non_tensor", non_tensor), ("planners", planners),
-              ("overwrite", overwrite), ("no_dist", no_dist), ("edge_cases", edge_cases), ("async_thread", lambda: async_save("THREAD")),
-              ("async_process", lambda: async_save("PROCESS"))]
+              ("overwrite", overwrite), ("no_dist", no_dist), ("edge_cases", edge_cases),
+              ("async_thread", lambda: async_save("THREAD")), ("async_process", lambda: async_save("PROCESS"))]
 
 
 # ------------------------------------------------------------------------- world-size changes
 
 def ws_state(salt):
-    """At this world size: FSDP2 model + AdamW, a DTensor on a 1-D mesh, one on a 2-D mesh
-    (2 x world/2, or world x 1), a plain tensor and non-tensor values."""
+    """At this world size: an HSDP (world 4) or FSDP2 model + AdamW, a DTensor on a 1-D mesh,
+    one on a 2-D mesh (2 x world/2, or world x 1), a plain tensor and non-tensor values."""
     mesh = init_device_mesh("cpu", (WORLD,))
-    m, opt = model_on(mesh, seed=6)
+    # At 4 the model is HSDP (2 x 2: replicate x shard), elsewhere FSDP2 on all ranks.
+    hsdp_mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard")) if WORLD == 4 else None
+    m, opt = model_on(mesh if hsdp_mesh is None else hsdp_mesh, seed=6)
     sd = train_state(m, opt, salt=salt)
     grid = init_device_mesh("cpu", (2, WORLD // 2) if WORLD % 2 == 0 else (WORLD, 1))
     sd["vec"] = distribute_tensor(torch.zeros(7, 3), mesh, [Shard(0)])
@@ -468,6 +478,9 @@ def main():
     KIND, phase, RANK, WORLD, store, OUT = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), \
         sys.argv[5], sys.argv[6]
     torch.set_num_threads(1)
+    # The PROCESS executor's background processes meet at MASTER_ADDR (else this host's fully
+    # qualified name, which a machine without DNS may not resolve).
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=RANK, world_size=WORLD)
     only = os.environ.get("CKPT_DCP_SCENARIOS")  # debugging: a comma-separated subset
     try:
