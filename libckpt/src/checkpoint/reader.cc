@@ -215,10 +215,22 @@ std::vector<const ChunkMeta*> Reader::ChunksMeeting(const std::string& key, cons
   if (!catalog_ || !e.chunks.empty()) {
     for (const ChunkMeta& c : e.chunks)
       if (layout::Intersect(c.box, region)) out.push_back(&c);
-    return out;
+  } else {
+    grid::ForEachCell(e.layout, e.shape, region,
+                      [&](const Box& box, int32_t file) { out.push_back(&catalog_->Find(key, e, box, file)); });
   }
-  grid::ForEachCell(e.layout, e.shape, region,
-                    [&](const Box& box, int32_t file) { out.push_back(&catalog_->Find(key, e, box, file)); });
+  // The chunks found must fill the region: they tile the tensor (checked at open), so
+  // anything else is a layout this reader misread, and a read that filled less than it
+  // was asked would return unwritten memory as data (issue 32.3).
+  int64_t covered = 0;
+  for (const ChunkMeta* c : out) {
+    if (const auto inter = layout::Intersect(c->box, region)) covered += inter->NumElements();
+  }
+  if (covered != region.NumElements()) {
+    throw Error(ErrorCode::kCorrupt, dir_.string() + ": tensor '" + key + "': the chunks its layout names cover " +
+                                         std::to_string(covered) + " of the " + std::to_string(region.NumElements()) +
+                                         " elements of " + region.ToString());
+  }
   return out;
 }
 
