@@ -485,6 +485,10 @@ std::vector<std::string> CheckLayout(const std::string& key, const TensorLayout&
       return problems;
     }
   }
+  if (cells != 1 && ZeroVolume(shape)) {  // FORMAT.md §3.3, §8.7: one chunk, the whole tensor
+    bad("a grid of " + std::to_string(cells) + " cells for a tensor of zero volume (it has exactly one chunk)");
+    return problems;
+  }
   if (!l.cell_files.empty()) {
     if (static_cast<int64_t>(l.cell_files.size()) != cells) {
       bad(std::to_string(l.cell_files.size()) + " cell files for " + std::to_string(cells) + " cells");

@@ -35,6 +35,7 @@
 #include "ckpt/ops/source.h"
 #include "format/checked.h"
 #include "format/grid.h"
+#include "format/names.h"
 #include "ops/json_schema.h"
 #include "ops/util.h"
 #include "storage/digest.h"
@@ -138,6 +139,11 @@ void VerifyIndexes(const fs::path& path, const Metadata& md, const std::vector<c
     return *l;
   };
   int named_missing = 0;  // files whose missing records were named one by one
+  struct Sum {
+    uint64_t stored = 0;  // saturating
+    int64_t records = 0;
+  };
+  std::unordered_map<const EntryMeta*, Sum> sums;  // FORMAT.md §3.5: each entry's records' stored_bytes
   if (nf == 0) meanwhile();
   for (std::size_t first = 0; first < nf;) {
     std::vector<std::size_t> group;
@@ -177,6 +183,10 @@ void VerifyIndexes(const fs::path& path, const Metadata& md, const std::vector<c
           try {
             chunks.push_back({&key, e, &catalog.Find(key, *e, rec.chunk.box, file)});
             ++found;
+            Sum& sum = sums[e];
+            const uint64_t b = chunks.back().chunk->stored_bytes;
+            sum.stored = b > UINT64_MAX - sum.stored ? UINT64_MAX : sum.stored + b;
+            ++sum.records;
           } catch (const std::exception& err) {
             add(key, err.what());
           }
@@ -202,6 +212,18 @@ void VerifyIndexes(const fs::path& path, const Metadata& md, const std::vector<c
     }
     run_group(group, chunks, first == 0 ? meanwhile : std::function<void()>([] {}));
     first += group.size();
+  }
+  // An entry whose records were all found: its stored_bytes is their sum (a missing record
+  // is reported above on its own).
+  for (const auto& [key, e] : md.entries) {
+    if (e.kind != EntryKind::kTensor && e.kind != EntryKind::kBytes) continue;
+    const auto it = sums.find(&e);
+    if (it == sums.end() || it->second.records != grid::ChunkCount(e.layout, ShapeOf(e))) continue;
+    try {
+      internal::CheckStoredBytes(key, e, it->second.stored);
+    } catch (const Error& err) {
+      problems.push_back({"index", names::kMetadataFile, key, err.what()});
+    }
   }
 }
 
@@ -562,6 +584,23 @@ class DataRun {
           job.problem = TensorWhere(fw.name, *job.key, job.chunk) + " (dataset '" + job.chunk->dataset +
                         "'): the shard index places its data at byte " + std::to_string(*job.chunk->offset) +
                         (at ? ", its HDF5 header at byte " + std::to_string(*at) : ", its HDF5 header stores it filtered");
+          continue;
+        }
+        // FORMAT.md §5.4: an uncompressed dataset with data is contiguous.
+        if (!at && ChunkBytes(job) > 0 && job.chunk->compression.codec == Compression::Codec::kNone) {
+          job.problem_check = "datasets";
+          job.problem = TensorWhere(fw.name, *job.key, job.chunk) + " (dataset '" + job.chunk->dataset +
+                        "'): its record says uncompressed, its HDF5 header stores it chunked or filtered "
+                        "(uncompressed datasets are contiguous, FORMAT.md §5.4)";
+          continue;
+        }
+        // FORMAT.md §5.5: a v2 record (one with block digests) gives `offset` exactly for a
+        // contiguous dataset with data.
+        if (job.chunk->block_bytes != 0 && job.chunk->offset.has_value() != (at && ChunkBytes(job) > 0)) {
+          job.problem_check = "index";
+          job.problem = TensorWhere(fw.name, *job.key, job.chunk) + " (dataset '" + job.chunk->dataset + "'): " +
+                        (job.chunk->offset ? "the shard index gives an offset for a dataset with no data"
+                                           : "the shard index gives no offset for a contiguous dataset with data");
           continue;
         }
       } catch (const std::exception& e) {
