@@ -10,10 +10,13 @@
 //                                   in two chunks, packed p0 [6] and p1 [10], big [20000] (a
 //                                   dataset of its own), empty e [0, 4], 0-D s, int32 i [3, 4],
 //                                   bytes blob, scalar step, json cfg; one shard
-//   exit 0: read; 1: a ckpt::Error (printed); 2: usage; anything else is a bug
+//   exit 0: read; 1: a ckpt::Error (printed); 2: usage; 3: Load left bytes unwritten;
+//   anything else is a bug
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
-#include <deque>
+#include <string>
 #include <vector>
 
 #include "ckpt/ckpt.h"
@@ -28,18 +31,20 @@ std::size_t BytesOf(const ckpt::Box& box, ckpt::DType dtype) {
   return static_cast<std::size_t>(bytes);
 }
 
-void LoadAll(const char* dir) {
+// Loads everything into buffers filled with `fill`; returns the buffers by key.
+std::vector<std::pair<std::string, std::vector<uint8_t>>> LoadInto(const char* dir, uint8_t fill) {
   ckpt::StateDict target;
-  std::deque<std::vector<uint8_t>> buffers;
+  std::vector<std::pair<std::string, std::vector<uint8_t>>> buffers;
   ckpt::LoadOptions options;
   try {
     const ckpt::Metadata m = ckpt::ReadMetadata(dir, /*resolve=*/false);
     options.state_dict_type = m.state_dict_type;
+    buffers.reserve(m.entries.size());
     for (const auto& [key, e] : m.entries) {
       switch (e.kind) {
         case ckpt::EntryKind::kTensor:
-          buffers.emplace_back(BytesOf(ckpt::Box::Full(e.shape), e.dtype) + 1);
-          target.Add(key, ckpt::Tensor::Full(e.dtype, e.shape, buffers.back().data()));
+          buffers.emplace_back(key, std::vector<uint8_t>(BytesOf(ckpt::Box::Full(e.shape), e.dtype) + 1, fill));
+          target.Add(key, ckpt::Tensor::Full(e.dtype, e.shape, buffers.back().second.data()));
           break;
         case ckpt::EntryKind::kScalar: target.Add(key, ckpt::Scalar{}); break;
         case ckpt::EntryKind::kBytes: target.Add(key, ckpt::Bytes{}); break;
@@ -51,6 +56,21 @@ void LoadAll(const char* dir) {
   }
   ckpt::SingleComm comm;
   (void)ckpt::Load(dir, target, comm, options);
+  return buffers;
+}
+
+// Load, twice, into buffers filled differently: a load that returns without writing every
+// byte of a tensor (issue 32.3) leaves the two apart.
+void LoadAll(const char* dir) {
+  const auto zeros = LoadInto(dir, 0x00), ones = LoadInto(dir, 0xff);
+  for (std::size_t i = 0; i < zeros.size() && i < ones.size(); ++i) {
+    const auto& a = zeros[i].second;
+    const auto& b = ones[i].second;
+    if (!std::equal(a.begin(), a.end() - 1, b.begin())) {
+      std::fprintf(stderr, "conformance: Load returned without writing all of tensor '%s'\n", zeros[i].first.c_str());
+      std::exit(3);
+    }
+  }
 }
 
 void ReadAll(const char* dir) {
