@@ -300,7 +300,8 @@ def define(s):
 
     # §5.6 what a shard holds
     s.case("unknown-attribute", valid=True)(lambda d: h5_edit(d, lambda f: f.attrs.__setitem__("note", b"x")))
-    # (§5.6-1, a shard that holds a dataset no record names, is not refused yet: CONFORMANCE.md)
+    s.case("extra-dataset", who=("verify",), token="junk")(
+        lambda d: h5_edit(d, lambda f: f.create_dataset("junk", data=np.arange(4, dtype=np.uint8))))
 
     # §5.7 packs
     def drop_last_member(d):

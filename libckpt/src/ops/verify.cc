@@ -26,6 +26,7 @@
 #include <sstream>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "checkpoint/reader.h"
 #include "ckpt/checkpoint.h"
@@ -562,6 +563,16 @@ class DataRun {
       for (const std::size_t i : fw.jobs) named.insert(jobs_[i].chunk->dataset);
       for (auto& [name, message] : links)
         if (!named.count(name)) fw.link_problems.push_back(std::move(message));
+    }
+    {  // FORMAT.md §5.6: nothing but the datasets and packs the records name
+      std::unordered_set<std::string_view> named;
+      for (const std::size_t i : fw.jobs) named.insert(jobs_[i].chunk->dataset);
+      for (const std::string& name :
+           of.reader->UnnamedObjects([&](const std::string& n) { return named.count(n) > 0; }, 20)) {
+        fw.link_problems.push_back(fw.name + ": '" + name +
+                                   "' is an object no record names (a shard holds only its chunks' datasets and "
+                                   "packs, FORMAT.md §5.6)");
+      }
     }
     std::vector<std::pair<uint64_t, std::size_t>> by_size;
     for (const std::size_t i : fw.jobs) by_size.emplace_back(ChunkBytes(jobs_[i]), i);
