@@ -765,7 +765,10 @@ TEST_CASE("verify: a file that is not HDF5 is reported once; the other files are
   const int small0_file = ckpt_test::FileIndexOf(dir, small0.file);
   json index = ckpt_test::ReadIndexJson(dir / small0.file);
   for (auto& r : index["chunks"])
-    if (r["key"] == "small.0") r["dtype"] = "float32", r["stored_bytes"] = lied_bytes;
+    if (r["key"] == "small.0") {
+      r["dtype"] = "float32";
+      r["stored_bytes"] = lied_bytes;
+    }
   ckpt_test::WriteIndexJson(dir, small0_file, index);
   for (bool quick : {false, true}) {
     CAPTURE(quick);
