@@ -758,11 +758,17 @@ TEST_CASE("verify: a file that is not HDF5 is reported once; the other files are
   REQUIRE(doc["entries"]["small.0"]["dtype"] == "float64");
   doc["entries"]["small.0"]["dtype"] = "float32";
   doc["entries"]["small.0"].erase("stats");
+  // (stored_bytes follows the lie, else the index is refused before the dataset is looked at)
+  const uint64_t lied_bytes = doc["entries"]["small.0"]["stored_bytes"].get<uint64_t>() / 2;
+  doc["entries"]["small.0"]["stored_bytes"] = lied_bytes;
   ckpt_test::WriteMetaJson(dir, doc);
   const int small0_file = ckpt_test::FileIndexOf(dir, small0.file);
   json index = ckpt_test::ReadIndexJson(dir / small0.file);
   for (auto& r : index["chunks"])
-    if (r["key"] == "small.0") r["dtype"] = "float32";
+    if (r["key"] == "small.0") {
+      r["dtype"] = "float32";
+      r["stored_bytes"] = lied_bytes;
+    }
   ckpt_test::WriteIndexJson(dir, small0_file, index);
   for (bool quick : {false, true}) {
     CAPTURE(quick);

@@ -248,6 +248,29 @@ TEST_CASE("CheckLayout refuses layouts a reader could not walk") {
   CHECK_FALSE(grid::CheckLayout("k", l, {8}, 4).empty());  // 3 files for 4 cells
 }
 
+TEST_CASE("a step larger than the extent is one part, up to 2^63 - 1, without overflow (issue 32.3)") {
+  // FORMAT.md §3.3: for n > 0, s >= 1; a larger s means one part. ceil(n / s) computed as
+  // (n + s - 1) / s overflowed for s near 2^63: no part, so nothing was read or checked.
+  for (const int64_t step : {int64_t{9}, int64_t{1} << 40, (int64_t{1} << 62) + 1, INT64_MAX - 1, INT64_MAX}) {
+    CAPTURE(step);
+    TensorLayout l;
+    l.kind = TensorLayout::Kind::kGrid;
+    l.grid = {DimSplit{step, {}}, DimSplit{4, {}}};
+    l.file_strides = {0, 0};
+    const Shape shape{8, 4};
+    CHECK(grid::CheckLayout("k", l, shape, 1).empty());
+    CHECK(grid::ChunkCount(l, shape) == 1);
+    const auto all = All(l, shape);
+    REQUIRE(all.size() == 1);
+    CHECK(all[0].first == Box::Full(shape));
+    std::vector<Box> met;
+    grid::ForEachCell(l, shape, Box{{3, 1}, {5, 2}}, [&](const Box& b, int32_t) { met.push_back(b); });
+    REQUIRE(met.size() == 1);
+    CHECK(met[0] == Box::Full(shape));
+    CHECK(grid::CellLocator(l, shape).FileOf(Box::Full(shape)) == 0);
+  }
+}
+
 namespace {
 
 Metadata TwoRankV2() {

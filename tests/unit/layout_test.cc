@@ -90,7 +90,14 @@ TEST_CASE("TilingProblems: exact tilings pass; gaps, overlaps, out of bounds are
   CHECK(TilingProblems(s, {Box{{0, 0}, {5, 4}}, Box{{5, 0}, {5, 4}}}).empty());
   CHECK(TilingProblems(s, {Box{{0, 0}, {10, 2}}, Box{{0, 2}, {10, 2}}}).empty());
   CHECK(TilingProblems({}, {Box{}}).empty());
-  CHECK(TilingProblems({0, 3}, {}).empty());  // an empty tensor needs no chunk
+  // A tensor of zero volume is exactly one chunk, the whole tensor (FORMAT.md §3.3, §9.1).
+  CHECK(TilingProblems({0, 3}, {Box{{0, 0}, {0, 3}}}).empty());
+  const auto first = [](const std::vector<std::string>& p) { return p.empty() ? std::string() : p[0]; };
+  CHECK(first(TilingProblems({0, 3}, {})).find("exactly one chunk") != std::string::npos);
+  CHECK(first(TilingProblems({4, 0}, {Box{{0, 0}, {2, 0}}, Box{{2, 0}, {2, 0}}})).find("exactly one chunk") !=
+        std::string::npos);
+  CHECK_FALSE(TilingProblems({4, 0}, {Box{{0, 0}, {2, 0}}}).empty());  // one chunk, not the whole
+  CHECK_FALSE(TilingProblems({0, 3}, {Box{{0, 0}, {0, 3}}, Box{{0, 0}, {0, 3}}}).empty());
   const auto gap = TilingProblems(s, {Box{{0, 0}, {5, 4}}});
   REQUIRE(gap.size() == 1);
   CHECK(gap[0].find("gap") != std::string::npos);

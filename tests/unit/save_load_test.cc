@@ -535,6 +535,39 @@ TEST_CASE("CheckpointWriter streams chunks into several files and commits atomic
   CHECK_FALSE(fs::exists(tmp / "gap"));
 }
 
+TEST_CASE("a tensor of zero volume is stored as one chunk, the whole tensor, however the ranks hold it (issue 32.4)") {
+  // FORMAT.md §3.3, §9.1: exactly one chunk, offsets all 0, sizes = shape.
+  TempDir tmp("zero");
+  float none = 0;
+  RunThreads(3, [&](Comm& comm) {
+    StateDict sd;
+    const int64_t r = comm.rank();
+    // [0, 6] cut along dimension 1 (as a DTensor sharded there), [4, 0] along dimension 0,
+    // and [0, 2] held whole by every rank.
+    sd.Add("a", Tensor::Sharded(DType::kFloat32, {0, 6}, {Chunk{Box{{0, 2 * r}, {0, 2}}, &none}}));
+    sd.Add("b", Tensor::Sharded(DType::kFloat32, {4, 0}, {Chunk{Box{{r, 0}, {r == 2 ? 2 : 1, 0}}, &none}}));
+    sd.Add("c", Tensor::Full(DType::kFloat32, {0, 2}, &none));
+    Save(tmp / "ck", sd, comm);
+  });
+  auto reader = CheckpointReader::Open(tmp / "ck");
+  for (const auto& [key, shape] : std::vector<std::pair<std::string, Shape>>{{"a", {0, 6}}, {"b", {4, 0}}, {"c", {0, 2}}}) {
+    CAPTURE(key);
+    const EntryMeta& e = *reader->metadata().Find(key);
+    REQUIRE(e.chunks.size() == 1);
+    CHECK(e.chunks[0].box == Box::Full(shape));
+  }
+  reader->ReadRegion("a", Box::Full({0, 6}), &none);
+
+  // CheckpointWriter refuses several chunks of a tensor of zero volume.
+  {
+    auto w = CheckpointWriter::Create(tmp / "split", {});
+    w->WriteChunk("e", DType::kFloat32, {0, 4}, Box{{0, 0}, {0, 2}}, &none);
+    w->WriteChunk("e", DType::kFloat32, {0, 4}, Box{{0, 2}, {0, 2}}, &none);
+    CHECK_THROWS_WITH_AS(w->Commit(), doctest::Contains("exactly one chunk"), Error);
+  }
+  CHECK_FALSE(fs::exists(tmp / "split"));
+}
+
 TEST_CASE("CheckpointWriter chunk streams: pieces from memory and ranges copied from files") {
   TempDir tmp("cs");
   // A source checkpoint with one 3 MiB chunk (several copy blocks) and a raw file.

@@ -140,6 +140,14 @@ const ChunkMeta& ChunkCatalog::Find(const std::string& key, const EntryMeta& e, 
   return found->chunk;
 }
 
+void CheckStoredBytes(const std::string& key, const EntryMeta& e, uint64_t records) {
+  if (records == e.stored_bytes) return;
+  throw Error(ErrorCode::kCorrupt, std::string(names::kMetadataFile) + ": " + std::string(EntryKindName(e.kind)) +
+                                       " '" + key + "': stored_bytes " + std::to_string(e.stored_bytes) +
+                                       " is not the " + std::to_string(records) +
+                                       " its chunk records in the shard indexes sum to (FORMAT.md §3.5)");
+}
+
 void Resolve(const storage::Dir& dir, Metadata& m) {
   auto shared = std::make_shared<const Metadata>(m);  // the catalog reads files and layouts only
   ChunkCatalog catalog(dir, shared);
@@ -176,7 +184,19 @@ Reader::Reader(storage::Dir dir, std::shared_ptr<const Metadata> metadata, bool 
   std::vector<std::string> problems;
   for (const auto& [key, e] : metadata_->entries)
     for (std::string& p : EntryTilingProblems(key, e, metadata_->resolved)) problems.push_back(std::move(p));
-  if (problems.empty()) return;
+  if (problems.empty()) {
+    // FORMAT.md §3.5: a v2 entry's stored_bytes sums its records' (checked once all are read).
+    if (metadata_->resolved && metadata_->format_version >= 2) {
+      for (const auto& [key, e] : metadata_->entries) {
+        if (e.kind != EntryKind::kTensor && e.kind != EntryKind::kBytes) continue;
+        uint64_t stored = 0;
+        for (const ChunkMeta& c : e.chunks)
+          stored = c.stored_bytes > UINT64_MAX - stored ? UINT64_MAX : stored + c.stored_bytes;
+        CheckStoredBytes(key, e, stored);
+      }
+    }
+    return;
+  }
   std::string msg = (dir_ / names::kMetadataFile).string() + ": chunks do not tile their tensors:";
   for (std::size_t i = 0; i < problems.size() && i < 20; ++i) msg += "\n  " + problems[i];
   if (problems.size() > 20) msg += "\n  ... and " + std::to_string(problems.size() - 20) + " more";
@@ -215,10 +235,24 @@ std::vector<const ChunkMeta*> Reader::ChunksMeeting(const std::string& key, cons
   if (!catalog_ || !e.chunks.empty()) {
     for (const ChunkMeta& c : e.chunks)
       if (layout::Intersect(c.box, region)) out.push_back(&c);
-    return out;
+  } else {
+    grid::ForEachCell(e.layout, e.shape, region,
+                      [&](const Box& box, int32_t file) { out.push_back(&catalog_->Find(key, e, box, file)); });
   }
-  grid::ForEachCell(e.layout, e.shape, region,
-                    [&](const Box& box, int32_t file) { out.push_back(&catalog_->Find(key, e, box, file)); });
+  // The chunks found must fill the region: they tile the tensor (checked at open), so
+  // anything else is a layout this reader misread, and a read that filled less than it
+  // was asked would return unwritten memory as data (issue 32.3).
+  int64_t covered = 0;
+  bool overflow = false;  // (chunks that overlap: refused at open, but never an overflow here)
+  for (const ChunkMeta* c : out) {
+    if (const auto inter = layout::Intersect(c->box, region))
+      overflow |= __builtin_add_overflow(covered, inter->NumElements(), &covered);
+  }
+  if (overflow || covered != region.NumElements()) {
+    throw Error(ErrorCode::kCorrupt, dir_.string() + ": tensor '" + key + "': the chunks its layout names cover " +
+                                         std::to_string(covered) + " of the " + std::to_string(region.NumElements()) +
+                                         " elements of " + region.ToString());
+  }
   return out;
 }
 

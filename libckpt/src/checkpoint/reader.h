@@ -47,6 +47,9 @@ std::vector<std::string> EntryTilingProblems(const std::string& key, const Entry
 
 // Fills every EntryMeta::chunks of a v2 metadata from the shard indexes (layout order).
 void Resolve(const storage::Dir& dir, Metadata& m);
+// FORMAT.md §3.5: a v2 entry's stored_bytes is the sum of its records' (`records`, saturated
+// at UINT64_MAX); throws kCorrupt naming metadata.json and the key otherwise.
+void CheckStoredBytes(const std::string& key, const EntryMeta& e, uint64_t records);
 
 class Reader final : public CheckpointReader {
  public:

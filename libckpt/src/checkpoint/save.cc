@@ -58,6 +58,10 @@ std::span<const uint8_t> BytesOf(const Bytes& b, std::size_t index, StagedBytes 
   return staged.empty() ? std::span<const uint8_t>(b.data) : staged[index];
 }
 
+// The box chunk `c` of `t` is stored as: its own, but for a tensor of zero volume, which is
+// one chunk, the whole tensor (FORMAT.md §3.3; layout::Describe claims it so).
+Box StoredBox(const Tensor& t, const Chunk& c) { return NumElements(t.shape) == 0 ? Box::Full(t.shape) : c.box; }
+
 struct LocalBytes {
   const void* data;
   std::size_t n;
@@ -224,7 +228,7 @@ layout::RankResult WriteShard(const fs::path& staging, const layout::PlanMessage
     for (const layout::ChunkRef& ref : writes) {
       if (const auto* t = std::get_if<Tensor>(&Referenced(state, ref))) {
         const Chunk& c = t->chunks[ref.chunk];
-        writer.Reserve(std::next(state.begin(), ref.entry)->first, t->dtype, t->shape, c.box, c.data);
+        writer.Reserve(std::next(state.begin(), ref.entry)->first, t->dtype, t->shape, StoredBox(*t, c), c.data);
       }
     }
   }
@@ -239,7 +243,7 @@ layout::RankResult WriteShard(const fs::path& staging, const layout::PlanMessage
         written(i, internal::WriteDeviceChunk(writer, *pieces, key, *t, c));
         continue;
       }
-      written(i, writer.WriteChunk(key, t->dtype, t->shape, c.box, c.data));
+      written(i, writer.WriteChunk(key, t->dtype, t->shape, StoredBox(*t, c), c.data));
     } else {
       const std::span<const uint8_t> b = BytesOf(std::get<Bytes>(e), ref.entry, staged);
       written(i, writer.WriteBytes(key, b.data(), b.size()));

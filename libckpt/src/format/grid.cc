@@ -25,8 +25,10 @@ bool ZeroVolume(const Shape& shape) {
 
 int64_t Parts(const DimSplit& split, int64_t extent) {
   if (!split.sizes.empty()) return static_cast<int64_t>(split.sizes.size());
-  if (split.step <= 0) return 1;  // extent 0: one empty part
-  return (extent + split.step - 1) / split.step;
+  if (split.step <= 0 || extent <= 0) return 1;  // extent 0: one empty part
+  // ceil(extent / step) without extent + step - 1, which overflows for a step read from a
+  // file near 2^63 (a step larger than the extent is one part, FORMAT.md §3.3)
+  return (extent - 1) / split.step + 1;
 }
 
 int64_t PartBegin(const DimSplit& split, int64_t part, const std::vector<int64_t>& prefix) {
@@ -85,7 +87,7 @@ std::pair<int64_t, int64_t> PartsMeeting(const DimSplit& split, const std::vecto
   if (begin >= end) return {0, 0};
   if (split.sizes.empty()) {
     if (split.step <= 0) return {0, 0};
-    return {begin / split.step, (end + split.step - 1) / split.step};
+    return {begin / split.step, (end - 1) / split.step + 1};  // end > begin >= 0: no overflow
   }
   const auto lo = std::upper_bound(prefix.begin(), prefix.end(), begin) - prefix.begin() - 1;
   const auto hi = std::lower_bound(prefix.begin(), prefix.end(), end) - prefix.begin();
@@ -482,6 +484,10 @@ std::vector<std::string> CheckLayout(const std::string& key, const TensorLayout&
       bad("more than " + std::to_string(kMaxCells) + " cells");
       return problems;
     }
+  }
+  if (cells != 1 && ZeroVolume(shape)) {  // FORMAT.md §3.3, §8.7: one chunk, the whole tensor
+    bad("a grid of " + std::to_string(cells) + " cells for a tensor of zero volume (it has exactly one chunk)");
+    return problems;
   }
   if (!l.cell_files.empty()) {
     if (static_cast<int64_t>(l.cell_files.size()) != cells) {

@@ -506,7 +506,8 @@ void DeriveLayout(EntryMeta& m, const std::vector<ChunkMeta>& chunks,
   if (m.kind == EntryKind::kTensor && IsFloating(m.dtype)) m.stats = CombineStats(stats);
   m.stored_bytes = 0;
   for (const ChunkMeta& c : chunks) {
-    m.stored_bytes += c.stored_bytes;
+    // saturating: the values come from the file
+    m.stored_bytes = c.stored_bytes > UINT64_MAX - m.stored_bytes ? UINT64_MAX : m.stored_bytes + c.stored_bytes;
     if (c.compression.codec != Compression::Codec::kNone && m.compression.codec == Compression::Codec::kNone) {
       m.compression = c.compression;
     }

@@ -100,6 +100,16 @@ inline constexpr const char* kShardIndexFormat = "ckpt-shard";
 // pack in `dataset` and its first byte in it in `pack_offset`.
 inline constexpr const char* kPackPrefix = ".ckpt_pack.";
 inline constexpr const char* kPackOffset = "pack_offset";
+// A pack's name: kPackPrefix and a decimal number without leading zeros (FORMAT.md §5.7).
+inline bool IsPackName(std::string_view name) {
+  const std::string_view prefix = kPackPrefix;
+  if (name.substr(0, prefix.size()) != prefix) return false;
+  const std::string_view n = name.substr(prefix.size());
+  if (n.empty() || n.size() > 20 || (n.size() > 1 && n[0] == '0')) return false;
+  for (const char c : n)
+    if (c < '0' || c > '9') return false;
+  return true;
+}
 inline constexpr const char* kDTypeAttr = "dtype";
 
 // §6 compression

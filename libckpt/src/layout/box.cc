@@ -223,6 +223,13 @@ std::vector<std::string> TilingProblems(const Shape& shape, const std::vector<Bo
     problems.push_back("... and " + std::to_string(bad_rank - kMaxReports) + " more chunks of the wrong rank");
   if (outside > kMaxReports)
     problems.push_back("... and " + std::to_string(outside - kMaxReports) + " more chunks outside the tensor");
+  // FORMAT.md §3.3, §9.1: a tensor of zero volume is exactly one chunk, the whole tensor.
+  if (NumElements(shape) == 0 && problems.empty() && (boxes.size() != 1 || boxes[0] != whole)) {
+    problems.push_back("a tensor of zero volume " + whole.ToString() + " has exactly one chunk, the whole tensor; " +
+                       std::to_string(boxes.size()) + " chunks" +
+                       (boxes.empty() ? std::string() : " from " + boxes[0].ToString()) + " given");
+    return problems;
+  }
 
   // Exact duplicates: sorted, each run reported once.
   const auto less = [](const Box* a, const Box* b) {

@@ -57,6 +57,10 @@ void DescribeTensor(const std::string& key, const Tensor& t, EntryClaim& c) {
     }
     c.boxes.push_back(chunk.box);
   }
+  // A tensor of zero volume is stored as one chunk, the whole tensor (FORMAT.md §3.3, §9.1),
+  // whatever empty pieces the ranks hold of it: each rank that holds any claims the whole
+  // box (replicas of no bytes), through its first chunk (save.cc writes it as the whole box).
+  if (NumElements(t.shape) == 0 && !c.boxes.empty()) c.boxes.assign(1, whole);
 }
 
 }  // namespace

@@ -191,7 +191,8 @@ void StageCheckpoint(Source& src, const std::vector<Selected>& sel, const fs::pa
           const DType out_dtype = OutType(e, o);
           std::vector<std::pair<Box, int>> parts;
           const auto rank = static_cast<int>(e.shape.size());
-          if (o.world > 1 && o.dim < rank && e.shape[o.dim] >= o.world) {
+          // A tensor of zero volume is one chunk, the whole tensor (FORMAT.md §3.3, §9.1).
+          if (o.world > 1 && o.dim < rank && e.shape[o.dim] >= o.world && NumElements(e.shape) > 0) {
             for (int p = 0; p < o.world; ++p) {
               Box b = Box::Full(e.shape);
               auto [begin, end] = RowRange(e.shape[o.dim], o.world, p);

@@ -26,6 +26,7 @@
 #include <sstream>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "checkpoint/reader.h"
 #include "ckpt/checkpoint.h"
@@ -35,6 +36,7 @@
 #include "ckpt/ops/source.h"
 #include "format/checked.h"
 #include "format/grid.h"
+#include "format/names.h"
 #include "ops/json_schema.h"
 #include "ops/util.h"
 #include "storage/digest.h"
@@ -138,6 +140,11 @@ void VerifyIndexes(const fs::path& path, const Metadata& md, const std::vector<c
     return *l;
   };
   int named_missing = 0;  // files whose missing records were named one by one
+  struct Sum {
+    uint64_t stored = 0;  // saturating
+    int64_t records = 0;
+  };
+  std::unordered_map<const EntryMeta*, Sum> sums;  // FORMAT.md §3.5: each entry's records' stored_bytes
   if (nf == 0) meanwhile();
   for (std::size_t first = 0; first < nf;) {
     std::vector<std::size_t> group;
@@ -177,6 +184,10 @@ void VerifyIndexes(const fs::path& path, const Metadata& md, const std::vector<c
           try {
             chunks.push_back({&key, e, &catalog.Find(key, *e, rec.chunk.box, file)});
             ++found;
+            Sum& sum = sums[e];
+            const uint64_t b = chunks.back().chunk->stored_bytes;
+            sum.stored = b > UINT64_MAX - sum.stored ? UINT64_MAX : sum.stored + b;
+            ++sum.records;
           } catch (const std::exception& err) {
             add(key, err.what());
           }
@@ -202,6 +213,18 @@ void VerifyIndexes(const fs::path& path, const Metadata& md, const std::vector<c
     }
     run_group(group, chunks, first == 0 ? meanwhile : std::function<void()>([] {}));
     first += group.size();
+  }
+  // An entry whose records were all found: its stored_bytes is their sum (a missing record
+  // is reported above on its own).
+  for (const auto& [key, e] : md.entries) {
+    if (e.kind != EntryKind::kTensor && e.kind != EntryKind::kBytes) continue;
+    const auto it = sums.find(&e);
+    if (it == sums.end() || it->second.records != grid::ChunkCount(e.layout, ShapeOf(e))) continue;
+    try {
+      internal::CheckStoredBytes(key, e, it->second.stored);
+    } catch (const Error& err) {
+      problems.push_back({"index", names::kMetadataFile, key, err.what()});
+    }
   }
 }
 
@@ -541,6 +564,16 @@ class DataRun {
       for (auto& [name, message] : links)
         if (!named.count(name)) fw.link_problems.push_back(std::move(message));
     }
+    {  // FORMAT.md §5.6: nothing but the datasets and packs the records name
+      std::unordered_set<std::string_view> named;
+      for (const std::size_t i : fw.jobs) named.insert(jobs_[i].chunk->dataset);
+      for (const std::string& name :
+           of.reader->UnnamedObjects([&](const std::string& n) { return named.count(n) > 0; }, 20)) {
+        fw.link_problems.push_back(fw.name + ": '" + name +
+                                   "' is an object no record names (a shard holds only its chunks' datasets and "
+                                   "packs, FORMAT.md §5.6)");
+      }
+    }
     std::vector<std::pair<uint64_t, std::size_t>> by_size;
     for (const std::size_t i : fw.jobs) by_size.emplace_back(ChunkBytes(jobs_[i]), i);
     std::stable_sort(by_size.begin(), by_size.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
@@ -562,6 +595,23 @@ class DataRun {
           job.problem = TensorWhere(fw.name, *job.key, job.chunk) + " (dataset '" + job.chunk->dataset +
                         "'): the shard index places its data at byte " + std::to_string(*job.chunk->offset) +
                         (at ? ", its HDF5 header at byte " + std::to_string(*at) : ", its HDF5 header stores it filtered");
+          continue;
+        }
+        // FORMAT.md §5.4: an uncompressed dataset with data is contiguous.
+        if (!at && ChunkBytes(job) > 0 && job.chunk->compression.codec == Compression::Codec::kNone) {
+          job.problem_check = "datasets";
+          job.problem = TensorWhere(fw.name, *job.key, job.chunk) + " (dataset '" + job.chunk->dataset +
+                        "'): its record says uncompressed, its HDF5 header stores it chunked or filtered "
+                        "(uncompressed datasets are contiguous, FORMAT.md §5.4)";
+          continue;
+        }
+        // FORMAT.md §5.5: a v2 record (one with block digests) gives `offset` exactly for a
+        // contiguous dataset with data.
+        if (job.chunk->block_bytes != 0 && job.chunk->offset.has_value() != (at && ChunkBytes(job) > 0)) {
+          job.problem_check = "index";
+          job.problem = TensorWhere(fw.name, *job.key, job.chunk) + " (dataset '" + job.chunk->dataset + "'): " +
+                        (job.chunk->offset ? "the shard index gives an offset for a dataset with no data"
+                                           : "the shard index gives no offset for a contiguous dataset with data");
           continue;
         }
       } catch (const std::exception& e) {

@@ -264,6 +264,26 @@ void CheckStorage(hid_t dcpl, const std::string& where) {
   }
 }
 
+std::vector<std::string> UnnamedHardLinks(hid_t file, const std::function<bool(const std::string&)>& named,
+                                          std::size_t limit) {
+  struct Found {
+    const std::function<bool(const std::string&)>& named;
+    std::size_t limit;
+    std::vector<std::string> names;
+  } found{named, limit, {}};
+  if (limit == 0) return {};
+  H5Literate(
+      file, H5_INDEX_NAME, H5_ITER_NATIVE, nullptr,
+      [](hid_t, const char* name, const H5L_info_t* info, void* data) -> herr_t {
+        auto* f = static_cast<Found*>(data);
+        if (info->type == H5L_TYPE_HARD && !f->named(name)) f->names.emplace_back(name);
+        return f->names.size() >= f->limit ? 1 : 0;
+      },
+      &found);
+  ErrorStack();
+  return std::move(found.names);
+}
+
 std::string EscapeKey(const std::string& key) { return names::EscapeKey(key); }
 
 std::string DatasetName(const std::string& key, const std::vector<int64_t>& offsets, bool whole) {

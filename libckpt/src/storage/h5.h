@@ -9,6 +9,7 @@
 #include <hdf5.h>
 
 #include <mutex>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -121,6 +122,10 @@ Handle TryOpenOwnDataset(hid_t file, const std::string& name, bool all_hard, std
 // user-defined), at most `limit`, in name order; and how such a link is refused.
 std::vector<std::pair<std::string, H5L_type_t>> ForeignLinks(hid_t file, std::size_t limit);
 std::string ForeignLinkMessage(const std::string& name, H5L_type_t type);
+// Hard links of the root group of `file` for which `named(name)` is false, at most
+// `limit`, in name order: objects a shard should not hold (FORMAT.md §5.6).
+std::vector<std::string> UnnamedHardLinks(hid_t file, const std::function<bool(const std::string&)>& named,
+                                          std::size_t limit);
 // Refuses (kCorrupt, `where` first) a dataset whose creation properties `dcpl` reach
 // outside its file (a virtual dataset, external storage) or name a filter other than
 // those of FORMAT.md §6 (shuffle, zstd), naming the filter's id.

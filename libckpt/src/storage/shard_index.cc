@@ -405,6 +405,10 @@ void ReadRecordMember(JsonReader& r, std::string_view k, ShardIndexEntry& e, Raw
 void CheckV2Members(const RawRecord& raw, uint64_t n, ChunkMeta& m, const std::string& what) {
   if (!raw.stored_bytes) Corrupt(what + ": no \"stored_bytes\"");
   if (!raw.stored_ok) Corrupt(what + ": \"stored_bytes\" is not a non-negative integer");
+  // §5.5, §5.7: an uncompressed chunk (a packed one included) occupies its byte size.
+  if (!raw.compression && m.stored_bytes != n)
+    Corrupt(what + ": stored_bytes " + std::to_string(m.stored_bytes) + " is not the " + std::to_string(n) +
+            " bytes of the uncompressed chunk");
   if (!raw.checksum) Corrupt(what + ": no \"checksum\"");
   if (!raw.checksum_ok)
     Corrupt(what + ": checksum " + std::string(raw.checksum_text) + " is not of the form xxh3-64:<16 hex digits>");
@@ -513,6 +517,10 @@ void CheckPackedRecords(const ShardIndex& index, const std::string& where) {
     packs[c.dataset].push_back({*c.pack_offset, *c.pack_offset + n, &e});
   }
   for (auto& [name, members] : packs) {
+    if (!names::IsPackName(name))
+      throw Error(ErrorCode::kCorrupt, where + ": key '" + members.front().e->key + "': a packed chunk names '" +
+                                           std::string(name) + "', not a pack (" + names::kPackPrefix +
+                                           "<n>, n a decimal number without leading zeros)");
     std::sort(members.begin(), members.end(), [](const Member& a, const Member& b) { return a.at < b.at; });
     const uint64_t base = *members.front().e->chunk.offset - members.front().at;
     for (std::size_t i = 0; i < members.size(); ++i) {

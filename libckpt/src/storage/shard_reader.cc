@@ -414,6 +414,11 @@ uint64_t ShardReader::bytes_read_direct() const { return impl_->direct ? impl_->
 uint64_t ShardReader::file_size() const { return impl_->size; }
 const std::filesystem::path& ShardReader::path() const { return impl_->path; }
 
+std::vector<std::string> ShardReader::UnnamedObjects(const std::function<bool(const std::string&)>& named,
+                                                     std::size_t limit) {
+  return h5::UnnamedHardLinks(impl_->file.get(), named, limit);
+}
+
 // Where a chunk's data lies: through the shard index when it describes the chunk exactly,
 // else by opening its dataset and checking its type, shape and extent against `chunk`.
 struct ShardReader::Located {

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -105,6 +106,10 @@ class ShardReader {
 
   uint64_t file_size() const;
   const std::filesystem::path& path() const;
+
+  // Datasets (hard links) of the root group for which `named(name)` is false, at most
+  // `limit`: for ckpt-verify, what no record names (FORMAT.md §5.6).
+  std::vector<std::string> UnnamedObjects(const std::function<bool(const std::string&)>& named, std::size_t limit);
 
  private:
   struct Located;
