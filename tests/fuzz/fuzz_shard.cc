@@ -5,14 +5,13 @@
 // shard's own index gives the chunks a reader looks for. With CKPT_FUZZ_SHARD_SEED=<dir>
 // set, the three shards are copied there (the seeds of corpus/shard/).
 //
-// Each input is written once into a memfd (no file, no fork per input) and read as each of
-// the three shards by storage::ShardReader, HDF5 reading it whole through its core driver:
-// the shard index (IndexText, Index, ForeignLinks), then every chunk as a checkpoint
-// reader finds it (at the offset its index record gives), as ckpt-verify does (through
-// its HDF5 header: Locate by header, Verify) and as a reader without an index offset does
-// (verified and raw reads, whole and in part), and every chunk the input's own index lists,
-// as a lone shard is read. About 500 inputs/s on one core under ASan (README of tests/fuzz/
-// CMakeLists.txt has the command).
+// Each input is written once into a memfd (no file, no fork per input) and opened once by
+// storage::ShardReader, HDF5 reading it whole through its core driver: the shard index
+// (IndexText, Index, ForeignLinks), then every chunk of the three saved shards as a
+// checkpoint reader finds it (at the offset its index record gives), as ckpt-verify does
+// (through its HDF5 header: Locate by header, Verify) and as a reader without an index
+// offset does (verified and raw reads, whole and in part), and every chunk the input's own
+// index lists, as a lone shard is read.
 //
 // The replay build (fuzz_replay_shard, CTest) also runs the whole path on disk: the input
 // as the shard of each saved checkpoint, under a metadata.json giving its size, through
@@ -163,28 +162,30 @@ void ReadChunk(ShardReader& r, const ShardIndexEntry& e, std::vector<uint8_t>& b
   }
 }
 
-void ReadInMemory(const Target& t) {
+// One reader of the input (one HDF5 open: most of an input's cost) serves every target's
+// chunks. Located through HDF5 (no index fast path), as ckpt-verify and a lone shard read.
+void ReadInMemory(const std::vector<Target>& targets) {
+  auto r = OpenInput("shard-00000-of-00001.h5", /*use_index=*/false);
+  if (!r) return;
   std::vector<uint8_t> buf;
+  (void)r->IndexText();
+  (void)r->ForeignLinks(4);
   // A checkpoint reader: the chunks as the saved index gives them (offsets trusted once the
   // index digest matched), and as a reader that must find each through HDF5.
-  if (auto r = OpenInput(t.shard, /*use_index=*/true)) {
-    (void)r->IndexText();
-    (void)r->ForeignLinks(4);
+  for (const Target& t : targets) {
     for (ShardIndexEntry e : t.chunks) {
       ReadChunk(*r, e, buf);
       e.chunk.offset.reset();  // (a packed chunk then through its pack's HDF5 header)
       ReadChunk(*r, e, buf);
     }
   }
-  // A lone shard: the chunks its own index lists, located through HDF5.
-  if (auto r = OpenInput(t.shard, /*use_index=*/false)) {
-    std::vector<ShardIndexEntry> own;
-    try {
-      own = r->Index().entries;
-    } catch (const ckpt::Error&) {
-    }
-    for (const ShardIndexEntry& e : own) ReadChunk(*r, e, buf);
+  // A lone shard: the chunks its own index lists.
+  std::vector<ShardIndexEntry> own;
+  try {
+    own = r->Index().entries;
+  } catch (const ckpt::Error&) {
   }
+  for (const ShardIndexEntry& e : own) ReadChunk(*r, e, buf);
 }
 
 #ifdef CKPT_FUZZ_REPLAY
@@ -252,7 +253,7 @@ void ReadOnDisk(const Target& t, const uint8_t* data, size_t size) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::vector<Target>& targets = Targets();
   PutInput(data, size);
-  for (const Target& t : targets) ReadInMemory(t);
+  ReadInMemory(targets);
 #ifdef CKPT_FUZZ_REPLAY
   for (const Target& t : targets) ReadOnDisk(t, data, size);
 #endif
