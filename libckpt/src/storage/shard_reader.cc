@@ -522,7 +522,30 @@ ShardReader::Located ShardReader::Find(const std::string& key, DType dtype, cons
   } else {
     h5::Handle dcpl = h5::Plist(h5::Check(H5Dget_create_plist(at.ds.get()), m.Where(key, chunk)));
     h5::CheckStorage(dcpl.get(), m.Where(key, chunk));
-    at.contiguous = H5Pget_layout(dcpl.get()) == H5D_CONTIGUOUS && H5Pget_nfilters(dcpl.get()) == 0;
+    const H5D_layout_t layout = H5Pget_layout(dcpl.get());
+    at.contiguous = layout == H5D_CONTIGUOUS && H5Pget_nfilters(dcpl.get()) == 0;
+    // An HDF5 chunk is never larger than its dataset in a shard (a writer's chunk dims are
+    // clamped to the extent), and HDF5 allocates a whole chunk to read any of it.
+    if (layout == H5D_CHUNKED) {
+      std::vector<hsize_t> cdims(dims.size() + 1, 0);
+      const int crank = H5Pget_chunk(dcpl.get(), static_cast<int>(cdims.size()), cdims.data());
+      bool ok = crank == static_cast<int>(dims.size());
+      for (std::size_t d = 0; ok && d < dims.size(); ++d) ok = cdims[d] >= 1 && cdims[d] <= std::max<hsize_t>(dims[d], 1);
+      if (!ok) {
+        h5::ErrorStack();  // cleared
+        cdims.resize(static_cast<std::size_t>(std::clamp<int>(crank, 0, static_cast<int>(cdims.size()))));
+        throw Error(ErrorCode::kCorrupt, m.Where(key, chunk) + ": HDF5 chunk dimensions " + DimsString(cdims) +
+                                             " do not fit the dataset's shape " + DimsString(dims));
+      }
+      // HDF5 reads a stored chunk whole into a buffer of the size its index records: chunks
+      // that claim more bytes than the file holds are refused before any is read (the
+      // fuzzer's: one of 242 MB in a 13 KB file, 20 s an input).
+      const hsize_t stored = H5Dget_storage_size(at.ds.get());
+      if (stored > m.size) {
+        throw Error(ErrorCode::kCorrupt, m.Where(key, chunk) + ": its HDF5 chunks claim " + std::to_string(stored) +
+                                             " bytes, more than the file's " + std::to_string(m.size));
+      }
+    }
   }
   if (at.chunk_bytes == 0 || !at.contiguous) return at;
   if (base == HADDR_UNDEF || base > m.size || at.chunk_bytes > m.size - base) {
