@@ -11,6 +11,13 @@ the dataset and what is wrong, and must not open the outside file.
 HDF5_PLUGIN_PATH points at a directory holding a library that aborts when loaded; HDF5's
 own h5dump proves that it would be loaded for the LZ4 chunk, the tools must not load it.
 
+Every shard of the fuzz corpus kept as a regression input (tests/fuzz/corpus/shard/regress-*.h5,
+each an input that once crashed a tool or HDF5 itself), as a lone shard: ckpt-verify and
+ckpt-merge exit 1 or 2 (never a signal), naming the file; the one whose mutated virtual-dataset
+layout crashed HDF5 1.10 inside H5Dopen2 is refused as a virtual dataset, and the one whose
+chunk index claims 1.9 GB (HDF5 allocated and zeroed it per read: 20 s an input under ASan) for
+what it is, each naming its dataset.
+
 Faults come from strace: ENOSPC at each pwrite64 of a merge, EIO at each close(2) of a
 source shard of a merge and a verify. Exit codes must stay 0/1/2 (HDF5 1.10 used to crash
 at exit after a failed close: rc 139), and a merge whose only fault is a source shard's
@@ -111,6 +118,28 @@ def test_hostile(bin_dir, hostile, tmp, ck1, plugin_env):
                   f"{kind}: {name} {' '.join(args[:-1])} refuses naming '{phrase}' (rc {p.returncode}): "
                   f"{p.stdout}{p.stderr}")
         check(not os.path.exists(out), f"{kind}: nothing merged")
+
+
+FUZZ_SHARDS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fuzz", "corpus", "shard")
+# regress-*.h5 whose refusal names a dataset: what it is refused for, and the dataset.
+FUZZ_REFUSALS = {"regress-virtual-layout-global-heap.h5": ("virtual dataset", "'model.w'"),
+                 "regress-chunk-size-past-eof.h5": ("HDF5 chunks claim", "'model.w'")}
+
+
+def test_fuzz_regressions(bin_dir, tmp):
+    tool = lambda name: os.path.join(bin_dir, name)  # noqa: E731
+    names = sorted(n for n in os.listdir(FUZZ_SHARDS) if n.startswith("regress-"))
+    check(set(FUZZ_REFUSALS) <= set(names), f"fuzz regression shards present: {names}")
+    for name in names:
+        shard = os.path.join(tmp, name)
+        shutil.copyfile(os.path.join(FUZZ_SHARDS, name), shard)
+        for args in (["ckpt-verify", shard], ["ckpt-merge", shard, os.path.join(tmp, name + ".safetensors")]):
+            p = run([tool(args[0])] + args[1:])
+            said = p.stdout + p.stderr
+            check(p.returncode in (1, 2) and name in said,
+                  f"{name}: {args[0]} exits 1 or 2 naming the file (rc {p.returncode}): {said}")
+            for phrase in FUZZ_REFUSALS.get(name, ()):
+                check(phrase in said, f"{name}: {args[0]} says {phrase}: {said}")
 
 
 def make_plugin_dir(tmp):
@@ -219,6 +248,7 @@ def main():
     ck1, ck2 = make_checkpoints(args.bin, tmp)
     plugin_env = make_plugin_dir(tmp)
     test_hostile(args.bin, args.hostile, tmp, ck1, plugin_env)
+    test_fuzz_regressions(args.bin, tmp)
     test_plugin_would_load(tmp, plugin_env)
     check(os.access(STRACE, os.X_OK), f"{STRACE} is needed (scripts/install-deps.sh installs it)")
     if os.access(STRACE, os.X_OK):

@@ -151,7 +151,9 @@ void CheckStoredBytes(const std::string& key, const EntryMeta& e, uint64_t recor
 void Resolve(const storage::Dir& dir, Metadata& m) {
   auto shared = std::make_shared<const Metadata>(m);  // the catalog reads files and layouts only
   ChunkCatalog catalog(dir, shared);
-  for (auto& [key, e] : m.entries) {
+  for (auto& kv : m.entries) {  // (not a structured binding: clang 14 cannot capture one)
+    const std::string& key = kv.first;
+    EntryMeta& e = kv.second;
     if (e.kind != EntryKind::kTensor && e.kind != EntryKind::kBytes) continue;
     e.chunks.clear();
     const Shape shape = e.kind == EntryKind::kBytes ? Shape{static_cast<int64_t>(e.size)} : e.shape;

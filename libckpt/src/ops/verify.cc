@@ -195,7 +195,9 @@ void VerifyIndexes(const fs::path& path, const Metadata& md, const std::vector<c
       }
       if (found >= expected[fi]) continue;
       if (named_missing++ < 8) {  // name them: the chunks placed here that have no record
-        for (const auto& [key, e] : md.entries) {
+        for (const auto& kv : md.entries) {  // (no structured binding: clang 14 cannot capture one)
+          const std::string& key = kv.first;
+          const EntryMeta& e = kv.second;
           if (e.kind != EntryKind::kTensor && e.kind != EntryKind::kBytes) continue;
           grid::ForEachChunk(e.layout, ShapeOf(e), [&](const Box& box, int32_t f) {
             if (f != file) return;

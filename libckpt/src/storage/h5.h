@@ -110,14 +110,36 @@ void WriteStringAttr(hid_t obj, const char* name, const std::string& value);
 // Empty if absent.
 std::string ReadStringAttr(hid_t obj, const char* name);
 
+// The bytes of an open HDF5 file as ckpt reads them itself (pread on `fd`, the very file
+// HDF5 has open), and what its superblock says about addresses: for checking an object
+// header before HDF5 parses it (CheckObjectHeader).
+struct RawFile {
+  int fd = -1;
+  uint64_t size = 0;         // bytes
+  uint64_t base = 0;         // absolute offset of HDF5 address 0 (the user block's size)
+  unsigned sizeof_addr = 8;  // bytes of an address and of a length in the file
+  unsigned sizeof_size = 8;
+};
+RawFile DescribeFile(hid_t file, int fd, uint64_t size);
+
+// Checks, from the file's bytes and without HDF5, the object header at HDF5 address `addr`
+// for what the format forbids a shard's dataset and what HDF5 1.10 must not be left to
+// parse (FORMAT.md §5.6): every layout message must be readable and contiguous, chunked
+// or compact (a virtual dataset's layout points into the global heap, and HDF5 1.10
+// crashes on a corrupt one inside H5Dopen2), and there must be no external-file-list
+// message (external storage; its local heap is another such parse). Fails closed: a
+// header this cannot walk (v1 or v2, continuation chunks included, within bounds) is
+// refused. Returns "" when acceptable, else why not.
+std::string CheckObjectHeader(const RawFile& raw, haddr_t addr);
+
 // Opens dataset `name` of the root group of `file`, refusing (kCorrupt, `where` first)
 // anything but a plain link name that is a hard link: a soft, external or user-defined
-// link would reach other objects or other files (FORMAT.md §5.6).
-Handle OpenOwnDataset(hid_t file, const std::string& name, const std::string& where);
+// link would reach other objects or other files (FORMAT.md §5.6); and a dataset whose
+// object header CheckObjectHeader refuses, before HDF5 opens it.
+Handle OpenOwnDataset(hid_t file, const RawFile& raw, const std::string& name, const std::string& where);
 // The same without building `where`: an invalid handle and, in `problem`, why (the text
-// OpenOwnDataset puts after `where`). `all_hard`: the caller found every link of the root
-// a hard link (ForeignLinks), so the link's own type is not looked up again.
-Handle TryOpenOwnDataset(hid_t file, const std::string& name, bool all_hard, std::string& problem);
+// OpenOwnDataset puts after `where`).
+Handle TryOpenOwnDataset(hid_t file, const RawFile& raw, const std::string& name, std::string& problem);
 // Links of the root group of `file` that are not hard links (soft, external,
 // user-defined), at most `limit`, in name order; and how such a link is refused.
 std::vector<std::pair<std::string, H5L_type_t>> ForeignLinks(hid_t file, std::size_t limit);

@@ -159,7 +159,10 @@ class BlockReader {
 
   void Direct(const ByteRun& r) {
     const uint64_t e = r.src + r.len;
-    const auto [a, z] = Interior(r);
+    // Plain variables, not a structured binding: lambdas below capture `a`, which clang 14
+    // (the fuzz build's compiler) does not allow of a binding.
+    const std::pair<uint64_t, uint64_t> interior = Interior(r);
+    const uint64_t a = interior.first, z = interior.second;
     if (r.src < a) FromWindow(r.src / b_, r.src, a - r.src, r.to);
     // The interior, read straight into the destination a piece at a time and hashed there.
     // From a file, piece i + 1 is read on a helper thread while this one hashes piece i: one
@@ -283,6 +286,7 @@ struct ShardReader::Impl {
   Fd fd;
   uint64_t size = 0;
   h5::Handle file;
+  h5::RawFile raw;  // for checking object headers before HDF5 opens a dataset
   std::vector<unsigned char> bounce;
   std::unique_ptr<FileHasher> hasher;  // over fd, made on first Hash
   std::optional<DirectReader::Policy> direct_policy;  // large reads direct, under this policy
@@ -311,33 +315,45 @@ struct ShardReader::Impl {
 };
 
 ShardReader::ShardReader(const Dir& dir, const std::string& file_name, bool use_index, bool evict_on_close)
+    : ShardReader(OpenRegularFileAt(dir, file_name), dir.path() / file_name, use_index, evict_on_close, false) {}
+
+ShardReader::ShardReader(Fd fd, std::filesystem::path path, bool use_index, bool in_memory)
+    : ShardReader(std::move(fd), std::move(path), use_index, false, in_memory) {}
+
+ShardReader::ShardReader(Fd fd, std::filesystem::path path, bool use_index, bool evict_on_close, bool in_memory)
     : impl_(std::make_unique<Impl>()) {
   h5::Init();
-  impl_->path = dir.path() / file_name;
-  impl_->fd = OpenRegularFileAt(dir, file_name);
+  impl_->path = std::move(path);
+  impl_->fd = std::move(fd);
   impl_->size = FileSize(impl_->fd.get(), impl_->path);
   // HDF5 opens the very file checked above, whatever happens to the paths meanwhile.
   const std::string proc = ProcPath(impl_->fd.get());
   std::string why;  // HDF5's error stack of a failed open (closing the fapl would clear it)
   auto open = [&](bool evict) {
     h5::Handle fapl;
-    if (evict) {
-      fapl = h5::Plist(h5::Check(H5Pcreate(H5P_FILE_ACCESS), "H5Pcreate"));
-      h5::Check(H5Pset_evict_on_close(fapl.get(), true), "H5Pset_evict_on_close");
-    }
-    const hid_t got = H5Fopen(proc.c_str(), H5F_ACC_RDONLY, evict ? fapl.get() : H5P_DEFAULT);
+    if (evict || in_memory) fapl = h5::Plist(h5::Check(H5Pcreate(H5P_FILE_ACCESS), "H5Pcreate"));
+    if (evict) h5::Check(H5Pset_evict_on_close(fapl.get(), true), "H5Pset_evict_on_close");
+    // The core driver reads the file whole at open; HDF5's every later read is a copy.
+    if (in_memory) h5::Check(H5Pset_fapl_core(fapl.get(), 1 << 16, /*backing_store=*/false), "H5Pset_fapl_core");
+    const hid_t got = H5Fopen(proc.c_str(), H5F_ACC_RDONLY, fapl ? fapl.get() : H5P_DEFAULT);
     if (got < 0) why = h5::ErrorStack();
     return got;
   };
   hid_t id = open(evict_on_close);
-  if (id < 0) {
+  if (id < 0 && !in_memory) {
     // HDF5 refuses to open a file that this process has open with the other evict-on-close
     // setting (a verify beside a load of the same checkpoint): then it opens as it is open.
     const std::string first = why;
     id = open(!evict_on_close);
-    if (id < 0) throw Error(ErrorCode::kCorrupt, impl_->path.string() + ": not a readable HDF5 file" + first);
+    if (id < 0) why = first;
   }
+  if (id < 0) throw Error(ErrorCode::kCorrupt, impl_->path.string() + ": not a readable HDF5 file" + why);
   impl_->file = h5::File(id);
+  try {
+    impl_->raw = h5::DescribeFile(id, impl_->fd.get(), impl_->size);
+  } catch (const Error& e) {
+    throw Error(ErrorCode::kCorrupt, impl_->path.string() + ": " + e.what());
+  }
   impl_->locate_by_index = use_index;
   if (use_index) LoadIndex();
 }
@@ -480,8 +496,8 @@ ShardReader::Located ShardReader::Find(const std::string& key, DType dtype, cons
       return at;
     }
   }
-  std::string problem;  // a root of hard links only: each dataset's link need not be looked up
-  at.ds = h5::TryOpenOwnDataset(m.file.get(), chunk.dataset, m.foreign_links == 0, problem);
+  std::string problem;
+  at.ds = h5::TryOpenOwnDataset(m.file.get(), m.raw, chunk.dataset, problem);
   if (!at.ds) throw Error(ErrorCode::kCorrupt, m.Where(key, chunk) + ": " + problem);
   const hid_t type = H5Dget_type(at.ds.get());
   at.type = h5::Type(type < 0 ? h5::Check(type, m.Where(key, chunk)) : type);
@@ -511,7 +527,30 @@ ShardReader::Located ShardReader::Find(const std::string& key, DType dtype, cons
   } else {
     h5::Handle dcpl = h5::Plist(h5::Check(H5Dget_create_plist(at.ds.get()), m.Where(key, chunk)));
     h5::CheckStorage(dcpl.get(), m.Where(key, chunk));
-    at.contiguous = H5Pget_layout(dcpl.get()) == H5D_CONTIGUOUS && H5Pget_nfilters(dcpl.get()) == 0;
+    const H5D_layout_t layout = H5Pget_layout(dcpl.get());
+    at.contiguous = layout == H5D_CONTIGUOUS && H5Pget_nfilters(dcpl.get()) == 0;
+    // An HDF5 chunk is never larger than its dataset in a shard (a writer's chunk dims are
+    // clamped to the extent), and HDF5 allocates a whole chunk to read any of it.
+    if (layout == H5D_CHUNKED) {
+      std::vector<hsize_t> cdims(dims.size() + 1, 0);
+      const int crank = H5Pget_chunk(dcpl.get(), static_cast<int>(cdims.size()), cdims.data());
+      bool ok = crank == static_cast<int>(dims.size());
+      for (std::size_t d = 0; ok && d < dims.size(); ++d) ok = cdims[d] >= 1 && cdims[d] <= std::max<hsize_t>(dims[d], 1);
+      if (!ok) {
+        h5::ErrorStack();  // cleared
+        cdims.resize(static_cast<std::size_t>(std::clamp<int>(crank, 0, static_cast<int>(cdims.size()))));
+        throw Error(ErrorCode::kCorrupt, m.Where(key, chunk) + ": HDF5 chunk dimensions " + DimsString(cdims) +
+                                             " do not fit the dataset's shape " + DimsString(dims));
+      }
+      // HDF5 reads a stored chunk whole into a buffer of the size its index records: chunks
+      // that claim more bytes than the file holds are refused before any is read (the
+      // fuzzer's: one of 242 MB in a 13 KB file, 20 s an input).
+      const hsize_t stored = H5Dget_storage_size(at.ds.get());
+      if (stored > m.size) {
+        throw Error(ErrorCode::kCorrupt, m.Where(key, chunk) + ": its HDF5 chunks claim " + std::to_string(stored) +
+                                             " bytes, more than the file's " + std::to_string(m.size));
+      }
+    }
   }
   if (at.chunk_bytes == 0 || !at.contiguous) return at;
   if (base == HADDR_UNDEF || base > m.size || at.chunk_bytes > m.size - base) {
@@ -550,7 +589,7 @@ ShardReader::PackExtent ShardReader::Pack(const std::string& dataset, const std:
     throw Error(ErrorCode::kCorrupt, where + ": a packed chunk names '" + dataset + "', not a pack dataset (" +
                                          names::kPackPrefix + "<n>)");
   }
-  h5::Handle ds = h5::OpenOwnDataset(m.file.get(), dataset, where);
+  h5::Handle ds = h5::OpenOwnDataset(m.file.get(), m.raw, dataset, where);
   h5::Handle type = h5::Type(h5::Check(H5Dget_type(ds.get()), where));
   h5::Handle space = h5::Space(h5::Check(H5Dget_space(ds.get()), where));
   const int rank = H5Sget_simple_extent_ndims(space.get());

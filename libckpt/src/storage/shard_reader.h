@@ -45,6 +45,11 @@ class ShardReader {
   ShardReader(const std::filesystem::path& dir, const std::string& file_name, bool use_index = true,
               bool evict_on_close = false)
       : ShardReader(Dir::Open(dir), file_name, use_index, evict_on_close) {}
+  // Reads the shard open as `fd` (any regular file: the shard fuzzer's is a memfd), named
+  // `path` in errors. With `in_memory`, HDF5 reads it whole at open through its core
+  // driver (H5Pset_fapl_core, no backing store), every later HDF5 read a copy in memory:
+  // for small files read many times over.
+  ShardReader(Fd fd, std::filesystem::path path, bool use_index, bool in_memory);
   ~ShardReader();
   ShardReader(const ShardReader&) = delete;
   ShardReader& operator=(const ShardReader&) = delete;
@@ -112,6 +117,7 @@ class ShardReader {
   std::vector<std::string> UnnamedObjects(const std::function<bool(const std::string&)>& named, std::size_t limit);
 
  private:
+  ShardReader(Fd fd, std::filesystem::path path, bool use_index, bool evict_on_close, bool in_memory);
   struct Located;
   Located Find(const std::string& key, DType dtype, const ChunkMeta& chunk, bool by_header = false);
   Located FindPacked(const std::string& key, const ChunkMeta& chunk, uint64_t chunk_bytes);

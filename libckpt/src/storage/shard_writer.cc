@@ -667,6 +667,13 @@ ChunkMeta ShardWriter::Stream::Finish() {
   }
   if (!s.meta.stats) s.meta.stats = s.digest->Stats();
   s.shard->RecordChunk(s.key, false, s.dtype, s.shape, s.meta, *s.digest, s.total ? s.offset : 0);
+  // Closed now, not with the stream: an open dataset keeps HDF5's (weak) H5Fclose in
+  // ShardWriter::Finish from closing the file, and the headers still in its cache from
+  // reaching the file before the fsync.
+  if (s.ds.Close() < 0) {
+    throw Error(ErrorCode::kIO,
+                s.shard->path.string() + ": closing dataset '" + s.meta.dataset + "'" + h5::ErrorStack());
+  }
   return std::move(s.meta);
 }
 
