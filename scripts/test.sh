@@ -7,8 +7,8 @@
 #
 # The Python package (python/) and its pytest suites build and run in the first pass, with a
 # venv kept OUTSIDE the repository, ${CKPT_VENV:-$HOME/.cache/ckpt-venv}: made from PyPI the
-# first time (numpy, pytest, nanobind, scikit-build-core, safetensors, accelerate and PyPI's
-# default torch wheel, about 5 GB with its CUDA libraries, a few minutes), reused after that.
+# first time (numpy, pytest, nanobind, scikit-build-core, safetensors, accelerate, transformers and
+# PyPI's default torch wheel, about 5 GB with its CUDA libraries, a few minutes), reused after that.
 # CKPT_SKIP_PYTHON=1 leaves the package out (CMake's AUTO then finds no nanobind).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,11 +25,11 @@ fi
 # The venv of the Python tests: made or completed once, then reused as it is.
 venv_python() {
   local venv=${CKPT_VENV:-$HOME/.cache/ckpt-venv}
-  local need="import numpy, pytest, nanobind, scikit_build_core, safetensors, torch, accelerate"
+  local need="import numpy, pytest, nanobind, scikit_build_core, safetensors, torch, accelerate, transformers"
   if ! "$venv/bin/python" -c "$need" 2>/dev/null; then
-    echo "== Python venv $venv (PyPI: numpy pytest nanobind scikit-build-core safetensors torch accelerate)" >&2
+    echo "== Python venv $venv (PyPI: numpy pytest nanobind scikit-build-core safetensors torch accelerate transformers)" >&2
     python3 -m venv "$venv"  # the python3 first on PATH
-    "$venv/bin/python" -m pip install -q numpy pytest nanobind scikit-build-core safetensors torch accelerate >&2
+    "$venv/bin/python" -m pip install -q numpy pytest nanobind scikit-build-core safetensors torch accelerate transformers >&2
   fi
   echo "$venv/bin/python"
 }
