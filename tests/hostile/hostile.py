@@ -27,6 +27,9 @@ digests; a few lies without the digests recomputed must be digest mismatches.
 
 --only hdf5 runs the HDF5-level shard cases (external links, virtual datasets, external
 storage, an unknown filter), which are CTest's hostile_hdf5; without it, everything else.
+--only SECTION runs one section of the rest (metadata, v2, packs, special, shard-bytes,
+safetensors), and --slice K/N every N-th of its cases from the K-th: CTest runs the corpus
+as several such tests, in parallel, each well inside its timeout under the sanitizers.
 """
 import argparse
 import json
@@ -106,6 +109,7 @@ class Corpus:
         os.makedirs(self.cases_dir)
         self.outside = os.path.join(self.work, "outside")  # what no tool may read
         os.makedirs(self.outside)
+        self.section = None  # the section whose cases are being made
 
     def tool(self, name, *args, check=True):
         p = subprocess.run([os.path.join(self.args.bin, name)] + [str(a) for a in args], capture_output=True,
@@ -151,6 +155,7 @@ class Corpus:
         return d
 
     def add(self, case):
+        case.section = self.section
         self.cases.append(case)
 
     # --- metadata.json -------------------------------------------------------------------
@@ -810,12 +815,19 @@ class Corpus:
                 print(f"  slow: {what}: {secs:.1f} s", flush=True)
 
 
+SECTIONS = {"metadata": Corpus.metadata_cases, "v2": Corpus.v2_cases, "packs": Corpus.pack_cases,
+            "special": Corpus.special_file_cases, "shard-bytes": Corpus.shard_byte_cases,
+            "safetensors": Corpus.safetensors_cases, "hdf5": Corpus.hdf5_cases}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bin", required=True)
     ap.add_argument("--load", required=True)
     ap.add_argument("--work", required=True)
-    ap.add_argument("--only", choices=["main", "hdf5"], default="main")
+    ap.add_argument("--only", choices=["main", "hdf5"] + list(SECTIONS), default="main",
+                    help="main: every section but hdf5")
+    ap.add_argument("--slice", default="1/1", help="K/N: every N-th case of the selection, from the K-th")
     ap.add_argument("--timeout", type=float, default=20)
     ap.add_argument("--memory-mb", type=int, default=3072)
     ap.add_argument("--no-memory-cap", action="store_true")
@@ -823,25 +835,35 @@ def main():
                     help="tools built with ASan/UBSan (about 10x slower): the largest v2 cases are 10x smaller, "
                          "still far beyond what a quadratic path finishes in their timeouts")
     ap.add_argument("--filter", default="", help="run only cases whose name contains this")
+    ap.add_argument("--list", action="store_true", help="list the selected cases by section, run nothing")
     args = ap.parse_args()
     if args.only == "hdf5":
         args.work = args.work.rstrip("/") + "-hdf5"
+    k, n = (int(x) for x in args.slice.split("/"))
+    if not 1 <= k <= n:
+        ap.error("--slice K/N needs 1 <= K <= N")
     c = Corpus(args)
     c.make_base()
-    if args.only == "hdf5":
-        c.hdf5_cases()
-    else:
-        c.metadata_cases()
-        c.v2_cases()
-        c.pack_cases()
-        c.special_file_cases()
-        c.shard_byte_cases()
-        c.safetensors_cases()
-    cases = [x for x in c.cases if x.group == args.only and args.filter in x.name]
-    print(f"{len(cases)} hostile cases ({args.only})", flush=True)
+    group = "hdf5" if args.only == "hdf5" else "main"
+    for name, make in SECTIONS.items():
+        if args.only in (name, "main" if name != "hdf5" else None):
+            c.section = name
+            make(c)
+    cases = [x for x in c.cases if x.group == group and args.filter in x.name][k - 1::n]
+    print(f"{len(cases)} hostile cases ({args.only}, slice {k}/{n})", flush=True)
+    if args.list:
+        for name in SECTIONS:
+            print(f"  {name}: {sum(x.section == name for x in cases)} cases")
+        return 0
     t0 = time.monotonic()
+    seconds = {}
     for case in cases:
+        t = time.monotonic()
         c.run_case(case)
+        runs, secs = seconds.get(case.section, (0, 0.0))
+        seconds[case.section] = (runs + 1, secs + time.monotonic() - t)
+    for name, (count, secs) in seconds.items():
+        print(f"  {name}: {count} cases in {secs:.0f} s")
     print(f"{len(cases)} cases, {RUNS[0]} tool runs, {len(FAILURES)} failures, {time.monotonic() - t0:.0f} s")
     if not FAILURES:
         shutil.rmtree(c.work, ignore_errors=True)  # the sparse and 1 MB files
