@@ -129,6 +129,7 @@ def test_new_dtypes(tools, tmp):
               and rt[name][2] == arr.tobytes(), f"{name}: safetensors round trip {rt.get(name, ('?',))[:2]}")
     check({k: v for k, v in meta.items() if not k.startswith("ckpt.")} == {"format": "pt"}, f"__metadata__: {meta}")
     check_digests(back, rt, meta)
+    check_digest_refusals(tools, tmp, back, rt)
 
     # diff: same; one F4 nibble changed is one element of one tensor.
     tools.run("ckpt-diff", st, ck, expect=0)
@@ -266,6 +267,43 @@ def check_digests(path, tensors, meta):
     digest = header["__metadata__"].pop("ckpt.digest")
     text = json.dumps(header, separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode()
     check(digest == "xxh3-64:%016x" % xxhash.xxh3_64_intdigest(text), f"{path}: ckpt.digest is not the header's")
+
+
+def check_digest_refusals(tools, tmp, path, tensors):
+    """A byte of an export changed, or a tensor renamed in its header: ckpt-verify exits 1 and
+    an import refuses it, each naming the file and tensor; the untouched export imports."""
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + n])
+    name = max(tensors, key=lambda k: len(tensors[k][2]))  # the largest: mx.big, several blocks
+    b, e = header[name]["data_offsets"]
+    base = os.path.basename(path)[:-len(".safetensors")]
+    flipped = os.path.join(tmp, base + "-flipped.safetensors")
+    data_f = bytearray(data)
+    data_f[8 + n + b + (e - b) // 2] ^= 0x10
+    with open(flipped, "wb") as f:
+        f.write(data_f)
+    for tool, args in (("ckpt-verify", [flipped]), ("ckpt-convert", [flipped, os.path.join(tmp, base + "-flipped-ck")])):
+        p = tools.run(tool, *args, expect=1)
+        out = p.stdout + p.stderr
+        check(os.path.basename(flipped) in out and f"tensor '{name}'" in out and "block" in out,
+              f"{tool} of a changed byte does not name the file, tensor and block: {out[-400:]}")
+    # A tensor renamed in the header (same length): the header digest no longer matches.
+    other = next(k for k in sorted(tensors) if k != name and len(k) > 1)
+    renamed = other[:-1] + ("x" if other[-1] != "x" else "y")
+    text = bytes(data[8:8 + n]).replace(json.dumps(other).encode() + b":", json.dumps(renamed).encode() + b":", 1)
+    check(len(text) == n and text != bytes(data[8:8 + n]), "renaming a tensor in the header")
+    hdr = os.path.join(tmp, base + "-renamed.safetensors")
+    with open(hdr, "wb") as f:
+        f.write(data[:8] + text + data[8 + n:])
+    for tool, args in (("ckpt-verify", [hdr]), ("ckpt-convert", [hdr, os.path.join(tmp, base + "-renamed-ck")])):
+        p = tools.run(tool, *args, expect=1)
+        out = p.stdout + p.stderr
+        check(os.path.basename(hdr) in out and "header digest mismatch" in out,
+              f"{tool} of a renamed tensor does not say the header digest differs: {out[-400:]}")
+    tools.run("ckpt-verify", path, expect=0)
+    tools.run("ckpt-convert", path, os.path.join(tmp, base + "-ck"), expect=0)
 
 
 def check_hub_layout(tmp_dir, stem, tensors, cap, what):
