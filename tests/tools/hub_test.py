@@ -264,7 +264,7 @@ def check_digests(path, tensors, meta):
     with open(path, "rb") as f:
         n = int.from_bytes(f.read(8), "little")
         header = json.loads(f.read(n))
-    digest = header["__metadata__"].pop("ckpt.digest")
+    digest = header.get("__metadata__", {}).pop("ckpt.digest", None)
     text = json.dumps(header, separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode()
     check(digest == "xxh3-64:%016x" % xxhash.xxh3_64_intdigest(text), f"{path}: ckpt.digest is not the header's")
 
