@@ -247,24 +247,26 @@ class Corpus:
                 m["entries"][W]["chunks"][0]["sizes"] = sizes
             self.md_case(f"geom-{vname}", fn, token=qw, fatal=True)
         # n identical chunks: n^2/2 reports before (6,000 drove verify out of memory at 8 GB).
-        for n in (6000, 30000):
+        for n in (6000, self.big(30000)):
             def fn(m, n=n):
                 m["entries"][W]["chunks"] = [m["entries"][W]["chunks"][0]] * n
             self.md_case(f"identical-chunks-{n}", fn, token=qw, timeout=30, fatal=True, inspect_lenient=True)
         # Many thin chunks that do tile (column shards): the old sweep compared all pairs.
-        def thin(m, n=20000):
+        # (These and the next are 10x smaller under the sanitizers: at full size each took most of
+        # a 5-minute test there on a busy machine.)
+        def thin(m, n=self.big(20000)):
             c0 = m["entries"][W]["chunks"][0]
             m["entries"][W]["shape"] = [8, n]
             m["entries"][W]["chunks"] = [dict(c0, offsets=[0, j], sizes=[8, 1], dataset=f"a@0,{j}")
                                            for j in range(n)]
-        self.md_case("thin-chunks-20000", thin, token=W, timeout=60)
+        self.md_case(f"thin-chunks-{self.big(20000)}", thin, token=W, timeout=60)
         # Many keys, each one chunk of a missing dataset: linear reports.
-        def many_keys(m, n=20000):
+        def many_keys(m, n=self.big(20000)):
             c0 = m["entries"][W]["chunks"][0]
             for j in range(n):
                 m["entries"][f"x{j}"] = {"type": "tensor", "dtype": "float32", "shape": [1],
                                          "chunks": [dict(c0, offsets=[0], sizes=[1], dataset=f"x{j}")]}
-        self.md_case("many-missing-datasets-20000", many_keys, token="dataset", timeout=60)
+        self.md_case(f"many-missing-datasets-{self.big(20000)}", many_keys, token="dataset", timeout=60)
         # Deep nesting.
         for depth in (65, 1000, 100000):
             t = json.dumps(dict(md, user={"a": "@deep@"}))
