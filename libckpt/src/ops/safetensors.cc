@@ -19,6 +19,8 @@
 #include "layout/box.h"
 #include "ops/util.h"
 #include "storage/commit.h"
+#include "storage/digest.h"
+#include "storage/file_hasher.h"
 #include "storage/fs.h"
 
 namespace ckpt::ops {
@@ -91,7 +93,70 @@ json ParseStrict(const std::string& text, const std::filesystem::path& path) {
   return j;
 }
 
+// "xxh3-64:<hex>" of `header` without its "ckpt.digest", as nlohmann dumps it (compact,
+// object keys sorted): what "ckpt.digest" holds. `header` is left as it was.
+std::string HeaderDigest(json& header) {
+  json& meta = header["__metadata__"];
+  json saved;
+  const auto it = meta.find(kSafetensorsDigestKey);
+  if (it != meta.end()) {
+    saved = std::move(*it);
+    meta.erase(it);
+  }
+  const std::string text = header.dump();
+  if (!saved.is_null()) meta[std::string(kSafetensorsDigestKey)] = std::move(saved);
+  return storage::FormatChecksum(storage::HashBlock(text.data(), text.size()));
+}
+
+// ckpt's digest keys of a file's header (IsSafetensorsDigestKey): checks "ckpt.digest"
+// against the header and gives each tensor of `tensors` its blocks; returns the block size.
+uint64_t ReadDigests(json& header, const std::vector<std::pair<std::string, std::string>>& metadata,
+                     std::vector<SafetensorsTensor>& tensors, const std::filesystem::path& path) {
+  const std::string* digest = nullptr;
+  const std::string* block_bytes = nullptr;
+  std::unordered_map<std::string_view, const std::string*> blocks;
+  for (const auto& [k, v] : metadata) {
+    if (k == kSafetensorsDigestKey) digest = &v;
+    else if (k == kSafetensorsBlockBytesKey) block_bytes = &v;
+    else if (k.starts_with(kSafetensorsBlocksPrefix)) blocks.emplace(std::string_view(k).substr(kSafetensorsBlocksPrefix.size()), &v);
+  }
+  if (!digest || !block_bytes)
+    Corrupt(path, std::string("__metadata__ holds ckpt's digest keys but no '") +
+                      std::string(digest ? kSafetensorsBlockBytesKey : kSafetensorsDigestKey) + "'");
+  const std::string got = HeaderDigest(header);
+  if (got != *digest)
+    Corrupt(path, "header digest mismatch: __metadata__['ckpt.digest'] is " + *digest + ", the header hashes to " +
+                      got + " (the tensor list or the metadata changed after the file was written)");
+  uint64_t b = 0;
+  const bool digits = !block_bytes->empty() && block_bytes->size() <= 9 &&
+                      std::all_of(block_bytes->begin(), block_bytes->end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+  if (digits) b = std::stoull(*block_bytes);
+  if (!digits || b < storage::kMinBlockBytes || b > storage::kMaxBlockBytes || (b & (b - 1)) != 0)
+    Corrupt(path, "__metadata__['ckpt.block_bytes'] = '" + *block_bytes +
+                      "' is not a power of two from 4096 to 67108864");
+  for (auto& t : tensors) {
+    const auto it = blocks.find(t.name);
+    if (it == blocks.end()) Corrupt(path, "tensor '" + t.name + "': no ckpt.blocks entry in __metadata__");
+    const std::string& hex = *it->second;
+    const uint64_t n = t.end - t.begin;
+    if (hex.size() != 16 * storage::BlockCount(n, b) ||
+        !std::all_of(hex.begin(), hex.end(), [](char ch) { return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f'); }))
+      Corrupt(path, "tensor '" + t.name + "': ckpt.blocks holds " + std::to_string(hex.size()) +
+                        " characters, not the 16 lowercase hex digits of each of its " +
+                        std::to_string(storage::BlockCount(n, b)) + " blocks of " + std::to_string(b) + " bytes");
+    t.blocks = hex;
+    blocks.erase(it);
+  }
+  if (!blocks.empty())
+    Corrupt(path, "__metadata__['ckpt.blocks." + std::string(blocks.begin()->first) + "'] names no tensor");
+  return b;
+}
+
 }  // namespace
+
+bool IsSafetensorsDigestKey(std::string_view key) {
+  return key == kSafetensorsDigestKey || key == kSafetensorsBlockBytesKey || key.starts_with(kSafetensorsBlocksPrefix);
+}
 
 std::optional<DType> DTypeFromSafetensors(std::string_view name) {
   for (const auto& n : kNames)
@@ -133,7 +198,7 @@ std::unique_ptr<SafetensorsReader> SafetensorsReader::Open(const std::filesystem
   r->data_start_ = 8 + n;
   const uint64_t buffer_len = r->file_size_ - r->data_start_;
 
-  const json header = ParseStrict(text, path);
+  json header = ParseStrict(text, path);
   if (!header.is_object()) Corrupt(path, "header is not a JSON object");
   for (auto it = header.begin(); it != header.end(); ++it) {
     const std::string& name = it.key();
@@ -237,6 +302,8 @@ std::unique_ptr<SafetensorsReader> SafetensorsReader::Open(const std::filesystem
   if (pos != buffer_len)
     Corrupt(path, "tensors cover " + std::to_string(pos) + " bytes of the data buffer, which has " +
                       std::to_string(buffer_len));
+  if (std::any_of(r->metadata_.begin(), r->metadata_.end(), [](const auto& m) { return IsSafetensorsDigestKey(m.first); }))
+    r->block_bytes_ = ReadDigests(header, r->metadata_, r->tensors_, path);
   if (!r->skipped_.empty()) {
     std::unordered_set<std::string_view> skipped;
     for (const auto& s : r->skipped_) skipped.insert(s.first);
@@ -276,19 +343,42 @@ void SafetensorsReader::ReadRegion(const SafetensorsTensor& t, const Box& box, v
   });
 }
 
+// With digests: the header (its blocks filled in at the end) and the tensors' digests.
+struct SafetensorsWriter::Digests {
+  json header;
+  std::vector<std::string> names;
+  std::vector<uint64_t> ends;  // each tensor's end in the data buffer
+  std::vector<std::string> blocks;
+  std::size_t current = 0;  // the tensor being appended
+  std::unique_ptr<storage::Digest> digest;
+  uint64_t pos = 0;  // bytes hashed
+  std::size_t text_bytes = 0;
+};
+
+namespace {
+std::string HeaderText(const json& header) {
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // align the buffer to 8 bytes, as upstream
+  return text;
+}
+}  // namespace
+
 SafetensorsWriter::SafetensorsWriter(const std::filesystem::path& path,
                                      std::vector<TensorSpec> tensors,
                                      const std::vector<std::pair<std::string, std::string>>& metadata,
-                                     bool overwrite)
+                                     bool overwrite, bool digests)
     : path_(path), overwrite_(overwrite) {
   std::error_code ec;
   if (!overwrite && std::filesystem::exists(path, ec))
     throw Error(ErrorCode::kAlreadyExists, path.string() + ": already exists");
   json header = json::object();
-  if (!metadata.empty()) {
-    json m = json::object();
-    for (const auto& [k, v] : metadata) m[k] = v;
-    header["__metadata__"] = m;
+  json m = json::object();
+  for (const auto& [k, v] : metadata)
+    if (!digests || !IsSafetensorsDigestKey(k)) m[k] = v;
+  if (digests) {
+    digests_ = std::make_unique<Digests>();
+    m[std::string(kSafetensorsBlockBytesKey)] = std::to_string(storage::kDefaultBlockBytes);
+    m[std::string(kSafetensorsDigestKey)] = storage::FormatChecksum(0);  // a placeholder of the same length
   }
   std::set<std::string> names;
   uint64_t off = 0;
@@ -309,14 +399,25 @@ SafetensorsWriter::SafetensorsWriter(const std::filesystem::path& path,
                       {"shape", shape},
                       {"data_offsets", {off, off + n}}};
     off += n;
+    if (digests_) {  // placeholders of the digests' length, filled in by WriteDigests
+      m[std::string(kSafetensorsBlocksPrefix) + t.name] =
+          std::string(16 * storage::BlockCount(n, storage::kDefaultBlockBytes), '0');
+      digests_->names.push_back(t.name);
+      digests_->ends.push_back(off);
+    }
   }
+  if (!m.empty()) header["__metadata__"] = std::move(m);
   data_total_ = off;
-  std::string text = header.dump();
-  text.append((8 - text.size() % 8) % 8, ' ');  // align the buffer to 8 bytes, as upstream
+  const std::string text = HeaderText(header);
+  if (digests_) {
+    digests_->header = std::move(header);
+    digests_->text_bytes = text.size();
+    digests_->blocks.resize(digests_->names.size());
+  }
   // Written at a staging sibling, committed by storage/commit.h (the one commit routine).
   tmp_path_ = storage::BeginStaging(path, /*directory=*/false);
   try {
-    fd_ = storage::OpenFile(tmp_path_, O_WRONLY | O_CREAT | O_EXCL, 0644).release();
+    fd_ = storage::OpenFile(tmp_path_, O_RDWR | O_CREAT | O_EXCL, 0644).release();
     uint8_t len[8];
     for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(text.size() >> (8 * i));
     detail::PwriteAll(fd_, len, 8, 0, tmp_path_);
@@ -328,6 +429,40 @@ SafetensorsWriter::SafetensorsWriter(const std::filesystem::path& path,
     throw;
   }
   file_pos_ = 8 + text.size();
+}
+
+// Feeds appended bytes to the digests of the tensors they belong to, in order.
+void SafetensorsWriter::Hash(const void* data, uint64_t bytes) {
+  if (!digests_) return;
+  Digests& d = *digests_;
+  const auto* p = static_cast<const unsigned char*>(data);
+  while (true) {
+    while (d.current < d.ends.size() && d.pos == d.ends[d.current]) {  // the tensor is complete
+      d.blocks[d.current++] = d.digest ? d.digest->Blocks() : std::string();
+      d.digest.reset();
+    }
+    if (bytes == 0 || d.current == d.ends.size()) return;
+    if (!d.digest) d.digest = std::make_unique<storage::Digest>(DType::kUInt8, false, storage::kDefaultBlockBytes);
+    const uint64_t take = std::min(bytes, d.ends[d.current] - d.pos);
+    d.digest->Update(p, static_cast<std::size_t>(take));
+    p += take, bytes -= take, d.pos += take;
+  }
+}
+
+// The header again, its blocks and digest filled in: of the same length, in place.
+void SafetensorsWriter::WriteDigests() {
+  Digests& d = *digests_;
+  Hash(nullptr, 0);  // completes the trailing empty tensors
+  json& meta = d.header["__metadata__"];
+  for (std::size_t i = 0; i < d.names.size(); ++i)
+    meta[std::string(kSafetensorsBlocksPrefix) + d.names[i]] = std::move(d.blocks[i]);
+  meta[std::string(kSafetensorsDigestKey)] = HeaderDigest(d.header);
+  const std::string text = HeaderText(d.header);
+  if (text.size() != d.text_bytes)
+    throw Error(ErrorCode::kInternal, tmp_path_.string() + ": the header with its digests is " +
+                                          std::to_string(text.size()) + " bytes, not the " +
+                                          std::to_string(d.text_bytes) + " reserved");
+  detail::PwriteAll(fd_, text.data(), text.size(), 8, tmp_path_);
 }
 
 SafetensorsWriter::~SafetensorsWriter() {
@@ -342,6 +477,7 @@ void SafetensorsWriter::Append(const void* data, uint64_t bytes) {
     throw Error(ErrorCode::kInvalidArgument,
                 path_.string() + ": more bytes appended than the header declares");
   detail::PwriteAll(fd_, data, bytes, file_pos_, tmp_path_);
+  Hash(data, bytes);
   Wrote(bytes);
 }
 
@@ -358,6 +494,9 @@ void SafetensorsWriter::AppendCopy(const FileRange& range) {
   }
   storage::CopyRange(source_fd_, range.offset, fd_, file_pos_, static_cast<std::size_t>(range.length),
                      range.file, tmp_path_);
+  if (digests_)  // the bytes as written, read back (from the page cache)
+    storage::FileHasher(fd_, tmp_path_).Scan(file_pos_, range.length,
+                                             [&](const unsigned char* p, std::size_t n, uint64_t) { Hash(p, n); });
   Wrote(range.length);
 }
 
@@ -376,6 +515,7 @@ void SafetensorsWriter::Seal() {
     throw Error(ErrorCode::kInvalidArgument,
                 path_.string() + ": " + std::to_string(written_) + " data bytes written, header declares " +
                     std::to_string(data_total_));
+  if (digests_) WriteDigests();
   storage::Fd fd(fd_);
   fd_ = -1;
   storage::FsyncFd(fd.get(), tmp_path_);
@@ -411,6 +551,15 @@ std::optional<std::filesystem::path> FindSafetensorsIndex(const std::filesystem:
     only = it->path();
   }
   return only;
+}
+
+std::optional<std::filesystem::path> FindHubModel(const std::filesystem::path& dir) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) return std::nullopt;
+  if (auto index = FindSafetensorsIndex(dir)) return index;
+  const std::filesystem::path model = dir / "model.safetensors";
+  if (std::filesystem::exists(model, ec)) return model;
+  return std::nullopt;
 }
 
 SafetensorsIndex ReadSafetensorsIndex(const std::filesystem::path& index_file) {
@@ -453,22 +602,27 @@ SafetensorsIndex ReadSafetensorsIndex(const std::filesystem::path& index_file) {
 
 namespace {
 std::string SafetensorsIndexText(uint64_t total_size,
-                                 const std::vector<std::pair<std::string, std::string>>& weight_map) {
+                                 const std::vector<std::pair<std::string, std::string>>& weight_map,
+                                 std::optional<uint64_t> total_parameters) {
   json map = json::object();
   for (const auto& [tensor, file] : weight_map) map[tensor] = file;
-  const json j = {{"metadata", {{"total_size", total_size}}}, {"weight_map", map}};
+  json meta = {{"total_size", total_size}};
+  if (total_parameters) meta["total_parameters"] = *total_parameters;  // as transformers 5 writes
+  const json j = {{"metadata", meta}, {"weight_map", map}};
   // json objects keep keys sorted; ensure_ascii as Python's json.dumps.
   return j.dump(2, ' ', /*ensure_ascii=*/true) + "\n";
 }
 }  // namespace
 
 void WriteSafetensorsIndex(const std::filesystem::path& index_file, uint64_t total_size,
-                           const std::vector<std::pair<std::string, std::string>>& weight_map) {
-  storage::CommitFile(index_file, SafetensorsIndexText(total_size, weight_map));
+                           const std::vector<std::pair<std::string, std::string>>& weight_map,
+                           std::optional<uint64_t> total_parameters) {
+  storage::CommitFile(index_file, SafetensorsIndexText(total_size, weight_map, total_parameters));
 }
 
 void CommitSafetensorsShards(const std::vector<SafetensorsWriter*>& shards, const std::filesystem::path& index_file,
-                             uint64_t total_size, const std::vector<std::pair<std::string, std::string>>& weight_map) {
+                             uint64_t total_size, const std::vector<std::pair<std::string, std::string>>& weight_map,
+                             std::optional<uint64_t> total_parameters) {
   bool overwrite = true;
   std::vector<std::pair<std::filesystem::path, std::filesystem::path>> staged;
   for (SafetensorsWriter* w : shards) {
@@ -478,7 +632,7 @@ void CommitSafetensorsShards(const std::vector<SafetensorsWriter*>& shards, cons
   }
   const std::filesystem::path index_tmp = storage::BeginStaging(index_file, /*directory=*/false);
   try {
-    storage::WriteFileSynced(index_tmp, SafetensorsIndexText(total_size, weight_map));
+    storage::WriteFileSynced(index_tmp, SafetensorsIndexText(total_size, weight_map, total_parameters));
     staged.emplace_back(index_tmp, index_file);
     storage::CommitStagedGroup(staged, overwrite ? storage::Replace::kExisting : storage::Replace::kNever);
   } catch (...) {

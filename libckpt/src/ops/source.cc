@@ -12,6 +12,8 @@
 #include "ckpt/error.h"
 #include "ckpt/ops/safetensors.h"
 #include "layout/box.h"
+#include "storage/digest.h"
+#include "storage/file_hasher.h"
 #include "storage/fs.h"
 #include "storage/shard_reader.h"
 #include "ops/util.h"
@@ -91,10 +93,21 @@ class SafetensorsSource final : public Source {
     Finish();
   }
   SourceKind kind() const override { return SourceKind::kSafetensors; }
+  // Bytes of a file that carries ckpt's digests are checked before they are returned: a
+  // whole tensor as it is read, part of one by checking the whole tensor first (once).
   void ReadRegion(std::string_view key, const Box& region, void* out) override {
     const auto [r, t] = Find(key);
+    const uint64_t n = static_cast<uint64_t>(region.NumElements()) * DTypeSize(t->dtype);
+    const bool whole = region == Box::Full(t->shape);
+    if (r->block_bytes() && !whole) VerifyTensor(*r, *t);
     r->ReadRegion(*t, region, out);
-    read_ += static_cast<uint64_t>(region.NumElements()) * DTypeSize(t->dtype);
+    read_ += n;
+    if (r->block_bytes() && whole && !verified_.count(t)) {
+      storage::Digest digest(DType::kUInt8, false, r->block_bytes());
+      digest.Update(out, static_cast<std::size_t>(n));
+      storage::CheckDigest(digest, metadata_.Find(key)->chunks.front(), n, Where(*r, *t));
+      verified_.insert(t);
+    }
   }
   std::vector<uint8_t> ReadBytes(std::string_view key) override {
     throw Error(ErrorCode::kNotFound, path_.string() + ": no bytes entry '" + std::string(key) +
@@ -107,14 +120,29 @@ class SafetensorsSource final : public Source {
     if (t->end == t->begin) return std::nullopt;
     return FileRange{r->path(), r->data_start() + t->begin, t->end - t->begin};
   }
-  void VerifyChunk(std::string_view, std::size_t) override {}  // safetensors records no checksums
+  void VerifyChunk(std::string_view key, std::size_t) override {  // against ckpt's digests, if the file has them
+    const auto [r, t] = Find(key);
+    if (r->block_bytes()) VerifyTensor(*r, *t);
+  }
 
  private:
+  static std::string Where(const SafetensorsReader& r, const SafetensorsTensor& t) {
+    return r.path().string() + ": tensor '" + t.name + "'";
+  }
+  void VerifyTensor(const SafetensorsReader& r, const SafetensorsTensor& t) {
+    if (verified_.count(&t)) return;
+    const uint64_t n = t.end - t.begin;
+    storage::Digest digest(DType::kUInt8, false, r.block_bytes());
+    storage::FileHasher(r.path()).Hash(r.data_start() + t.begin, n, digest, {}, Where(r, t));
+    storage::CheckDigest(digest, metadata_.Find(t.name)->chunks.front(), n, Where(r, t));
+    verified_.insert(&t);
+  }
   void Add(std::unique_ptr<SafetensorsReader> reader) {
     const SafetensorsReader& r = *reader;
     const std::string name = r.path().filename().string();
     metadata_.files.push_back(FileMeta{name, 0, r.file_size(), {}});
-    for (const auto& [k, v] : r.metadata()) user_.emplace(k, v);  // the first file's value wins
+    for (const auto& [k, v] : r.metadata())  // the first file's value wins; digests describe the file, not the model
+      if (!IsSafetensorsDigestKey(k)) user_.emplace(k, v);
     for (const auto& s : r.skipped()) {
       skipped_.push_back(s);
       skipped_names_.insert(s.first);
@@ -131,6 +159,11 @@ class SafetensorsSource final : public Source {
       c.file = name;
       c.dataset = t.name;
       c.stored_bytes = t.end - t.begin;
+      if (r.block_bytes()) {  // ckpt's digests: readers and the copies of a convert check them
+        c.block_bytes = r.block_bytes();
+        c.blocks = t.blocks;
+        c.checksum = storage::ChecksumOfBlocks(t.blocks);
+      }
       e.chunks.push_back(std::move(c));
       metadata_.entries.emplace_back(t.name, std::move(e));
     }
@@ -157,6 +190,7 @@ class SafetensorsSource final : public Source {
   std::unordered_map<std::string, std::size_t> where_;  // tensor -> index in readers_
   std::unordered_set<std::string> skipped_names_;
   std::map<std::string, std::string> user_;
+  std::unordered_set<const SafetensorsTensor*> verified_;  // checked against their digests
   uint64_t read_ = 0;
 };
 
@@ -289,8 +323,11 @@ std::unique_ptr<Source> Source::Open(const std::filesystem::path& path, bool ski
     throw Error(ErrorCode::kNotFound, path.string() + ": no such file or directory");
   if (std::filesystem::is_directory(st)) {
     if (!std::filesystem::exists(path / kMetadataFileName, ec))
-      if (const auto index = FindSafetensorsIndex(path))  // a Hub model directory
-        return std::make_unique<SafetensorsSource>(ReadSafetensorsIndex(*index), skip_unsupported);
+      if (const auto model = FindHubModel(path)) {  // a Hub model directory: sharded, or one file
+        if (model->filename().string().ends_with(kSafetensorsIndexSuffix))
+          return std::make_unique<SafetensorsSource>(ReadSafetensorsIndex(*model), skip_unsupported);
+        return std::make_unique<SafetensorsSource>(*model, skip_unsupported);
+      }
     if (!std::filesystem::exists(path / kMetadataFileName, ec))
       throw Error(ErrorCode::kNotFound,
                   path.string() + ": not a checkpoint (no metadata.json; an uncommitted save?)");

@@ -831,7 +831,7 @@ VerifyReport Verify(const fs::path& path, const VerifyOptions& o) {
   std::error_code ec;
   const auto st = fs::status(path, ec);
   if (ec || !fs::exists(st)) throw Error(ErrorCode::kNotFound, path.string() + ": no such file or directory");
-  if (!fs::is_directory(st) || (!fs::exists(path / kMetadataFileName, ec) && FindSafetensorsIndex(path))) {
+  if (!fs::is_directory(st) || (!fs::exists(path / kMetadataFileName, ec) && FindHubModel(path))) {
     VerifyFile(path, o, r, c);  // a lone shard, a safetensors file or a Hub sharded-safetensors directory
     return finish();
   }

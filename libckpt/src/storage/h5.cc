@@ -58,6 +58,20 @@ std::mutex& BatchMutex() {
   return mu;
 }
 
+void SetFixedMetadataCache(hid_t fapl, std::size_t bytes) {
+  H5AC_cache_config_t mdc{};
+  mdc.version = H5AC__CURR_CACHE_CONFIG_VERSION;
+  Check(H5Pget_mdc_config(fapl, &mdc), "H5Pget_mdc_config");
+  mdc.set_initial_size = true;
+  mdc.initial_size = bytes;
+  mdc.max_size = bytes;
+  mdc.min_size = std::min<std::size_t>(mdc.min_size, bytes);
+  mdc.incr_mode = H5C_incr__off;
+  mdc.flash_incr_mode = H5C_flash_incr__off;
+  mdc.decr_mode = H5C_decr__off;
+  Check(H5Pset_mdc_config(fapl, &mdc), "H5Pset_mdc_config");
+}
+
 herr_t CloseFile(hid_t id) {
   const herr_t r = H5Fclose(id);
   if (r < 0) close_failed = true;

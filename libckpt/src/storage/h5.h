@@ -92,6 +92,11 @@ inline Handle Type(hid_t id) { return Handle(id, H5Tclose); }
 inline Handle Plist(hid_t id) { return Handle(id, H5Pclose); }
 inline Handle Attr(hid_t id) { return Handle(id, H5Aclose); }
 
+// Holds a file's metadata cache at `bytes`, neither grown nor shrunk by HDF5's adaptive
+// resizing (which takes it to 32 MiB): a reader or writer that visits each dataset once
+// keeps its memory small, as the least recently used headers make room for the next.
+void SetFixedMetadataCache(hid_t fapl, std::size_t bytes);
+
 // The HDF5 file type of a ckpt dtype (FORMAT.md §4). bfloat16 and fp8 are unsigned
 // integers carrying a `dtype` attribute; float16 is a 2-byte IEEE float.
 Handle FileType(DType dtype);

@@ -27,6 +27,7 @@ namespace {
 constexpr std::size_t kDirectRunBytes = std::size_t{256} << 10;  // pread runs this big directly
 constexpr std::size_t kBounceBytes = std::size_t{16} << 20;      // else through a bounce buffer
 constexpr std::size_t kDigestBlock = std::size_t{8} << 20;
+constexpr std::size_t kBoundedCacheBytes = std::size_t{1} << 20;  // the metadata cache of a one-visit reader
 // Verified reads from a file: the interior of a large run is read in pieces of this size
 // on a helper thread, each hashed here while the next one is read.
 constexpr uint64_t kPipePiece = uint64_t{4} << 20;
@@ -329,10 +330,15 @@ ShardReader::ShardReader(Fd fd, std::filesystem::path path, bool use_index, bool
   // HDF5 opens the very file checked above, whatever happens to the paths meanwhile.
   const std::string proc = ProcPath(impl_->fd.get());
   std::string why;  // HDF5's error stack of a failed open (closing the fapl would clear it)
-  auto open = [&](bool evict) {
+  // Not HDF5's own evict-on-close: in HDF5 1.10 each H5Dclose then flushes the dataset's
+  // tagged entries through a pass over the whole metadata cache, so visiting n datasets
+  // took time quadratic in n (issue 32.6: 1,000,000 empty tensors converted for over 14
+  // minutes, most of it in the output's verification). A small fixed cache evicts the
+  // least recently used headers as new ones come, at a constant cost per dataset.
+  auto open = [&](bool bounded) {
     h5::Handle fapl;
-    if (evict || in_memory) fapl = h5::Plist(h5::Check(H5Pcreate(H5P_FILE_ACCESS), "H5Pcreate"));
-    if (evict) h5::Check(H5Pset_evict_on_close(fapl.get(), true), "H5Pset_evict_on_close");
+    if (bounded || in_memory) fapl = h5::Plist(h5::Check(H5Pcreate(H5P_FILE_ACCESS), "H5Pcreate"));
+    if (bounded) h5::SetFixedMetadataCache(fapl.get(), kBoundedCacheBytes);
     // The core driver reads the file whole at open; HDF5's every later read is a copy.
     if (in_memory) h5::Check(H5Pset_fapl_core(fapl.get(), 1 << 16, /*backing_store=*/false), "H5Pset_fapl_core");
     const hid_t got = H5Fopen(proc.c_str(), H5F_ACC_RDONLY, fapl ? fapl.get() : H5P_DEFAULT);
@@ -340,11 +346,9 @@ ShardReader::ShardReader(Fd fd, std::filesystem::path path, bool use_index, bool
     return got;
   };
   hid_t id = open(evict_on_close);
-  if (id < 0 && !in_memory) {
-    // HDF5 refuses to open a file that this process has open with the other evict-on-close
-    // setting (a verify beside a load of the same checkpoint): then it opens as it is open.
+  if (id < 0 && evict_on_close && !in_memory) {  // as HDF5 would open it for any reader
     const std::string first = why;
-    id = open(!evict_on_close);
+    id = open(false);
     if (id < 0) why = first;
   }
   if (id < 0) throw Error(ErrorCode::kCorrupt, impl_->path.string() + ": not a readable HDF5 file" + why);

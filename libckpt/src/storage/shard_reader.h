@@ -36,10 +36,10 @@ class ShardReader {
   // whose data would lie outside the file, takes the HDF5 path. ckpt-verify turns it off
   // to check every dataset's HDF5 header, and so does a lone shard (no checksums: the
   // HDF5 checks are all there is); Index() still reads the index then, to describe it.
-  // With `evict_on_close`, HDF5 drops each dataset's header from its cache when the
-  // dataset is closed (for a caller that opens each dataset once: ckpt-verify). HDF5
-  // refuses to open one file twice with both settings: a reader then takes the setting
-  // the file is open with.
+  // With `evict_on_close`, the file's HDF5 metadata cache is held at a small fixed size,
+  // so the headers of datasets closed make room for the next (for a caller that opens each
+  // dataset once: ckpt-verify), at a constant cost per dataset (HDF5 1.10's own
+  // evict-on-close costs a pass over the whole cache at each close).
   ShardReader(const Dir& dir, const std::string& file_name, bool use_index = true, bool evict_on_close = false);
   // The same, opening the directory `dir` first.
   ShardReader(const std::filesystem::path& dir, const std::string& file_name, bool use_index = true,

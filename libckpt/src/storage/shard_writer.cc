@@ -481,17 +481,7 @@ ShardWriter::ShardWriter(const std::filesystem::path& dir, std::string file_name
   // HDF5's metadata cache grows (adaptively, to 32 MiB by default) with the object headers
   // and link-index nodes of datasets just created, which this writer never reads back: a
   // small fixed size keeps a writer of many chunks, with many shards open, small.
-  H5AC_cache_config_t mdc{};
-  mdc.version = H5AC__CURR_CACHE_CONFIG_VERSION;
-  h5::Check(H5Pget_mdc_config(fapl.get(), &mdc), "H5Pget_mdc_config");
-  mdc.set_initial_size = true;
-  mdc.initial_size = kMetadataCacheBytes;
-  mdc.max_size = kMetadataCacheBytes;
-  mdc.min_size = std::min<size_t>(mdc.min_size, kMetadataCacheBytes);
-  mdc.incr_mode = H5C_incr__off;
-  mdc.flash_incr_mode = H5C_flash_incr__off;
-  mdc.decr_mode = H5C_decr__off;
-  h5::Check(H5Pset_mdc_config(fapl.get(), &mdc), "H5Pset_mdc_config");
+  h5::SetFixedMetadataCache(fapl.get(), kMetadataCacheBytes);
   h5::Check(H5Pset_alignment(fapl.get(), kAlignFrom, kAlignTo), "H5Pset_alignment");
   impl_->file = h5::File(h5::Check(H5Fcreate(impl_->path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()),
                                    impl_->path.string() + ": creating HDF5 file"));

@@ -37,6 +37,21 @@ namespace ckpt::ops {
 CKPT_API std::optional<DType> DTypeFromSafetensors(std::string_view name);
 CKPT_API std::string_view SafetensorsDTypeName(DType dtype);
 
+// ckpt's block digests in a safetensors file's "__metadata__" (strings only, as the format
+// requires; docs in schemas/FORMAT.md §11), written by ckpt-convert's export and checked by
+// every ckpt reader when present (other readers ignore them):
+//   "ckpt.block_bytes": B, the block size (a power of two, 4 KiB .. 64 MiB; 65536 written);
+//   "ckpt.blocks.<tensor>": the tensor's bytes hashed in blocks of B as FORMAT.md §7.1's
+//       "blocks" (16 lowercase hex digits of XXH3-64 per block; "" for an empty tensor);
+//   "ckpt.digest": "xxh3-64:<16 hex>" of the header with this one key removed, as
+//       nlohmann::json dumps it (compact, keys sorted): the names, dtypes, shapes, offsets
+//       and every other metadata value are proved, and the blocks prove the bytes.
+inline constexpr std::string_view kSafetensorsDigestKey = "ckpt.digest";
+inline constexpr std::string_view kSafetensorsBlockBytesKey = "ckpt.block_bytes";
+inline constexpr std::string_view kSafetensorsBlocksPrefix = "ckpt.blocks.";
+// One of the keys above (which describe the file they are in, not the model).
+CKPT_API bool IsSafetensorsDigestKey(std::string_view key);
+
 // Hard limits against hostile files.
 inline constexpr uint64_t kSafetensorsMaxHeaderBytes = uint64_t{100} << 20;  // as upstream
 inline constexpr int kSafetensorsMaxRank = 32;
@@ -47,6 +62,7 @@ struct SafetensorsTensor {
   Shape shape;
   uint64_t begin = 0;  // byte offsets relative to the data buffer
   uint64_t end = 0;
+  std::string blocks;  // ckpt's block digests (FORMAT.md §7.1 "blocks"), when the file has them
 };
 
 class CKPT_API SafetensorsReader {
@@ -54,7 +70,10 @@ class CKPT_API SafetensorsReader {
   // Opens and validates `path`. Throws kNotFound / kIO if it cannot be read, kCorrupt for
   // a malformed header (length past the end of the file, invalid JSON, duplicate keys,
   // shape x itemsize != byte length, overlapping, non-contiguous or out-of-range offsets)
-  // and kUnsupported for an unknown dtype. With `skip_unsupported`, a tensor of a dtype
+  // and kUnsupported for an unknown dtype. ckpt's digest keys, when present, are checked:
+  // "ckpt.digest" against the header, every tensor's "ckpt.blocks.<name>" present and of
+  // its byte length's block count (kCorrupt naming the file and tensor); the data is
+  // checked by the caller against them. With `skip_unsupported`, a tensor of a dtype
   // ckpt lacks is left out of tensors() (listed in skipped()) instead; its offsets are
   // still checked.
   static std::unique_ptr<SafetensorsReader> Open(const std::filesystem::path& path,
@@ -75,6 +94,8 @@ class CKPT_API SafetensorsReader {
   uint64_t file_size() const { return file_size_; }
   // File offset of the data buffer (tensor bytes start at data_start() + begin).
   uint64_t data_start() const { return data_start_; }
+  // ckpt's digest block size ("ckpt.block_bytes"); 0 when the file carries no digests.
+  uint64_t block_bytes() const { return block_bytes_; }
 
   // Reads `length` bytes at `offset` inside tensor `t`'s bytes. REQUIRES: in range.
   void ReadRange(const SafetensorsTensor& t, uint64_t offset, uint64_t length, void* out) const;
@@ -87,6 +108,7 @@ class CKPT_API SafetensorsReader {
   int fd_ = -1;
   uint64_t file_size_ = 0;
   uint64_t data_start_ = 0;
+  uint64_t block_bytes_ = 0;
   std::vector<SafetensorsTensor> tensors_;
   std::vector<std::size_t> by_name_;  // indices of tensors_, in name order
   std::vector<std::pair<std::string, std::string>> metadata_;
@@ -104,10 +126,13 @@ class CKPT_API SafetensorsWriter {
     DType dtype;
     Shape shape;
   };
-  // Throws kAlreadyExists if `path` exists and !overwrite.
+  // Throws kAlreadyExists if `path` exists and !overwrite. With `digests`, the header also
+  // carries ckpt's block digests (kSafetensorsDigestKey ...; any such keys in `metadata`
+  // are replaced), hashed as the bytes are appended and written into the header, whose
+  // length they do not change, before the file is synced.
   SafetensorsWriter(const std::filesystem::path& path, std::vector<TensorSpec> tensors,
                     const std::vector<std::pair<std::string, std::string>>& metadata,
-                    bool overwrite = false);
+                    bool overwrite = false, bool digests = false);
   ~SafetensorsWriter();  // removes the temporary file if not committed
   SafetensorsWriter(const SafetensorsWriter&) = delete;
   SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
@@ -121,7 +146,8 @@ class CKPT_API SafetensorsWriter {
  private:
   friend void CommitSafetensorsShards(const std::vector<SafetensorsWriter*>& shards,
                                       const std::filesystem::path& index_file, uint64_t total_size,
-                                      const std::vector<std::pair<std::string, std::string>>& weight_map);
+                                      const std::vector<std::pair<std::string, std::string>>& weight_map,
+                                      std::optional<uint64_t> total_parameters);
   // Commit() short of the rename: checks every byte was written, fsyncs, closes and parses
   // the header back; the staging file is left for the caller to commit (tmp_path_).
   void Seal();
@@ -132,7 +158,11 @@ class CKPT_API SafetensorsWriter {
   uint64_t unflushed_ = 0;  // bytes since writeback was last started
   int source_fd_ = -1;      // the file AppendCopy last copied from, kept open
   std::filesystem::path source_path_;
+  struct Digests;  // the header and the block digests so far (with `digests`)
+  std::unique_ptr<Digests> digests_;
   void Wrote(uint64_t bytes);
+  void Hash(const void* data, uint64_t bytes);
+  void WriteDigests();
 };
 
 // The Hugging Face Hub's sharded layout (what transformers' save_pretrained writes past
@@ -153,14 +183,22 @@ struct SafetensorsIndex {
 // directory, its model.safetensors.index.json, else its only *.safetensors.index.json; else
 // nullopt. Reads nothing.
 CKPT_API std::optional<std::filesystem::path> FindSafetensorsIndex(const std::filesystem::path& path);
+// What a Hub model directory `dir` holds, as transformers' save_pretrained writes it: its
+// index (FindSafetensorsIndex) when it has one, else its lone `model.safetensors` (the
+// unsharded layout, written for a model under max_shard_size); nullopt if neither, or if
+// `dir` is not a directory. Reads nothing.
+CKPT_API std::optional<std::filesystem::path> FindHubModel(const std::filesystem::path& dir);
 // Reads and checks an index: JSON without duplicate keys, a "weight_map" object of
 // non-empty tensor names to plain file names (no directory part), total_size (if present)
 // a non-negative integer. kCorrupt naming the file and the entry.
 CKPT_API SafetensorsIndex ReadSafetensorsIndex(const std::filesystem::path& index_file);
 // Writes an index atomically (staged, fsynced, renamed), as transformers does: keys sorted,
-// indent 2, {"metadata": {"total_size": total_size}, "weight_map": ...}.
+// indent 2, {"metadata": {"total_size": total_size}, "weight_map": ...}, with
+// "total_parameters" beside total_size when given (transformers 5 writes the model's
+// parameter count there; ckpt writes the element count of the tensors the shards hold).
 CKPT_API void WriteSafetensorsIndex(const std::filesystem::path& index_file, uint64_t total_size,
-                                    const std::vector<std::pair<std::string, std::string>>& weight_map);
+                                    const std::vector<std::pair<std::string, std::string>>& weight_map,
+                                    std::optional<uint64_t> total_parameters = std::nullopt);
 // Commits the Hub's sharded layout all or nothing: `shards` (each appended in full, not
 // committed) and then their index `index_file` (WriteSafetensorsIndex's JSON) in one group
 // commit (storage/commit.h; the index renamed last). If anything fails, every shard name and
@@ -169,7 +207,8 @@ CKPT_API void WriteSafetensorsIndex(const std::filesystem::path& index_file, uin
 // writer was made with overwrite.
 CKPT_API void CommitSafetensorsShards(const std::vector<SafetensorsWriter*>& shards,
                                       const std::filesystem::path& index_file, uint64_t total_size,
-                                      const std::vector<std::pair<std::string, std::string>>& weight_map);
+                                      const std::vector<std::pair<std::string, std::string>>& weight_map,
+                                      std::optional<uint64_t> total_parameters = std::nullopt);
 
 // Groups tensors of `bytes[i]` bytes, in order, into shards of at most `max_shard_bytes`
 // as huggingface_hub's split_torch_state_dict_into_shards does (save_pretrained): a shard is

@@ -1,7 +1,7 @@
 // ckpt/ops/source.h: one read-only view over anything the tools accept as input: a
 // checkpoint directory, a single ckpt shard (.h5, described by its ckpt_shard_index
-// attribute, FORMAT.md §5.5), a .safetensors file or the Hub's sharded safetensors (a
-// *.safetensors.index.json, or the directory holding it). Each is presented as a Metadata
+// attribute, FORMAT.md §5.5), a .safetensors file or a Hub model directory (sharded: a
+// *.safetensors.index.json, or the directory holding it; or one model.safetensors). Each is presented as a Metadata
 // (synthesised for shards and safetensors) plus region reads by key.
 //
 // Thread-safety: one Source per thread.
@@ -27,7 +27,7 @@ CKPT_API std::string_view SourceKindName(SourceKind kind);  // "checkpoint", "sh
 class CKPT_API Source {
  public:
   // Detects the kind: a directory is a checkpoint (or, without metadata.json, sharded
-  // safetensors if it holds an index, see FindSafetensorsIndex); a file is safetensors if
+  // a Hub model directory if it holds an index or a model.safetensors, see FindHubModel); a file is safetensors if
   // its name ends in .safetensors, a safetensors index if in .safetensors.index.json (each
   // tensor must be in the file its weight_map names, and each file's tensors in the
   // weight_map: kCorrupt otherwise), an HDF5 shard if it starts with the HDF5 signature. Reads metadata
