@@ -109,12 +109,12 @@ Fd LockParent(const fs::path& parent, bool& exclusive) {
   const int fd = Fs().Open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
   if (fd < 0) Fail(parent, "open directory", errno);
   Fd lock(fd);
-  if (::flock(fd, LOCK_EX | LOCK_NB) == 0) {
+  if (Fs().Flock(fd, LOCK_EX | LOCK_NB, parent) == 0) {
     exclusive = true;
     return lock;
   }
   if (errno != EWOULDBLOCK) return Fd();  // no locks here (some network file systems)
-  while (::flock(fd, LOCK_SH) != 0) {
+  while (Fs().Flock(fd, LOCK_SH, parent) != 0) {
     if (errno != EINTR) return Fd();
   }
   return lock;
@@ -181,7 +181,13 @@ fs::path BeginStaging(const fs::path& target, bool directory) {
   s.parent_lock = LockParent(parent, exclusive);
   if (exclusive) {
     CleanLocked(parent, [&](std::string_view t) { return t == name; });
-    ::flock(s.parent_lock.get(), LOCK_SH);  // a conversion: stays locked
+    // A conversion: stays locked. If it fails, the exclusive lock may still be held (a
+    // failed conversion need not drop it), and held it would block every other writer in
+    // `parent` until this one ends: this process's own next BeginStaging there (a commit
+    // of several outputs, a merge's staging after its cleaning) would wait on it forever.
+    // Closing the descriptor drops whatever it holds; this writer goes on unlocked, as
+    // where the file system has no locks.
+    if (Fs().Flock(s.parent_lock.get(), LOCK_SH, parent) != 0) s.parent_lock = Fd();
   }
   struct stat st;
   if (::lstat(target.c_str(), &st) == 0) {

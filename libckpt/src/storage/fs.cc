@@ -2,6 +2,7 @@
 #include "storage/fs.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
@@ -71,6 +72,7 @@ int FileSystem::Mkdir(const fs::path& path, mode_t mode) { return ::mkdir(path.c
 int FileSystem::Remove(const fs::path& path, bool directory) {
   return directory ? ::rmdir(path.c_str()) : ::unlink(path.c_str());
 }
+int FileSystem::Flock(int fd, int operation, const fs::path&) { return ::flock(fd, operation); }
 
 FileSystem& Fs() {
   FileSystem* fs = g_fs.load(std::memory_order_acquire);
@@ -113,7 +115,24 @@ Dir Dir::Open(const fs::path& path) {
   Dir d;
   d.fd_ = std::make_shared<const Fd>(fd);
   d.path_ = path;
+  struct stat st;
+  if (::fstat(fd, &st) != 0) Fail(path, "fstat", errno);
+  d.dev_ = st.st_dev;
+  d.ino_ = st.st_ino;
   return d;
+}
+
+bool Dir::Replaced() const {
+  if (!fd_) return false;
+  struct stat st;
+  if (::stat((path_.empty() ? fs::path(".") : path_).c_str(), &st) != 0) return true;  // removed, or renamed away
+  return st.st_dev != dev_ || st.st_ino != ino_;
+}
+
+void Dir::ThrowChanged(const std::string& what) const {
+  throw Error(ErrorCode::kChanged, path_.string() +
+                                       ": changed while reading: the checkpoint was replaced or removed by another "
+                                       "process after this reader opened it (" + what + "); read it again");
 }
 
 namespace {
@@ -143,7 +162,14 @@ Fd OpenRegular(int dirfd, const fs::path& name, const fs::path& shown, Symlinks 
 Fd OpenRegularFile(const fs::path& path, Symlinks symlinks) { return OpenRegular(AT_FDCWD, path, path, symlinks); }
 
 Fd OpenRegularFileAt(const Dir& dir, const std::string& name) {
-  return OpenRegular(dir.fd(), name, dir.path() / name);
+  try {
+    return OpenRegular(dir.fd(), name, dir.path() / name);
+  } catch (const Error& e) {
+    // The commit that replaces a checkpoint removes the old one's files once the new one is
+    // in place: a file missing from a directory no longer at its path is no damage.
+    if (e.code() == ErrorCode::kNotFound && dir.Replaced()) dir.ThrowChanged(name + " is gone");
+    throw;
+  }
 }
 
 std::string ProcPath(int fd) { return "/proc/self/fd/" + std::to_string(fd); }

@@ -1,6 +1,8 @@
 // storage/shard_reader.cc
 #include "storage/shard_reader.h"
 
+#include <sys/stat.h>
+
 #include <fcntl.h>
 
 #include <algorithm>
@@ -320,12 +322,13 @@ ShardReader::ShardReader(const Dir& dir, const std::string& file_name, bool use_
   const std::string proc = ProcPath(impl_->fd.get());
   std::string why;  // HDF5's error stack of a failed open (closing the fapl would clear it)
   auto open = [&](bool evict) {
-    h5::Handle fapl;
-    if (evict) {
-      fapl = h5::Plist(h5::Check(H5Pcreate(H5P_FILE_ACCESS), "H5Pcreate"));
-      h5::Check(H5Pset_evict_on_close(fapl.get(), true), "H5Pset_evict_on_close");
-    }
-    const hid_t got = H5Fopen(proc.c_str(), H5F_ACC_RDONLY, evict ? fapl.get() : H5P_DEFAULT);
+    h5::Handle fapl = h5::Plist(h5::Check(H5Pcreate(H5P_FILE_ACCESS), "H5Pcreate"));
+    if (evict) h5::Check(H5Pset_evict_on_close(fapl.get(), true), "H5Pset_evict_on_close");
+    // No HDF5 file lock: a committed shard is never written again (FORMAT.md §2), and a
+    // reader racing an overwrite was refused ("unable to lock the file") by the lock of a
+    // writer's HDF5 handle on the same file, an error that read as damage.
+    h5::Check(H5Pset_file_locking(fapl.get(), false, true), "H5Pset_file_locking");
+    const hid_t got = H5Fopen(proc.c_str(), H5F_ACC_RDONLY, fapl.get());
     if (got < 0) why = h5::ErrorStack();
     return got;
   };
@@ -335,7 +338,13 @@ ShardReader::ShardReader(const Dir& dir, const std::string& file_name, bool use_
     // setting (a verify beside a load of the same checkpoint): then it opens as it is open.
     const std::string first = why;
     id = open(!evict_on_close);
-    if (id < 0) throw Error(ErrorCode::kCorrupt, impl_->path.string() + ": not a readable HDF5 file" + first);
+    if (id < 0) {
+      // HDF5 cannot open a file removed since it was opened here (it resolves the /proc
+      // link's target, which is gone): the checkpoint was replaced meanwhile, no damage.
+      struct stat st;
+      if (::fstat(impl_->fd.get(), &st) == 0 && st.st_nlink == 0) dir.ThrowChanged(file_name + " was removed");
+      throw Error(ErrorCode::kCorrupt, impl_->path.string() + ": not a readable HDF5 file" + first);
+    }
   }
   impl_->file = h5::File(id);
   impl_->locate_by_index = use_index;
@@ -413,6 +422,7 @@ void ShardReader::UseDirectIo(std::optional<DirectReader::Policy> policy) {
 uint64_t ShardReader::bytes_read_direct() const { return impl_->direct ? impl_->direct->bytes() : 0; }
 uint64_t ShardReader::file_size() const { return impl_->size; }
 const std::filesystem::path& ShardReader::path() const { return impl_->path; }
+int ShardReader::fd() const { return impl_->fd.get(); }
 
 // Where a chunk's data lies: through the shard index when it describes the chunk exactly,
 // else by opening its dataset and checking its type, shape and extent against `chunk`.

@@ -105,6 +105,9 @@ class ShardReader {
 
   uint64_t file_size() const;
   const std::filesystem::path& path() const;
+  // The descriptor the shard is open on (owned by the reader): the very file, whatever
+  // has been renamed or removed since.
+  int fd() const;
 
  private:
   struct Located;
