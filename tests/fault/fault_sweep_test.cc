@@ -143,7 +143,8 @@ constexpr int kHangSeconds = 120;  // the slowest case takes about a second unde
 
 class Watchdog {
  public:
-  explicit Watchdog(std::string what) : what_(std::move(what)), thread_([this] { Watch(); }) {}
+  // `err_` is stderr as it is now: RunTool points fd 2 at a file while a tool runs.
+  explicit Watchdog(std::string what) : what_(std::move(what)), err_(::dup(2)), thread_([this] { Watch(); }) {}
   ~Watchdog() {
     {
       std::lock_guard lock(mu_);
@@ -151,17 +152,18 @@ class Watchdog {
     }
     cv_.notify_all();
     thread_.join();
+    ::close(err_);
   }
 
  private:
   void Watch() {
     std::unique_lock lock(mu_);
     if (cv_.wait_for(lock, std::chrono::seconds(kHangSeconds), [&] { return done_; })) return;
-    std::fprintf(stderr, "HANG: %s did not return in %d s\n", what_.c_str(), kHangSeconds);
-    std::fflush(nullptr);
+    ::dprintf(err_, "HANG: %s did not return in %d s\n", what_.c_str(), kHangSeconds);
     std::_Exit(1);
   }
   std::string what_;
+  int err_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
