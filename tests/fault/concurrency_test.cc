@@ -20,6 +20,7 @@
 #include <functional>
 #include <latch>
 #include <mutex>
+#include <optional>
 #include <system_error>
 #include <thread>
 #include <nlohmann/json.hpp>
@@ -302,6 +303,63 @@ TEST_CASE("every reader racing an overwrite loop reads one checkpoint whole or f
   }
   MESSAGE("overwrite sweep: " << kReaders << " readers x " << overwrites.load() << " overwrites in " << secs << " s: " << reads
                               << " reads, " << torn << " torn");
+}
+
+namespace {
+
+// Opens files as POSIX does; the first time a reader opens `name` through a directory
+// handle, it first lets `between` run (a whole overwrite of the checkpoint being read).
+class ReplaceOnOpen : public storage::FileSystem {
+ public:
+  ReplaceOnOpen(std::string name, std::function<void()> between)
+      : name_(std::move(name)), between_(std::move(between)) {}
+  int Open(const std::filesystem::path& path, int flags, mode_t mode, int dirfd) override {
+    if (dirfd != AT_FDCWD && path.filename() == name_ && !fired_.exchange(true)) between_();
+    return FileSystem::Open(path, flags, mode, dirfd);
+  }
+  bool fired() const { return fired_; }
+
+ private:
+  const std::string name_;
+  const std::function<void()> between_;
+  std::atomic<bool> fired_{false};
+};
+
+}  // namespace
+
+// Issue 32: ckpt-verify of a checkpoint replaced while it read it reported damage (index
+// digest or checksum mismatches: metadata.json of one version, shards of the next). Now it
+// judges the checkpoint it opened, or fails with kChanged; never a verdict of damage.
+TEST_CASE("verify of a checkpoint replaced while it reads: one checkpoint judged, or changed while reading") {
+  ckpt_test::TempDir tmp("race-verify");
+  const std::filesystem::path dst = tmp / "ck";
+  SaveVersion(dst, 1, false);
+  for (const char* shard : {"shard-00000-of-00004.h5", "shard-00002-of-00004.h5"}) {
+    if (ckpt_test::VersionOf(dst) != 1) SaveVersion(dst, 1, true);
+    ReplaceOnOpen hook(shard, [&] { SaveVersion(dst, 2, true); });
+    std::optional<ops::VerifyReport> report;
+    ErrorCode code{};
+    std::string what;
+    {
+      ckpt_test::Installed on(hook);
+      try {
+        report = ops::Verify(dst, {});
+      } catch (const Error& e) {
+        code = e.code();
+        what = e.what();
+      }
+    }
+    INFO("replaced on opening " << shard << ": " << (report ? ops::RenderVerifyText(*report) : what));
+    REQUIRE(hook.fired());
+    if (report) {
+      CHECK(report->ok());  // the checkpoint it opened, whole
+    } else {
+      CHECK(code == ErrorCode::kChanged);
+      CHECK(what.find(dst.string()) != std::string::npos);
+      CHECK(what.find("changed while reading") != std::string::npos);
+    }
+    CHECK(ckpt_test::VersionOf(dst) == 2);
+  }
 }
 
 TEST_CASE("two saves without overwrite to one new path: exactly one wins, the other fails clearly") {
