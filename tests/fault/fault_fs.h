@@ -1,6 +1,6 @@
 // tests/fault/fault_fs.h: a FileSystem (storage/fs.h) for tests: counts the operations
-// ckpt performs (open, pwrite, copy_file_range, fsync, close, rename, mkdir, remove and the
-// flock calls on a commit's parent directory) and makes the N-th one fail with a chosen
+// ckpt performs (open, pwrite, copy_file_range, fsync, close, rename, mkdir, remove, lstat,
+// directory listings and the flock calls on a commit's parent directory) and makes the N-th one fail with a chosen
 // errno (EIO, ENOSPC, ...), as a disk would. A failing close still closes (as close(2) does); a failing write writes
 // nothing.
 #pragma once
@@ -87,6 +87,14 @@ class FaultFs : public ckpt::storage::FileSystem {
   int Flock(int fd, int operation, const fs::path& path) override {
     if (Hit("flock", path)) return -1;
     return FileSystem::Flock(fd, operation, path);
+  }
+  int Lstat(const fs::path& path, struct stat* st) override {
+    if (Hit("lstat", path)) return -1;
+    return FileSystem::Lstat(path, st);
+  }
+  int ListDir(const fs::path& path, std::vector<std::string>& names) override {
+    if (Hit("listdir", path)) return -1;
+    return FileSystem::ListDir(path, names);
   }
 
  private:

@@ -1,8 +1,8 @@
 // The fault sweep: EIO and ENOSPC injected through the file-system seam (storage/fs.h)
 // at every file operation of a 4-rank save (fresh and overwrite), a merge, a convert to
 // safetensors (one file, and the Hub's shards + index, fresh and --force over an earlier
-// one), a --force replace and a checkpoint-manager rotation; every operation counts,
-// the flock calls on the parent directory included. After each point: the call returns
+// one), a --force replace and a checkpoint-manager rotation; every operation counts: the
+// commit's and the leftovers cleaning's lstat, directory listings and flock calls included. After each point: the call returns
 // (a hang is a failure: Watchdog),
 // the target holds the old checkpoint or the new one, whole (nothing half-written is
 // committed), a failed call never commits, the error names the file, the tools exit 0,

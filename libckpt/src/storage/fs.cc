@@ -2,6 +2,7 @@
 #include "storage/fs.h"
 
 #include <fcntl.h>
+#include <dirent.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -73,6 +74,21 @@ int FileSystem::Remove(const fs::path& path, bool directory) {
   return directory ? ::rmdir(path.c_str()) : ::unlink(path.c_str());
 }
 int FileSystem::Flock(int fd, int operation, const fs::path&) { return ::flock(fd, operation); }
+int FileSystem::Lstat(const fs::path& path, struct stat* st) { return ::lstat(path.c_str(), st); }
+int FileSystem::ListDir(const fs::path& path, std::vector<std::string>& names) {
+  DIR* d = ::opendir(path.c_str());
+  if (!d) return -1;
+  errno = 0;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string_view n = e->d_name;
+    if (n != "." && n != "..") names.emplace_back(n);
+    errno = 0;
+  }
+  const int err = errno;
+  ::closedir(d);
+  errno = err;
+  return err ? -1 : 0;
+}
 
 FileSystem& Fs() {
   FileSystem* fs = g_fs.load(std::memory_order_acquire);
@@ -574,12 +590,11 @@ fs::path SiblingPath(const fs::path& target, std::string_view infix) {
 void RemoveAllQuietly(const fs::path& path) {
   if (!ReleaseStaging(path)) return;  // holds the previous content of a failed commit
   struct stat st;
-  if (::lstat(path.c_str(), &st) != 0) return;
+  if (Fs().Lstat(path, &st) != 0) return;
   if (S_ISDIR(st.st_mode)) {
-    std::error_code ec;
-    std::vector<fs::path> children;
-    for (fs::directory_iterator it(path, ec), end; !ec && it != end; it.increment(ec)) children.push_back(it->path());
-    for (const fs::path& c : children) RemoveAllQuietly(c);
+    std::vector<std::string> children;
+    Fs().ListDir(path, children);  // what it could list (then rmdir fails: the rest stays)
+    for (const std::string& c : children) RemoveAllQuietly(path / c);
   }
   Fs().Remove(path, S_ISDIR(st.st_mode));
 }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace ckpt::storage {
 
@@ -24,7 +26,8 @@ enum class RenameMode {
   kExchange,   // renameat2(RENAME_EXCHANGE): the two swap atomically; both must exist
 };
 
-// The seam: every file operation ckpt performs on its own files (not HDF5's internal I/O)
+// The seam: every file operation ckpt performs on its own files (not HDF5's internal I/O;
+// every system call of the commit protocol and of the leftovers cleaning, storage/commit.h)
 // goes through the installed FileSystem, as leveldb's Env. The default is POSIX; tests
 // install one that counts operations or fails the N-th with EIO or ENOSPC. Each call
 // returns what its system call returns (-1 with errno set on failure); `path` names the
@@ -45,6 +48,9 @@ class FileSystem {
   virtual int Remove(const fs::path& path, bool directory);  // unlink(2) or rmdir(2)
   // flock(2) on `fd`, open on the directory `path` (the commit's lock on a parent).
   virtual int Flock(int fd, int operation, const fs::path& path);
+  virtual int Lstat(const fs::path& path, struct stat* st);  // lstat(2)
+  // The names in the directory `path` ("." and ".." left out): opendir(3) and readdir(3).
+  virtual int ListDir(const fs::path& path, std::vector<std::string>& names);
 };
 
 // The installed file system (POSIX unless a test installed another).
