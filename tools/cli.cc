@@ -128,9 +128,11 @@ int Run(CLI::App& app, const Common& common, int argc, char** argv, const std::f
   } catch (const Error& e) {
     // Input found bad (corrupt, contradictory, of an unknown dtype or newer version) is a
     // problem found; anything else (missing files, I/O, usage) an error.
+    // A checkpoint replaced while it was read is neither: the caller may read it again.
     const bool corrupt = e.code() == ErrorCode::kCorrupt || e.code() == ErrorCode::kMismatch ||
                          e.code() == ErrorCode::kUnsupported;
-    return Fail(common, tool, std::string(ErrorCodeName(e.code())), e.what(), corrupt ? corrupt_exit : kExitError);
+    const int exit_code = e.code() == ErrorCode::kChanged ? kExitChanged : corrupt ? corrupt_exit : kExitError;
+    return Fail(common, tool, std::string(ErrorCodeName(e.code())), e.what(), exit_code);
   } catch (const std::exception& e) {
     return Fail(common, tool, "internal", e.what(), kExitError);
   }

@@ -1,7 +1,7 @@
 // tools/cli.h: what every ckpt command-line tool shares: the common flags (--json, -q,
 // --max-memory, --version), size and dtype parsing, and the one boundary where
 // exceptions become messages and exit codes (0 ok / same, 1 problem / differ,
-// 2 usage or I/O error).
+// 2 usage or I/O error, 3 the input checkpoint changed while it was read).
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -19,6 +19,7 @@ namespace ckpt::tools {
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitProblem = 1;
 inline constexpr int kExitError = 2;
+inline constexpr int kExitChanged = 3;  // replaced or removed by another process meanwhile: no damage, run again
 
 struct Common {
   bool json = false;

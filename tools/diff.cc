@@ -12,7 +12,8 @@ int DiffMain(int argc, char** argv) {
                "ckpt-diff");
   app.footer("Examples:\n  ckpt-diff ckpt/step-1000 merged.safetensors\n"
              "  ckpt-diff run1/step-500 run2/step-500 --atol 1e-6 --exclude 'optimizer.*'\n\n"
-             "Exit codes: 0 same, 1 different, 2 usage or I/O error.");
+             "Exit codes: 0 same, 1 different, 2 usage or I/O error,\n"
+             "3 the input checkpoint changed while it was read (replaced by another process: run again).");
   Common common;
   AddCommon(app, common, "ckpt-diff", true);
   std::string a, b;

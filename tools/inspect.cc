@@ -13,7 +13,8 @@ int InspectMain(int argc, char** argv) {
                "ckpt-inspect");
   app.footer("Examples:\n  ckpt-inspect ckpt/step-1000\n  ckpt-inspect ckpt/step-1000 --tree --key 'model.*'\n"
              "  ckpt-inspect model.safetensors --stats --json\n\n"
-             "Exit codes: 0 ok, 1 a problem found (a missing or unreadable file), 2 usage or I/O error.");
+             "Exit codes: 0 ok, 1 a problem found (a missing or unreadable file), 2 usage or I/O error,\n"
+             "3 the input checkpoint changed while it was read (replaced by another process: run again).");
   Common common;
   AddCommon(app, common, "ckpt-inspect", true);
   std::string path;

@@ -82,7 +82,8 @@ int MergeMain(int argc, char** argv) {
              "  ckpt-merge ckpt/step-1000 model.safetensors --exclude 'optimizer.*' --dtype bfloat16\n"
              "  ckpt-merge ckpt/step-1000 hf/model.safetensors --max-shard-size 5GB   # the Hub's layout\n"
              "  ckpt-merge ckpt/step-1000 full.h5 --virtual          # HDF5 virtual datasets, no copy\n\n"
-             "Exit codes: 0 ok, 1 the source is corrupt, 2 usage or I/O error.");
+             "Exit codes: 0 ok, 1 the source is corrupt, 2 usage or I/O error,\n"
+             "3 the input checkpoint changed while it was read (replaced by another process: run again).");
   Common common;
   AddCommon(app, common, "ckpt-merge", true);
   MergeFlags f;
@@ -106,7 +107,8 @@ int ConvertMain(int argc, char** argv) {
              "  ckpt-convert hf-model/ ckpt/model                 # model.safetensors.index.json + shards\n"
              "  ckpt-convert ckpt/step-1000 out/model.safetensors.index.json --max-shard-size 2GB\n"
              "  ckpt-convert model.safetensors ckpt/model --skip-unsupported   # leave out tensors of unknown dtypes\n\n"
-             "Exit codes: 0 ok, 1 the source is malformed, 2 usage or I/O error.");
+             "Exit codes: 0 ok, 1 the source is malformed, 2 usage or I/O error,\n"
+             "3 the input checkpoint changed while it was read (replaced by another process: run again).");
   Common common;
   AddCommon(app, common, "ckpt-convert", true);
   MergeFlags f;

@@ -13,7 +13,8 @@ int VerifyMain(int argc, char** argv) {
                "ckpt-verify");
   app.footer("Examples:\n  ckpt-verify ckpt/step-1000\n  ckpt-verify ckpt/step-1000 --quick --expect keys.json\n"
              "  ckpt-verify ckpt/step-1000 --check-finite --junit verify.xml\n\n"
-             "Exit codes: 0 ok, 1 problems found, 2 usage or I/O error.");
+             "Exit codes: 0 ok, 1 problems found, 2 usage or I/O error,\n"
+             "3 the input checkpoint changed while it was read (replaced by another process: run again).");
   Common common;
   AddCommon(app, common, "ckpt-verify", false);
   std::string path, expect, junit, schema;

@@ -3,7 +3,7 @@ import re
 
 # libckpt's ErrorCodeName, the values of Error.code.
 CODES = ("invalid argument", "not found", "already exists", "I/O error", "corrupt", "mismatch",
-         "unsupported", "communication error", "internal error")
+         "unsupported", "communication error", "internal error", "cancelled", "changed while reading")
 
 _KEY = re.compile(r"(?:key|tensor|entry) '((?:[^']|'(?=[^:\s,)]))*)'")
 _FILE = re.compile(r"([^\s:'\"()]+\.h5|[^\s:'\"()]*metadata\.json)")

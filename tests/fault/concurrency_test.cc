@@ -1,28 +1,38 @@
-// Concurrency of the commit protocol: readers racing overwrite saves see the old
-// checkpoint or the new one whole, or a clear error, never a silent mix; two saves
+// Concurrency of the commit protocol: every reader racing overwrite saves sees one
+// checkpoint whole, or a clear "changed while reading", never a mix; two saves
 // without overwrite to one new path: exactly one wins, the other fails clearly (also when
 // the other commits between this save's check of the target and its staging).
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
+#include <spawn.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <condition_variable>
 #include <fstream>
 #include <functional>
 #include <latch>
 #include <mutex>
+#include <optional>
 #include <system_error>
 #include <thread>
+#include <nlohmann/json.hpp>
 
 #include "ckpt/ops/merge.h"
+#include "ckpt/ops/safetensors.h"
 #include "fault/fault_fs.h"
 #include "fault/fault_util.h"
 #include "storage/pool.h"
 #include "test_util.h"
+
+extern char** environ;
 
 namespace {
 
@@ -32,9 +42,20 @@ using ckpt_test::kRows;
 using ckpt_test::SaveVersion;
 using ckpt_test::Value;
 
-// What one read saw: a version, or an error (whose message must name the checkpoint).
+// What one reader saw over the sweep: reads of one whole version, reads refused with a
+// clear "changed while reading" (kChanged / the tools' exit 3, naming the checkpoint),
+// torn answers (a mix of versions, or damage reported on a checkpoint that was never
+// damaged) and any other outcome (unclear).
 struct Seen {
-  long whole = 0, errors = 0, torn = 0, unclear = 0;
+  std::atomic<long> whole{0}, changed{0}, torn{0}, unclear{0};
+  std::mutex mu;
+  std::string example;  // the first torn or unclear answer
+  void Bad(std::atomic<long>& which, const std::string& what) {
+    ++which;
+    std::lock_guard lock(mu);
+    if (example.empty()) example = what;
+  }
+  long reads() const { return whole + changed + torn + unclear; }
 };
 
 // Checks that `w` (full) and `b` all carry one version; returns it or -1.
@@ -47,48 +68,156 @@ int OneVersion(const std::vector<float>& w, const std::vector<float>& b, int64_t
   return v;
 }
 
+// An in-process read: a version (or -1 for a mix), or an Error.
 void Judge(Seen& seen, const std::function<int()>& read, const std::string& dir) {
   try {
     const int v = read();
     if (v < 0) {
-      ++seen.torn;
+      seen.Bad(seen.torn, "a mix of versions");
     } else {
       ++seen.whole;
     }
   } catch (const Error& e) {
-    ++seen.errors;
-    if (std::string(e.what()).find(dir) == std::string::npos) ++seen.unclear;
+    const std::string what = e.what();
+    if (e.code() == ErrorCode::kChanged && what.find(dir) != std::string::npos &&
+        what.find("changed while reading") != std::string::npos) {
+      ++seen.changed;
+    } else {
+      seen.Bad(e.code() == ErrorCode::kCorrupt || e.code() == ErrorCode::kMismatch ? seen.torn : seen.unclear,
+               std::string(ErrorCodeName(e.code())) + ": " + what);
+    }
+  }
+}
+
+// The version the checkpoint at `dir` holds through one CheckpointReader, -1 for a mix.
+int ReadVersion(const std::filesystem::path& dir) {
+  auto r = CheckpointReader::Open(dir);
+  std::vector<float> w(kRows * kCols), b(kCols);
+  r->ReadRegion("w", Box::Full({kRows, kCols}), w.data(), true);
+  r->ReadRegion("b", Box::Full({kCols}), b.data(), true);
+  const int v = OneVersion(w, b);
+  return std::to_string(v) == r->metadata().Find("version")->value ? v : -1;
+}
+
+// The version a checkpoint written by a tool holds, -1 if it is not one version whole.
+int VersionOrMix(const std::filesystem::path& dir) {
+  try {
+    return ReadVersion(dir);
+  } catch (const Error&) {
+    return -1;
+  }
+}
+
+// The same for a safetensors file ckpt-convert wrote ("w" and "b").
+int SafetensorsVersionOrMix(const std::filesystem::path& file) {
+  try {
+    auto r = ops::SafetensorsReader::Open(file);
+    std::vector<float> w(kRows * kCols), b(kCols);
+    r->ReadRegion(*r->Find("w"), Box::Full({kRows, kCols}), w.data());
+    r->ReadRegion(*r->Find("b"), Box::Full({kCols}), b.data());
+    return OneVersion(w, b);
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+struct Ran {
+  int rc = -1;
+  std::string out;  // stdout and stderr
+};
+
+// Runs a tool as its own process (as a user would), stdout and stderr to `log`. The tools
+// built with this test, or those in $CKPT_SWEEP_TOOL_DIR (to run the sweep against other
+// builds of them, e.g. to show it catches a bug).
+Ran RunTool(const std::string& tool, std::vector<std::string> args, const std::filesystem::path& log) {
+  const char* dir = std::getenv("CKPT_SWEEP_TOOL_DIR");
+  const std::string bin = std::string(dir && *dir ? dir : CKPT_TOOL_DIR) + "/" + tool;
+  args.insert(args.begin(), bin);
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  pid_t pid = 0;
+  Ran r;
+  const int err = posix_spawn(&pid, bin.c_str(), &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (err != 0) {
+    r.out = bin + ": cannot start: " + std::strerror(err);
+    return r;
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  std::ifstream in(log);
+  r.out.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  return r;
+}
+
+// A tool's outcome: exit 3 naming the checkpoint and "changed while reading" is the clear
+// refusal; exit 0 is judged by `whole` (its answer is of one version); exit 1 is a torn
+// answer (damage reported that is not there, or differences that no one version has)
+// unless `differ_ok` accepts it; anything else is unclear.
+void JudgeTool(Seen& seen, const Ran& r, const std::string& dir, const std::function<bool()>& whole,
+               const std::function<bool()>& differ_ok = {}) {
+  if (r.rc == 3 && r.out.find("changed while reading") != std::string::npos && r.out.find(dir) != std::string::npos) {
+    ++seen.changed;
+  } else if (r.rc == 0 || (r.rc == 1 && differ_ok)) {
+    if (r.rc == 0 ? whole() : differ_ok()) {
+      ++seen.whole;
+    } else {
+      seen.Bad(seen.torn, "exit " + std::to_string(r.rc) + ", an answer of no one version: " + r.out);
+    }
+  } else {
+    seen.Bad(r.rc == 1 ? seen.torn : seen.unclear, "exit " + std::to_string(r.rc) + ": " + r.out);
   }
 }
 
 }  // namespace
 
-TEST_CASE("readers racing overwrite saves see one checkpoint whole or a clear error") {
+// Every reader against a writer that replaces one checkpoint again and again (FORMAT.md
+// §2.7): Load (3 ranks, resharded), CheckpointReader, and the tools ckpt-verify,
+// ckpt-inspect, ckpt-merge, ckpt-diff and ckpt-convert run as processes. Each answer must be
+// of one version whole, or a clear "changed while reading"; a torn answer (a mix, or damage
+// reported on a checkpoint never damaged: issue 32) fails the sweep. Bounded: the writer
+// stops after kOverwrites overwrites once every reader has answered at least twice, or at
+// the deadline.
+TEST_CASE("every reader racing an overwrite loop reads one checkpoint whole or fails with changed-while-reading") {
+  constexpr int kOverwrites = 40;
+  constexpr auto kDeadline = std::chrono::seconds(45);
   ckpt_test::TempDir tmp("race-read");
-  const std::filesystem::path dst = tmp / "ck";
+  const std::filesystem::path dst = tmp / "ck", ref = tmp / "ref1";
   SaveVersion(dst, 1, false);
+  SaveVersion(ref, 1, false);
+  const std::string d = dst.string();
+  const char* names[] = {"Load", "CheckpointReader", "ckpt-verify", "ckpt-inspect", "ckpt-merge", "ckpt-diff",
+                         "ckpt-convert"};
+  constexpr int kReaders = 7;
+  Seen seen[kReaders];
   std::atomic<bool> done{false};
-  Seen single, resharded;
+  std::atomic<int> overwrites{0};
+  const auto t0 = std::chrono::steady_clock::now();
   std::thread writer([&] {
-    for (int v = 2; v < 42; ++v) SaveVersion(dst, v, true);
+    for (int v = 2;; ++v) {
+      SaveVersion(dst, v, true);
+      ++overwrites;
+      bool enough = v > kOverwrites;
+      for (const Seen& s : seen) enough = enough && s.reads() >= 2;
+      if (enough || std::chrono::steady_clock::now() - t0 > kDeadline) break;
+    }
     done = true;
   });
-  // One reader through CheckpointReader (one process, whole tensors) ...
-  std::thread reader([&] {
-    while (!done) {
-      Judge(single, [&] {
-        auto r = CheckpointReader::Open(dst);
-        std::vector<float> w(kRows * kCols), b(kCols);
-        r->ReadRegion("w", Box::Full({kRows, kCols}), w.data(), true);
-        r->ReadRegion("b", Box::Full({kCols}), b.data(), true);
-        const int v = OneVersion(w, b);
-        return std::to_string(v) == r->metadata().Find("version")->value ? v : -1;
-      }, dst.string());
-    }
-  });
-  // ... and a resharded collective Load into 3 ranks split by columns.
-  while (!done) {
-    Judge(resharded, [&] {
+  auto loop = [&](int i, const std::function<void(int)>& read) {
+    return std::thread([&, i, read] {
+      for (int n = 0; !done; ++n) read(n);
+    });
+  };
+  std::vector<std::thread> readers;
+  readers.push_back(loop(0, [&](int) {  // a resharded collective Load into 3 ranks split by rows
+    Judge(seen[0], [&] {
       std::vector<int> versions(3, -1);
       RunThreads(3, [&](Comm& comm) {
         const int64_t per = kRows / 3, begin = per * comm.rank();
@@ -104,19 +233,133 @@ TEST_CASE("readers racing overwrite saves see one checkpoint whole or a clear er
       for (int v : versions)
         if (v != versions[0]) return -1;
       return versions[0];
-    }, dst.string());
-  }
+    }, d);
+  }));
+  readers.push_back(loop(1, [&](int) {  // CheckpointReader, whole tensors
+    Judge(seen[1], [&] { return ReadVersion(dst); }, d);
+  }));
+  // The answers each tool gives for a whole version `v` are checked; a tool answers of one
+  // version or says "changed while reading".
+  readers.push_back(loop(2, [&](int n) {
+    const Ran r = RunTool("ckpt-verify", {d, "-q", "--threads", "2"}, tmp / ("verify" + std::to_string(n % 2) + ".log"));
+    JudgeTool(seen[2], r, d, [] { return true; });
+  }));
+  readers.push_back(loop(3, [&](int n) {
+    const Ran r = RunTool("ckpt-inspect", {d, "--stats", "--json"}, tmp / ("inspect" + std::to_string(n % 2) + ".log"));
+    JudgeTool(seen[3], r, d, [&] {
+      // The version scalar and w's recorded minimum and maximum: of one version.
+      const auto j = nlohmann::json::parse(r.out, nullptr, false);
+      if (j.is_discarded()) return false;
+      long version = -1;
+      double lo = -1, hi = -1;
+      for (const auto& k : j["keys"]) {
+        if (k["key"] == "version") version = k["value"].get<long>();
+        if (k["key"] == "w" && k.contains("stats")) {
+          lo = k["stats"]["min"].get<double>();
+          hi = k["stats"]["max"].get<double>();
+        }
+      }
+      return version > 0 && lo == Value(static_cast<int>(version), 0) &&
+             hi == Value(static_cast<int>(version), kRows * kCols - 1);
+    });
+  }));
+  readers.push_back(loop(4, [&](int n) {
+    const std::filesystem::path out = tmp / ("merged" + std::to_string(n));
+    const Ran r = RunTool("ckpt-merge", {d, out.string(), "-q", "--world", "2"}, tmp / "merge.log");
+    JudgeTool(seen[4], r, d, [&] { return VersionOrMix(out) >= 0; });
+    std::filesystem::remove_all(out);
+  }));
+  readers.push_back(loop(5, [&](int) {
+    // Against version 1's copy: a whole version v > 1 differs in every key (w, b, version).
+    const Ran r = RunTool("ckpt-diff", {d, ref.string(), "--json"}, tmp / "diff.log");
+    auto differing = [&] {
+      const auto j = nlohmann::json::parse(r.out.substr(std::min(r.out.find('{'), r.out.size())), nullptr, false);
+      if (j.is_discarded() || !j.contains("differences")) return std::size_t{99};
+      return j["differences"].size();
+    };
+    JudgeTool(seen[5], r, d, [&] { return differing() == 0; }, [&] { return differing() == 3; });
+  }));
+  readers.push_back(loop(6, [&](int n) {
+    const std::filesystem::path out = tmp / ("converted" + std::to_string(n) + ".safetensors");
+    const Ran r = RunTool("ckpt-convert", {d, out.string(), "-q"}, tmp / "convert.log");
+    JudgeTool(seen[6], r, d, [&] { return SafetensorsVersionOrMix(out) >= 0; });
+    std::filesystem::remove(out);
+  }));
   writer.join();
-  reader.join();
-  MESSAGE("reads during 40 overwrite saves: " << single.whole << " whole, " << single.errors << " clear errors, "
-                                              << single.torn << " torn; resharded loads: " << resharded.whole
-                                              << " whole, " << resharded.errors << " clear errors, "
-                                              << resharded.torn << " torn");
-  CHECK(single.torn == 0);
-  CHECK(resharded.torn == 0);
-  CHECK(single.unclear == 0);
-  CHECK(resharded.unclear == 0);
-  CHECK(single.whole + resharded.whole > 0);
+  for (auto& t : readers) t.join();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  long reads = 0, torn = 0;
+  for (int i = 0; i < kReaders; ++i) {
+    MESSAGE(std::string(names[i]) << ": " << seen[i].reads() << " reads: " << seen[i].whole.load() << " whole, "
+                                   << seen[i].changed.load() << " changed while reading, " << seen[i].torn.load()
+                                   << " torn, " << seen[i].unclear.load() << " unclear"
+                                   << (seen[i].example.empty() ? "" : "; first: " + seen[i].example));
+    INFO(std::string(names[i]));
+    CHECK(seen[i].torn.load() == 0);
+    CHECK(seen[i].unclear.load() == 0);
+    CHECK(seen[i].whole.load() > 0);
+    reads += seen[i].reads();
+    torn += seen[i].torn;
+  }
+  MESSAGE("overwrite sweep: " << kReaders << " readers x " << overwrites.load() << " overwrites in " << secs << " s: " << reads
+                              << " reads, " << torn << " torn");
+}
+
+namespace {
+
+// Opens files as POSIX does; the first time a reader opens `name` through a directory
+// handle, it first lets `between` run (a whole overwrite of the checkpoint being read).
+class ReplaceOnOpen : public storage::FileSystem {
+ public:
+  ReplaceOnOpen(std::string name, std::function<void()> between)
+      : name_(std::move(name)), between_(std::move(between)) {}
+  int Open(const std::filesystem::path& path, int flags, mode_t mode, int dirfd) override {
+    if (dirfd != AT_FDCWD && path.filename() == name_ && !fired_.exchange(true)) between_();
+    return FileSystem::Open(path, flags, mode, dirfd);
+  }
+  bool fired() const { return fired_; }
+
+ private:
+  const std::string name_;
+  const std::function<void()> between_;
+  std::atomic<bool> fired_{false};
+};
+
+}  // namespace
+
+// Issue 32: ckpt-verify of a checkpoint replaced while it read it reported damage (index
+// digest or checksum mismatches: metadata.json of one version, shards of the next). Now it
+// judges the checkpoint it opened, or fails with kChanged; never a verdict of damage.
+TEST_CASE("verify of a checkpoint replaced while it reads: one checkpoint judged, or changed while reading") {
+  ckpt_test::TempDir tmp("race-verify");
+  const std::filesystem::path dst = tmp / "ck";
+  SaveVersion(dst, 1, false);
+  for (const char* shard : {"shard-00000-of-00004.h5", "shard-00002-of-00004.h5"}) {
+    if (ckpt_test::VersionOf(dst) != 1) SaveVersion(dst, 1, true);
+    ReplaceOnOpen hook(shard, [&] { SaveVersion(dst, 2, true); });
+    std::optional<ops::VerifyReport> report;
+    ErrorCode code{};
+    std::string what;
+    {
+      ckpt_test::Installed on(hook);
+      try {
+        report = ops::Verify(dst, {});
+      } catch (const Error& e) {
+        code = e.code();
+        what = e.what();
+      }
+    }
+    INFO("replaced on opening " << shard << ": " << (report ? ops::RenderVerifyText(*report) : what));
+    REQUIRE(hook.fired());
+    if (report) {
+      CHECK(report->ok());  // the checkpoint it opened, whole
+    } else {
+      CHECK(code == ErrorCode::kChanged);
+      CHECK(what.find(dst.string()) != std::string::npos);
+      CHECK(what.find("changed while reading") != std::string::npos);
+    }
+    CHECK(ckpt_test::VersionOf(dst) == 2);
+  }
 }
 
 TEST_CASE("two saves without overwrite to one new path: exactly one wins, the other fails clearly") {
@@ -193,81 +436,4 @@ TEST_CASE("a save without overwrite refuses a checkpoint committed between its c
   CHECK(what.find(dst.string()) != std::string::npos);
   CHECK(ckpt_test::VersionOf(dst) == 2);  // the other save's checkpoint, not replaced
   CHECK(ckpt_test::Leftovers(parent).empty());
-}
-
-// ASan and TSan reserve terabytes of address space: a limit on it stops them, not threads.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define CKPT_TEST_NO_ADDRESS_LIMIT 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define CKPT_TEST_NO_ADDRESS_LIMIT 1
-#endif
-#endif
-
-TEST_CASE("a process the system lets start no thread still loads and verifies (fewer threads, no crash)") {
-#ifdef CKPT_TEST_NO_ADDRESS_LIMIT
-  MESSAGE("skipped under a sanitizer (it needs the address space a limit would take away)");
-#else
-  ckpt_test::TempDir tmp("no-threads");
-  const std::filesystem::path dst = tmp / "ck";
-  SaveVersion(dst, 3, false);
-  // In a child: an address-space limit a few MiB above what it maps now leaves no room for a
-  // thread's 8 MiB stack, so every pthread_create fails with EAGAIN, as under a process or
-  // memory limit. Before, Load failed with "Resource temporarily unavailable" (a refusal after
-  // some threads had started unwound a vector of joinable threads: std::terminate), and so
-  // did a merge, whose shard writer copies on a thread of its own.
-  const pid_t pid = fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    long pages = 0;
-    std::ifstream("/proc/self/statm") >> pages;
-    const rlim_t limit = static_cast<rlim_t>(pages) * static_cast<rlim_t>(sysconf(_SC_PAGESIZE)) + (rlim_t{6} << 20);
-    const rlimit as{limit, limit};
-    if (setrlimit(RLIMIT_AS, &as) != 0) _exit(10);
-    // glibc reuses the stacks of threads that have ended without a new mapping: threads that
-    // wait forever take those first (the child ends with _exit, never joining them).
-    auto* hold = new std::vector<std::thread>;
-    static std::mutex mu;
-    static std::condition_variable never;
-    try {
-      for (int i = 0; i < 4096; ++i)
-        hold->emplace_back([] {
-          std::unique_lock lock(mu);
-          never.wait(lock, [] { return false; });
-        });
-    } catch (const std::system_error&) {
-    }
-    if (!storage::SpawnThreads(3, [](std::size_t) {}).empty()) _exit(11);  // the limit did not bite
-    try {
-      std::vector<float> w(kRows * kCols), b(kCols);
-      StateDict sd;
-      sd.Add("w", Tensor::Full(DType::kFloat32, {kRows, kCols}, w.data()));
-      sd.Add("b", Tensor::Full(DType::kFloat32, {kCols}, b.data()));
-      sd.Add("version", Scalar::Int(0));
-      LoadOptions o;
-      o.io_threads = 4;
-      SingleComm one;
-      Load(dst, sd, one, o);
-      for (std::size_t i = 0; i < w.size(); ++i)
-        if (w[i] != Value(3, static_cast<int64_t>(i))) _exit(12);
-      ops::VerifyOptions vo;
-      vo.threads = 4;
-      if (!ops::Verify(dst, vo).ok()) _exit(13);
-      const std::filesystem::path merged = tmp / "merged";
-      ops::MergeOptions mo;
-      mo.copy_min_bytes = 0;  // every chunk copied in the kernel by the shard writer's copier
-      if (ops::Merge(dst, merged, mo).bytes_copied == 0) _exit(15);  // the copier was not used
-      if (ckpt_test::VersionOf(merged) != 3) _exit(15);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "child: %s\n", e.what());
-      _exit(14);
-    }
-    _exit(0);
-  }
-  int status = 0;
-  REQUIRE(waitpid(pid, &status, 0) == pid);
-  INFO("child status " << status << " (exit 11: no refusal; 12: wrong data; 13: verify; 14: an error; 15: merge)");
-  REQUIRE(WIFEXITED(status));  // not killed by std::terminate's abort
-  CHECK(WEXITSTATUS(status) == 0);
-#endif
 }

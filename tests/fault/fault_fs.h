@@ -1,11 +1,13 @@
 // tests/fault/fault_fs.h: a FileSystem (storage/fs.h) for tests: counts the operations
-// ckpt performs and makes the N-th one fail with a chosen errno (EIO, ENOSPC, ...), as a
-// disk would. A failing close still closes (as close(2) does); a failing write writes
+// ckpt performs (open, pwrite, copy_file_range, fsync, close, rename, mkdir, remove, lstat,
+// directory listings and the flock calls on a commit's parent directory) and makes the N-th one fail with a chosen
+// errno (EIO, ENOSPC, ...), as a disk would. A failing close still closes (as close(2) does); a failing write writes
 // nothing.
 #pragma once
 
 #include <cerrno>
 #include <condition_variable>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -30,6 +32,12 @@ class FaultFs : public ckpt::storage::FileSystem {
   bool fired() const {
     std::lock_guard lock(mu_);
     return !failed_.empty();
+  }
+  // Counted operations of one kind so far ("flock", "rename", ...).
+  long count(const std::string& op) const {
+    std::lock_guard lock(mu_);
+    const auto it = by_op_.find(op);
+    return it == by_op_.end() ? 0 : it->second;
   }
   // "fsync /path/to/file" of the operation made to fail.
   std::string failed() const {
@@ -76,11 +84,24 @@ class FaultFs : public ckpt::storage::FileSystem {
     if (Hit("remove", path)) return -1;
     return FileSystem::Remove(path, directory);
   }
+  int Flock(int fd, int operation, const fs::path& path) override {
+    if (Hit("flock", path)) return -1;
+    return FileSystem::Flock(fd, operation, path);
+  }
+  int Lstat(const fs::path& path, struct stat* st) override {
+    if (Hit("lstat", path)) return -1;
+    return FileSystem::Lstat(path, st);
+  }
+  int ListDir(const fs::path& path, std::vector<std::string>& names) override {
+    if (Hit("listdir", path)) return -1;
+    return FileSystem::ListDir(path, names);
+  }
 
  private:
   bool Hit(const char* op, const fs::path& path) {
     std::lock_guard lock(mu_);
     if (!only_.empty() && path.string().find(only_) == std::string::npos) return false;
+    ++by_op_[op];
     if (++count_ != fail_at_) return false;
     failed_ = std::string(op) + " " + path.string();
     failed_path_ = path;
@@ -90,6 +111,7 @@ class FaultFs : public ckpt::storage::FileSystem {
 
   mutable std::mutex mu_;
   long count_ = 0;
+  std::map<std::string, long> by_op_;
   const long fail_at_;
   const int err_;
   const std::string only_;

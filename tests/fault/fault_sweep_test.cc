@@ -1,17 +1,24 @@
 // The fault sweep: EIO and ENOSPC injected through the file-system seam (storage/fs.h)
 // at every file operation of a 4-rank save (fresh and overwrite), a merge, a convert to
 // safetensors (one file, and the Hub's shards + index, fresh and --force over an earlier
-// one), a --force replace and a checkpoint-manager rotation. After each point:
+// one), a --force replace and a checkpoint-manager rotation; every operation counts: the
+// commit's and the leftovers cleaning's lstat, directory listings and flock calls included. After each point: the call returns
+// (a hang is a failure: Watchdog),
 // the target holds the old checkpoint or the new one, whole (nothing half-written is
 // committed), a failed call never commits, the error names the file, the tools exit 0,
 // 1 or 2, and the next call without faults leaves no staging leftovers behind.
 #include <doctest/doctest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
+#include <mutex>
 #include <optional>
+#include <thread>
 
 #include "cli.h"
 #include "ckpt/ckpt.h"
@@ -125,9 +132,43 @@ Outcome Catch(const std::function<void()>& fn) {
 }
 
 struct Totals {
-  long points = 0, failed_calls = 0, problems = 0;
+  long points = 0, failed_calls = 0, problems = 0, lock_points = 0;
 };
 Totals g_totals;
+
+// A hang is a failure: a call that has not returned after kHangSeconds (a tool blocked
+// forever on a lock, issue 32) ends the whole test binary, naming the fault point, since
+// the thread that hangs cannot be taken back.
+constexpr int kHangSeconds = 120;  // the slowest case takes about a second under ASan on a busy machine
+
+class Watchdog {
+ public:
+  // `err_` is stderr as it is now: RunTool points fd 2 at a file while a tool runs.
+  explicit Watchdog(std::string what) : what_(std::move(what)), err_(::dup(2)), thread_([this] { Watch(); }) {}
+  ~Watchdog() {
+    {
+      std::lock_guard lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+    ::close(err_);
+  }
+
+ private:
+  void Watch() {
+    std::unique_lock lock(mu_);
+    if (cv_.wait_for(lock, std::chrono::seconds(kHangSeconds), [&] { return done_; })) return;
+    ::dprintf(err_, "HANG: %s did not return in %d s\n", what_.c_str(), kHangSeconds);
+    std::_Exit(1);
+  }
+  std::string what_;
+  int err_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
 
 // The sweep: `setup` restores the scene, `run` is the call under test, `check` judges
 // the outcome (old or new, never anything else) and `next` is the next call without
@@ -145,7 +186,7 @@ void Sweep(const char* name, const fs::path& parent, const std::function<void()>
     ops = counting.count();
   }
   REQUIRE(ops > 5);
-  long points = 0, failed = 0;
+  long points = 0, failed = 0, locks = 0;
   for (const int err : {EIO, ENOSPC}) {
     for (long n = 1; n <= ops; ++n) {
       setup();
@@ -153,9 +194,12 @@ void Sweep(const char* name, const fs::path& parent, const std::function<void()>
       Outcome o;
       {
         Installed on(faulty);
+        Watchdog watch(std::string(name) + " with " + (err == EIO ? "EIO" : "ENOSPC") + " at operation " +
+                       std::to_string(n) + " of " + std::to_string(ops));
         o = run();
       }
       ++points;
+      if (faulty.failed().rfind("flock", 0) == 0) ++locks;
       INFO(std::string(name) << ": " << (err == EIO ? "EIO" : "ENOSPC") << " at operation " << n << " of " << ops << " ("
                 << faulty.failed() << "): " << (o.ok ? "succeeded" : o.error));
       CHECK(o.rc >= 0);
@@ -180,8 +224,9 @@ void Sweep(const char* name, const fs::path& parent, const std::function<void()>
   }
   g_totals.points += points;
   g_totals.failed_calls += failed;
-  MESSAGE(std::string(name) << ": " << ops << " file operations, " << points << " fault points, " << failed
-               << " calls failed cleanly, " << points - failed << " succeeded");
+  g_totals.lock_points += locks;
+  MESSAGE(std::string(name) << ": " << ops << " file operations, " << points << " fault points (" << locks
+               << " on flock), " << failed << " calls failed cleanly, " << points - failed << " succeeded");
 }
 
 }  // namespace
@@ -376,7 +421,8 @@ TEST_CASE("fault sweep: a checkpoint-manager rotation") {
 }
 
 TEST_CASE("fault sweep: totals") {
-  MESSAGE("fault sweep: " << g_totals.points << " points tried, " << g_totals.failed_calls
-                          << " calls failed cleanly, " << g_totals.problems << " problems");
+  MESSAGE("fault sweep: " << g_totals.points << " points tried (" << g_totals.lock_points << " on flock), "
+                          << g_totals.failed_calls << " calls failed cleanly, " << g_totals.problems << " problems");
+  CHECK(g_totals.lock_points > 0);
   CHECK(g_totals.problems == 0);
 }

@@ -220,6 +220,10 @@ struct FileRange {
   std::filesystem::path file;
   uint64_t offset = 0;
   uint64_t length = 0;
+  // A descriptor open on `file`, not owned, valid while what returned the range lives (a
+  // CheckpointReader's shard: the file of the checkpoint it reads, even after a replace
+  // removed it from its path); -1: `file` is opened by name.
+  int fd = -1;
 };
 
 // Random access to a committed checkpoint, for tools and loaders. Not collective.

@@ -24,6 +24,8 @@ enum class ErrorCode {
   kComm,             // a collective failed or another rank failed
   kInternal,
   kCancelled,        // SaveHandle::Cancel stopped the save before it committed
+  kChanged,          // the checkpoint was replaced or removed while it was being read (no
+                     // damage: read it again; FORMAT.md §2.7)
 };
 
 CKPT_API std::string_view ErrorCodeName(ErrorCode code);

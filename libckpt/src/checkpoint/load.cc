@@ -244,11 +244,12 @@ LoadReport Load(const std::filesystem::path& dir, StateDict& target, Comm& comm,
   internal::Phase(comm, [&] {
     device = internal::DeviceBackendFor(target, "load");
     // One directory handle for metadata.json and every shard: a load racing an overwrite
-    // reads the old checkpoint or the new one, never a mix.
-    const storage::Dir handle = storage::Dir::Open(dir);
+    // reads the old checkpoint or the new one, never a mix (or fails with kChanged).
     // Only metadata.json is read here: a rank reads the shard indexes of the files it needs.
-    internal::Reader reader(handle, std::make_shared<const Metadata>(
-                                        internal::ReadMetadataAt(handle, &version, /*resolve=*/false)));
+    internal::Pinned pinned = internal::OpenPinned(dir, /*resolve=*/false);
+    version = pinned.text_hash;
+    const storage::Dir handle = pinned.dir;
+    internal::Reader reader(std::move(pinned.dir), std::move(pinned.metadata));
     const Metadata& m = reader.metadata();
     CheckTypes(dir, m, options, comm.size());
     std::unordered_set<std::string> skip;
@@ -275,9 +276,9 @@ LoadReport Load(const std::filesystem::path& dir, StateDict& target, Comm& comm,
     const auto all = comm.AllGather({reinterpret_cast<const uint8_t*>(&version), sizeof version});
     for (const ByteBuffer& b : all) {
       if (b.size() != sizeof version || std::memcmp(b.data(), &version, sizeof version) != 0) {
-        throw Error(ErrorCode::kIO, dir.string() +
-                                        ": the checkpoint was replaced while the ranks were loading it (they read "
-                                        "different versions of it); load again");
+        throw Error(ErrorCode::kChanged, dir.string() +
+                                             ": changed while reading: the checkpoint was replaced while the ranks were "
+                                             "loading it (they read different versions of it); load again");
       }
     }
   }

@@ -15,15 +15,29 @@
 namespace ckpt {
 
 Metadata ReadMetadata(const std::filesystem::path& dir, bool resolve) {
-  return internal::ReadMetadataAt(storage::Dir::Open(dir), nullptr, resolve);
+  return *internal::OpenPinned(dir, resolve).metadata;
 }
 
 std::unique_ptr<CheckpointReader> CheckpointReader::Open(const std::filesystem::path& dir, bool resolve) {
-  const storage::Dir d = storage::Dir::Open(dir);
-  return std::make_unique<internal::Reader>(d, std::make_shared<const Metadata>(internal::ReadMetadataAt(d, nullptr, resolve)));
+  internal::Pinned p = internal::OpenPinned(dir, resolve);
+  return std::make_unique<internal::Reader>(std::move(p.dir), std::move(p.metadata));
 }
 
 namespace internal {
+
+Pinned OpenPinned(const std::filesystem::path& dir, bool resolve) {
+  constexpr int kAttempts = 4;
+  for (int attempt = 1;; ++attempt) {
+    try {
+      Pinned p;
+      p.dir = storage::Dir::Open(dir);
+      p.metadata = std::make_shared<const Metadata>(ReadMetadataAt(p.dir, &p.text_hash, resolve));
+      return p;
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kChanged || attempt == kAttempts) throw;
+    }
+  }
+}
 
 Metadata ReadMetadataAt(const storage::Dir& dir, uint64_t* text_hash, bool resolve) {
   const ParseLimits limits;
@@ -310,9 +324,10 @@ std::optional<FileRange> Reader::LocateChunk(std::string_view key_view, std::siz
   const ChunkMeta& c = ChunkAt(key, *e, chunk_index);  // a bytes entry's box is its 1-D extent (parser)
   const uint64_t length = static_cast<uint64_t>(c.box.NumElements()) * DTypeSize(e->dtype);
   if (length == 0) return std::nullopt;
-  const auto offset = Shard(c.file).Locate(key, e->dtype, c);
+  storage::ShardReader& shard = Shard(c.file);
+  const auto offset = shard.Locate(key, e->dtype, c);
   if (!offset) return std::nullopt;
-  return FileRange{dir_ / c.file, *offset, length};
+  return FileRange{dir_ / c.file, *offset, length, shard.fd()};  // the pinned file, not whatever is at the path now
 }
 
 void Reader::VerifyChunk(std::string_view key_view, std::size_t chunk_index) {

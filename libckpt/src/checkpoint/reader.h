@@ -18,6 +18,20 @@ namespace ckpt::internal {
 // index (each checked against its digest), so every EntryMeta::chunks is filled.
 Metadata ReadMetadataAt(const storage::Dir& dir, uint64_t* text_hash = nullptr, bool resolve = true);
 
+// A checkpoint pinned for reading (FORMAT.md §2.7): its directory handle and the metadata
+// read through it. Every reader (Load, CheckpointReader, the tools) starts here and opens
+// every shard through `dir`, so it reads this one checkpoint from its first read to its
+// last, or fails with kChanged.
+struct Pinned {
+  storage::Dir dir;
+  std::shared_ptr<const Metadata> metadata;
+  uint64_t text_hash = 0;  // of metadata.json's text (ReadMetadataAt)
+};
+// Opens the directory `dir` and reads its metadata through the handle; if the checkpoint
+// is replaced between the two (kChanged: the old directory's files removed before they
+// were read), starts again on the new one, a few times, before giving up with kChanged.
+Pinned OpenPinned(const std::filesystem::path& dir, bool resolve);
+
 // The chunk records of a v2 checkpoint (FORMAT.md §5.5), read from each shard's index on
 // first use, once per file, each checked against its digest in metadata.json before it is
 // believed. Shared by the readers of one load (thread-safe).

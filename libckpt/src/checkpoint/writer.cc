@@ -130,7 +130,7 @@ class Writer final : public CheckpointWriter {
     }
     void Write(const void* data, std::size_t n) override { Open().Write(data, n); }
     void Copy(const FileRange& range, const ChunkMeta* expected) override {
-      Open().Copy(w_.Source(range.file).get(), range.offset, static_cast<std::size_t>(range.length), range.file,
+      Open().Copy(range.fd >= 0 ? range.fd : w_.Source(range.file).get(), range.offset, static_cast<std::size_t>(range.length), range.file,
                   expected, range.file.string() + ": bytes at offset " + std::to_string(range.offset));
     }
     void Close() override {

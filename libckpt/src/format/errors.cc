@@ -15,6 +15,7 @@ std::string_view ErrorCodeName(ErrorCode code) {
     case ErrorCode::kComm: return "communication error";
     case ErrorCode::kInternal: return "internal error";
     case ErrorCode::kCancelled: return "cancelled";
+    case ErrorCode::kChanged: return "changed while reading";
   }
   return "unknown";
 }

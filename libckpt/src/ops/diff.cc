@@ -175,8 +175,8 @@ std::vector<ValueStats> CompareAll(Source& a, Source& b, const std::vector<std::
   };
   auto pool = storage::SpawnThreads(static_cast<std::size_t>(threads - 1), [&](std::size_t) {
       try {
-        auto sa = Source::Open(a.path());
-        auto sb = Source::Open(b.path());
+        auto sa = a.Reopen();  // the same checkpoints, not whatever is at their paths now
+        auto sb = b.Reopen();
         work(*sa, *sb);
       } catch (...) {
         fail();

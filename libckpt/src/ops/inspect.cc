@@ -154,7 +154,8 @@ InspectReport Inspect(const std::filesystem::path& path, const InspectOptions& o
   for (const auto& f : md.files) {
     FileInfo fi{f.name, f.rank, f.bytes, std::nullopt, ""};
     struct stat st;
-    const std::filesystem::path p = dir / f.name;
+    const std::filesystem::path pinned = src->PinnedFile(f.name);  // the checkpoint read, not what is at its path now
+    const std::filesystem::path p = pinned.empty() ? dir / f.name : pinned;
     if ((follow ? ::stat(p.c_str(), &st) : ::lstat(p.c_str(), &st)) != 0) {
       fi.problem = "missing";
     } else if (!S_ISREG(st.st_mode)) {
@@ -256,10 +257,13 @@ InspectReport Inspect(const std::filesystem::path& path, const InspectOptions& o
       try {
         k.stats = StreamStats(*src, k.key, e, budget, progress);
       } catch (const Error& err) {
+        if (err.code() == ErrorCode::kChanged) throw;
         r.problems.push_back(k.key + ": statistics not computed: " + err.what());
       }
     }
   }
+  // Files missing from a checkpoint replaced meanwhile are no problem of it (FORMAT.md §2.7).
+  if (!r.problems.empty()) src->ThrowIfReplaced();
   return r;
 }
 

@@ -81,7 +81,7 @@ std::optional<std::vector<Piece>> PlanCopy(Source& src, const std::string& key, 
     layout::ForEachRun(c.box, part, *common, [&](const layout::Run& run) {
       pieces.push_back({static_cast<uint64_t>(run.dst) * item,
                         FileRange{at->file, at->offset + static_cast<uint64_t>(run.src) * item,
-                                  static_cast<uint64_t>(run.count) * item},
+                                  static_cast<uint64_t>(run.count) * item, at->fd},
                         i, false});
     });
     if (*common == c.box && pieces.size() == first + 1) pieces.back().whole = true;

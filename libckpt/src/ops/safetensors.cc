@@ -486,6 +486,12 @@ void SafetensorsWriter::AppendCopy(const FileRange& range) {
   if (range.length > data_total_ - written_)
     throw Error(ErrorCode::kInvalidArgument,
                 path_.string() + ": more bytes appended than the header declares");
+  if (range.fd >= 0) {  // the reader's own descriptor (a pinned checkpoint's shard)
+    storage::CopyRange(range.fd, range.offset, fd_, file_pos_, static_cast<std::size_t>(range.length), range.file,
+                       tmp_path_);
+    Wrote(range.length);
+    return;
+  }
   if (source_fd_ < 0 || source_path_ != range.file) {  // tensors come file by file: keep the last one open
     storage::Fd in = storage::OpenRegularFile(range.file);
     if (source_fd_ >= 0) storage::Fd{source_fd_};

@@ -8,6 +8,7 @@
 #include <unordered_set>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/reader.h"
 #include "ckpt/checkpoint.h"
 #include "ckpt/error.h"
 #include "ckpt/ops/safetensors.h"
@@ -25,11 +26,24 @@ using nlohmann::json;
 
 class CheckpointSource final : public Source {
  public:
-  CheckpointSource(const std::filesystem::path& dir, bool resolve) : resolve_(resolve) {
+  // Pinned (FORMAT.md §2.7): metadata.json and every shard are read through one handle on
+  // the directory, so a source racing an overwrite reads one checkpoint or fails with
+  // kChanged; copies made by Reopen (for other threads) read the same one.
+  CheckpointSource(const std::filesystem::path& dir, bool resolve) {
+    internal::Pinned p = internal::OpenPinned(dir, resolve);
     path_ = dir;
-    metadata_ = ReadMetadata(dir, resolve);  // indexed by the parser
+    dir_ = std::move(p.dir);
+    metadata_ = *p.metadata;  // indexed by the parser
   }
+  CheckpointSource(const CheckpointSource& other) : Source(other), dir_(other.dir_) {}
   SourceKind kind() const override { return SourceKind::kCheckpoint; }
+  std::unique_ptr<Source> Reopen() const override { return std::make_unique<CheckpointSource>(*this); }
+  std::filesystem::path PinnedFile(const std::string& name) const override {
+    return std::filesystem::path(storage::ProcPath(dir_.fd())) / name;
+  }
+  void ThrowIfReplaced() const override {
+    if (dir_.Replaced()) dir_.ThrowChanged("its files are no longer all there");
+  }
   void ReadRegion(std::string_view key, const Box& region, void* out) override {
     Reader().ReadRegion(key, region, out, /*verify=*/true);
   }
@@ -44,11 +58,15 @@ class CheckpointSource final : public Source {
 
  private:
   CheckpointReader& Reader() {
-    if (!reader_) reader_ = CheckpointReader::Open(path_, resolve_);
+    if (!reader_) {
+      // The metadata this source holds (it outlives the reader), not read again.
+      const std::shared_ptr<const Metadata> md(&metadata_, [](const Metadata*) {});
+      reader_ = std::make_unique<internal::Reader>(dir_, md);
+    }
     return *reader_;
   }
-  bool resolve_;
-  std::unique_ptr<CheckpointReader> reader_;
+  storage::Dir dir_;
+  std::unique_ptr<internal::Reader> reader_;
 };
 
 // One .safetensors file, or the Hub's sharded layout (an index and the files it names):
@@ -315,6 +333,8 @@ bool Source::HoldsWhole(std::string_view key) const {
   for (const auto& c : e->chunks) n += static_cast<uint64_t>(c.box.NumElements());
   return n == NumElementsOf(*e);
 }
+
+std::unique_ptr<Source> Source::Reopen() const { return Open(path_, !skipped_.empty()); }
 
 std::unique_ptr<Source> Source::Open(const std::filesystem::path& path, bool skip_unsupported, bool resolve) {
   std::error_code ec;

@@ -122,7 +122,7 @@ Shape ShapeOf(const EntryMeta& e) { return e.kind == EntryKind::kBytes ? Shape{s
 // group's indexes are read, its records checked, its datasets and data checked through
 // `run_group`, and all of it dropped before the next group, so memory is bounded by a
 // group (or by the largest file), not by the checkpoint; time is linear in the chunks.
-void VerifyIndexes(const fs::path& path, const Metadata& md, const std::vector<char>& usable, int64_t group_chunks,
+void VerifyIndexes(const storage::Dir& dir, const Metadata& md, const std::vector<char>& usable, int64_t group_chunks,
                    std::vector<VerifyProblem>& problems, const std::function<void()>& meanwhile,
                    const RunGroup& run_group) {
   const std::size_t nf = md.files.size();
@@ -131,7 +131,6 @@ void VerifyIndexes(const fs::path& path, const Metadata& md, const std::vector<c
     if (e.kind != EntryKind::kTensor && e.kind != EntryKind::kBytes) continue;
     grid::ForEachChunk(e.layout, ShapeOf(e), [&](const Box&, int32_t file) { ++expected[static_cast<std::size_t>(file)]; });
   }
-  const storage::Dir dir = storage::Dir::Open(path);
   const std::shared_ptr<const Metadata> shared(&md, [](const Metadata*) {});  // outlives every catalog below
   std::unordered_map<std::string, std::unique_ptr<grid::CellLocator>> locators;  // by key, made when first needed
   auto locator = [&](const std::string& key, const EntryMeta& e) -> const grid::CellLocator& {
@@ -462,7 +461,7 @@ struct OpenFile {
 
 class DataRun {
  public:
-  DataRun(const fs::path& dir, std::vector<DataJob>& jobs, std::vector<std::unique_ptr<FileWork>>& files)
+  DataRun(const storage::Dir& dir, std::vector<DataJob>& jobs, std::vector<std::unique_ptr<FileWork>>& files)
       : dir_(dir), jobs_(jobs), files_(files) {}
 
   // On the calling thread: checks every file's datasets, largest file first, handing
@@ -511,7 +510,7 @@ class DataRun {
   // is small enough to stay there until it is hashed (returns true), else its beginning
   // (the data threads' FileHasher then asks for more ahead of what they hash). Nothing
   // when no data of the file is to be read.
-  bool Prefetch(const FileWork& fw) { return fw.bytes != 0 && storage::PrefetchFile(dir_ / fw.name); }
+  bool Prefetch(const FileWork& fw) { return fw.bytes != 0 && storage::PrefetchFile(dir_, fw.name); }
 
   // A file with published chunks left to read (the one with most left), waiting for the
   // checking thread when there is none yet; -1 when all is done.
@@ -685,7 +684,7 @@ class DataRun {
       if (bytes == 0) {
         // nothing to read: the checksum of no bytes
       } else if (job.contiguous) {
-        if (!of.hasher) of.hasher = std::make_unique<storage::FileHasher>(dir_ / fw.name);
+        if (!of.hasher) of.hasher = std::make_unique<storage::FileHasher>(dir_, fw.name);
         of.hasher->Hash(job.offset, bytes, digest, [this](uint64_t n) { done.fetch_add(n); },
                         TensorWhere(fw.name, *job.key, job.chunk));
       } else {
@@ -724,7 +723,7 @@ class DataRun {
     }
   }
 
-  const fs::path& dir_;
+  const storage::Dir& dir_;  // every file opened through it: the checkpoint pinned (FORMAT.md §2.7)
   std::vector<DataJob>& jobs_;
   std::vector<std::unique_ptr<FileWork>>& files_;
   std::mutex mu_;
@@ -733,7 +732,7 @@ class DataRun {
 
 // Starts `threads` data threads, runs `meanwhile` and then the dataset checks on the
 // calling thread, and shows progress until the data threads are done. Returns the bytes read.
-uint64_t RunDataJobs(const fs::path& dir, std::vector<DataJob>& jobs, std::vector<std::unique_ptr<FileWork>>& files,
+uint64_t RunDataJobs(const storage::Dir& dir, std::vector<DataJob>& jobs, std::vector<std::unique_ptr<FileWork>>& files,
                      int threads, bool progress_on, const std::function<void()>& meanwhile) {
   uint64_t total = 0;
   for (const auto& f : files) total += f->bytes;
@@ -839,19 +838,36 @@ VerifyReport Verify(const fs::path& path, const VerifyOptions& o) {
   // metadata: the schema check runs on a thread of its own while the metadata is parsed
   // and the data read (it only reports, nothing waits on it); it holds no tree of the
   // entries (CheckSchema), so its memory stays small whatever the number of keys.
-  const fs::path meta_path = path / kMetadataFileName;
-  if (!fs::exists(meta_path, ec)) {
-    c.Add("metadata", kMetadataFileName, "",
-          path.string() + ": no metadata.json: not a committed checkpoint (an interrupted save?)");
-    return finish();
-  }
+  // Pinned (FORMAT.md §2.7): metadata.json and every file are opened through one handle on
+  // the directory, so a verify racing an overwrite judges one checkpoint, never a mix; if
+  // that checkpoint's files are removed under it, it fails with kChanged, not a verdict.
+  storage::Dir dir;
   std::string text;
-  try {  // as every reader does: a regular file in the checkpoint (no symlink, FIFO, device), within the size limit
-    text = storage::ReadFileLimited(meta_path, ParseLimits{}.max_bytes);
-  } catch (const Error& e) {
-    c.Add("metadata", kMetadataFileName, "", e.what());
-    return finish();
+  for (int attempt = 1;; ++attempt) {
+    try {
+      dir = storage::Dir::Open(path);
+      // As every reader does: a regular file in the checkpoint (no symlink, FIFO, device), within the size limit.
+      text = storage::ReadFileLimitedAt(dir, kMetadataFileName, ParseLimits{}.max_bytes);
+      break;
+    } catch (const Error& e) {
+      if (e.code() == ErrorCode::kChanged && attempt < 4) continue;  // replaced before it was read: the new one
+      if (e.code() == ErrorCode::kChanged || (e.code() == ErrorCode::kNotFound && !dir)) throw;
+      c.Add("metadata", kMetadataFileName, "",
+            e.code() == ErrorCode::kNotFound
+                ? path.string() + ": no metadata.json: not a committed checkpoint (an interrupted save?)"
+                : std::string(e.what()));
+      return finish();
+    }
   }
+  // A verdict is of the checkpoint pinned; where problems were found and the path holds
+  // another checkpoint now (or none), they may be only files that the replacing commit
+  // removed meanwhile: no damage to report, kChanged instead.
+  auto finish_pinned = [&] {
+    if (!r.ok() && dir.Replaced())
+      dir.ThrowChanged("verify found " + std::to_string(r.problems.size()) +
+                       " problem(s) in it, which may only be files removed meanwhile");
+    return finish();
+  };
   VerifyReport schema_report;
   auto check_schema = [&] {
     Collector sc(schema_report);
@@ -888,9 +904,8 @@ VerifyReport Verify(const fs::path& path, const VerifyOptions& o) {
       add("file name '" + f.name + "' escapes the checkpoint directory");
       continue;
     }
-    const fs::path p = path / f.name;
     struct stat sb;
-    if (::lstat(p.c_str(), &sb) != 0) {
+    if (::fstatat(dir.fd(), f.name.c_str(), &sb, AT_SYMLINK_NOFOLLOW) != 0) {
       add(f.name + ": missing (listed in metadata.json for rank " + std::to_string(f.rank) + ")");
       continue;
     }
@@ -951,7 +966,7 @@ VerifyReport Verify(const fs::path& path, const VerifyOptions& o) {
       fw.jobs.push_back(jobs.size());
       jobs.push_back(std::move(job));
     }
-    r.bytes_read += RunDataJobs(path, jobs, files, threads, o.progress, meanwhile);
+    r.bytes_read += RunDataJobs(dir, jobs, files, threads, o.progress, meanwhile);
     for (const std::size_t fi : group) {
       for (auto& p : file_problems[fi]) per_file.push_back(std::move(p));
       file_problems[fi].clear();
@@ -993,7 +1008,7 @@ VerifyReport Verify(const fs::path& path, const VerifyOptions& o) {
     }
     run_group(all, chunks, check_tiling);
   } else {
-    VerifyIndexes(path, md, usable, o.group_chunks, index_problems, check_tiling, run_group);
+    VerifyIndexes(dir, md, usable, o.group_chunks, index_problems, check_tiling, run_group);
   }
 
   for (auto& p : index_problems) r.problems.push_back(std::move(p));
@@ -1003,7 +1018,7 @@ VerifyReport Verify(const fs::path& path, const VerifyOptions& o) {
   schema_problems();
 
   if (o.expect) CheckExpect(md, *o.expect, c);
-  return finish();
+  return finish_pinned();
 }
 
 namespace {

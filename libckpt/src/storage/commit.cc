@@ -38,8 +38,18 @@ std::map<std::string, Staged>& Registry() {
 }
 
 bool IsEmptyDir(const fs::path& p) {
-  std::error_code ec;
-  return fs::is_directory(p, ec) && fs::is_empty(p, ec) && !ec;
+  struct stat st;
+  std::vector<std::string> names;
+  return Fs().Lstat(p, &st) == 0 && S_ISDIR(st.st_mode) && Fs().ListDir(p, names) == 0 && names.empty();
+}
+
+// Whether `p` exists (lstat); false only where it is not there, kIO naming it if the
+// system cannot tell.
+bool Exists(const fs::path& p) {
+  struct stat st;
+  if (Fs().Lstat(p, &st) == 0) return true;
+  if (errno != ENOENT && errno != ENOTDIR) Fail(p, "stat", errno);
+  return false;
 }
 
 bool IsHex16(std::string_view s) {
@@ -77,23 +87,24 @@ std::string_view OuterTarget(std::string_view name, bool& aside) {
 // Removes ckpt's leftovers in `parent` (whose lock the caller holds exclusively).
 std::size_t CleanLocked(const fs::path& parent, const std::function<bool(std::string_view)>& is_target) {
   std::size_t removed = 0;
-  std::error_code ec;
+  std::vector<std::string> names;
+  if (Fs().ListDir(parent, names) != 0) return 0;  // cleaning is only ever best effort
   std::vector<fs::path> found;
-  for (fs::directory_iterator it(parent, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
+  for (const std::string& name : names) {
+    const fs::path path = parent / name;
     bool aside = false;
     const std::string_view t = OuterTarget(name, aside);
     if (t.empty() || !is_target(t)) continue;
     // An aside copy is the only copy while its target is missing (a writer killed
     // between the two renames of the fallback without RENAME_EXCHANGE): keep it.
-    std::error_code e2;
-    if (aside && !fs::exists(fs::symlink_status(parent / std::string(t), e2))) continue;
+    struct stat st;
+    if (aside && Fs().Lstat(parent / std::string(t), &st) != 0) continue;  // (or it cannot be told)
     // A staging name registered in this process is a live writer's.
     {
       std::lock_guard lock(g_mu);
-      if (Registry().count(it->path().string())) continue;
+      if (Registry().count(path.string())) continue;
     }
-    found.push_back(it->path());
+    found.push_back(path);
   }
   for (const fs::path& p : found) {
     RemoveAllQuietly(p);
@@ -109,12 +120,12 @@ Fd LockParent(const fs::path& parent, bool& exclusive) {
   const int fd = Fs().Open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
   if (fd < 0) Fail(parent, "open directory", errno);
   Fd lock(fd);
-  if (::flock(fd, LOCK_EX | LOCK_NB) == 0) {
+  if (Fs().Flock(fd, LOCK_EX | LOCK_NB, parent) == 0) {
     exclusive = true;
     return lock;
   }
   if (errno != EWOULDBLOCK) return Fd();  // no locks here (some network file systems)
-  while (::flock(fd, LOCK_SH) != 0) {
+  while (Fs().Flock(fd, LOCK_SH, parent) != 0) {
     if (errno != EINTR) return Fd();
   }
   return lock;
@@ -141,8 +152,7 @@ void RenameNew(const fs::path& from, const fs::path& to) {
   if (Fs().Rename(from, to, RenameMode::kNoReplace) == 0) return;
   int err = errno;
   if (err == EINVAL || err == ENOSYS) {  // no RENAME_NOREPLACE: check, then rename
-    std::error_code ec;
-    if (fs::exists(fs::symlink_status(to, ec))) {
+    if (Exists(to)) {
       err = EEXIST;
     } else if (Fs().Rename(from, to, RenameMode::kReplace) == 0) {
       return;
@@ -181,10 +191,18 @@ fs::path BeginStaging(const fs::path& target, bool directory) {
   s.parent_lock = LockParent(parent, exclusive);
   if (exclusive) {
     CleanLocked(parent, [&](std::string_view t) { return t == name; });
-    ::flock(s.parent_lock.get(), LOCK_SH);  // a conversion: stays locked
+    // A conversion: stays locked. If it fails, the exclusive lock may still be held (a
+    // failed conversion need not drop it), and held it would block every other writer in
+    // `parent` until this one ends: this process's own next BeginStaging there (a commit
+    // of several outputs, a merge's staging after its cleaning) would wait on it forever.
+    // Closing the descriptor drops whatever it holds; this writer goes on unlocked, as
+    // where the file system has no locks.
+    if (Fs().Flock(s.parent_lock.get(), LOCK_SH, parent) != 0) s.parent_lock = Fd();
   }
   struct stat st;
-  if (::lstat(target.c_str(), &st) == 0) {
+  if (Fs().Lstat(target, &st) != 0) {
+    if (errno != ENOENT) Fail(target, "stat", errno);
+  } else {
     s.had_target = true;
     s.dev = st.st_dev;
     s.ino = st.st_ino;
@@ -197,7 +215,7 @@ fs::path BeginStaging(const fs::path& target, bool directory) {
         if (errno == EEXIST) continue;
         Fail(staging, "cannot create staging directory", errno);
       }
-    } else if (fs::exists(fs::symlink_status(staging))) {
+    } else if (Exists(staging)) {
       continue;
     }
     std::lock_guard lock(g_mu);
@@ -238,11 +256,12 @@ bool RenameIntoPlace(const fs::path& staging, const fs::path& target, Replace re
     }
   }
   struct stat staged_st;
-  if (::lstat(staging.c_str(), &staged_st) != 0) Fail(staging, "staged output", errno);
+  if (Fs().Lstat(staging, &staged_st) != 0) Fail(staging, "staged output", errno);
   const bool staged_dir = S_ISDIR(staged_st.st_mode);
 
   struct stat st;
-  if (::lstat(target.c_str(), &st) != 0) {
+  if (Fs().Lstat(target, &st) != 0) {
+    if (errno != ENOENT) Fail(target, "stat", errno);
     RenameNew(staging, target);  // replacing nothing is always allowed
     return false;
   }
@@ -259,8 +278,7 @@ bool RenameIntoPlace(const fs::path& staging, const fs::path& target, Replace re
     throw Error(ErrorCode::kAlreadyExists, target.string() + ": exists and is not a " +
                                                (staged_dir ? "directory" : "regular file") + "; refusing to replace it");
   }
-  std::error_code ec;
-  if (staged_dir && !IsEmptyDir(target) && !fs::exists(target / names::kMetadataFile, ec)) {
+  if (staged_dir && !IsEmptyDir(target) && !Exists(target / names::kMetadataFile)) {
     throw Error(ErrorCode::kAlreadyExists,
                 target.string() + ": exists and is neither empty nor a checkpoint; refusing to replace it");
   }

@@ -18,12 +18,12 @@ constexpr uint64_t kReadAhead = uint64_t{64} << 20;        // fetched ahead of h
 
 }  // namespace
 
-FileHasher::FileHasher(std::filesystem::path path) : path_(std::move(path)) {}
+FileHasher::FileHasher(const Dir& dir, const std::string& name) : path_(dir.path() / name), dir_(dir), name_(name) {}
 FileHasher::FileHasher(int fd, std::filesystem::path path) : path_(std::move(path)), fd_(fd) {}
 
 int FileHasher::Fd() {
   if (fd_ < 0) {
-    owned_ = OpenRegularFile(path_);
+    owned_ = OpenRegularFileAt(dir_, name_);
     fd_ = owned_.get();
   }
   return fd_;
@@ -80,12 +80,12 @@ void FileHasher::Hash(uint64_t offset, uint64_t n, Digest& digest, const std::fu
       what);
 }
 
-bool PrefetchFile(const std::filesystem::path& path) {
+bool PrefetchFile(const Dir& dir, const std::string& name) {
   static const uint64_t budget =
       static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)) / 8;
   try {
-    const storage::Fd fd = OpenRegularFile(path);
-    const uint64_t size = FileSize(fd.get(), path);
+    const storage::Fd fd = OpenRegularFileAt(dir, name);
+    const uint64_t size = FileSize(fd.get(), dir.path() / name);
     ::posix_fadvise(fd.get(), 0, static_cast<off_t>(size <= budget ? size : kReadAhead), POSIX_FADV_WILLNEED);
     return size <= budget;
   } catch (const std::exception&) {

@@ -22,8 +22,9 @@ namespace ckpt::storage {
 
 class FileHasher {
  public:
-  // Hashes from `path`, opened (a regular file only) on first use.
-  explicit FileHasher(std::filesystem::path path);
+  // Hashes from the file `name` inside the open directory `dir` (a regular file only),
+  // opened on first use (OpenRegularFileAt: kChanged where `dir` was replaced meanwhile).
+  FileHasher(const Dir& dir, const std::string& name);
   // Hashes from the open `fd` (not owned; it must outlive the hasher), named `path`.
   FileHasher(int fd, std::filesystem::path path);
   FileHasher(const FileHasher&) = delete;
@@ -45,15 +46,17 @@ class FileHasher {
   void Advise(uint64_t from, uint64_t until);
 
   std::filesystem::path path_;
+  Dir dir_;  // where `name_` is opened on first use, if no fd was given
+  std::string name_;
   storage::Fd owned_;
   int fd_ = -1;
   uint64_t advised_ = 0;  // the kernel was asked to fetch the file up to here
   std::vector<unsigned char> buf_;
 };
 
-// Asks the kernel to read `path` into the page cache in the background: whole when it is
-// small enough to stay there until it is read (an eighth of the memory; returns true),
-// else its first window. Only a hint: false on any error.
-bool PrefetchFile(const std::filesystem::path& path);
+// Asks the kernel to read the file `name` inside `dir` into the page cache in the
+// background: whole when it is small enough to stay there until it is read (an eighth of
+// the memory; returns true), else its first window. Only a hint: false on any error.
+bool PrefetchFile(const Dir& dir, const std::string& name);
 
 }  // namespace ckpt::storage

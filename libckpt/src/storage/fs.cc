@@ -2,6 +2,8 @@
 #include "storage/fs.h"
 
 #include <fcntl.h>
+#include <dirent.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
@@ -71,6 +73,22 @@ int FileSystem::Mkdir(const fs::path& path, mode_t mode) { return ::mkdir(path.c
 int FileSystem::Remove(const fs::path& path, bool directory) {
   return directory ? ::rmdir(path.c_str()) : ::unlink(path.c_str());
 }
+int FileSystem::Flock(int fd, int operation, const fs::path&) { return ::flock(fd, operation); }
+int FileSystem::Lstat(const fs::path& path, struct stat* st) { return ::lstat(path.c_str(), st); }
+int FileSystem::ListDir(const fs::path& path, std::vector<std::string>& names) {
+  DIR* d = ::opendir(path.c_str());
+  if (!d) return -1;
+  errno = 0;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string_view n = e->d_name;
+    if (n != "." && n != "..") names.emplace_back(n);
+    errno = 0;
+  }
+  const int err = errno;
+  ::closedir(d);
+  errno = err;
+  return err ? -1 : 0;
+}
 
 FileSystem& Fs() {
   FileSystem* fs = g_fs.load(std::memory_order_acquire);
@@ -113,7 +131,24 @@ Dir Dir::Open(const fs::path& path) {
   Dir d;
   d.fd_ = std::make_shared<const Fd>(fd);
   d.path_ = path;
+  struct stat st;
+  if (::fstat(fd, &st) != 0) Fail(path, "fstat", errno);
+  d.dev_ = st.st_dev;
+  d.ino_ = st.st_ino;
   return d;
+}
+
+bool Dir::Replaced() const {
+  if (!fd_) return false;
+  struct stat st;
+  if (::stat((path_.empty() ? fs::path(".") : path_).c_str(), &st) != 0) return true;  // removed, or renamed away
+  return st.st_dev != dev_ || st.st_ino != ino_;
+}
+
+void Dir::ThrowChanged(const std::string& what) const {
+  throw Error(ErrorCode::kChanged, path_.string() +
+                                       ": changed while reading: the checkpoint was replaced or removed by another "
+                                       "process after this reader opened it (" + what + "); read it again");
 }
 
 namespace {
@@ -143,7 +178,14 @@ Fd OpenRegular(int dirfd, const fs::path& name, const fs::path& shown, Symlinks 
 Fd OpenRegularFile(const fs::path& path, Symlinks symlinks) { return OpenRegular(AT_FDCWD, path, path, symlinks); }
 
 Fd OpenRegularFileAt(const Dir& dir, const std::string& name) {
-  return OpenRegular(dir.fd(), name, dir.path() / name);
+  try {
+    return OpenRegular(dir.fd(), name, dir.path() / name);
+  } catch (const Error& e) {
+    // The commit that replaces a checkpoint removes the old one's files once the new one is
+    // in place: a file missing from a directory no longer at its path is no damage.
+    if (e.code() == ErrorCode::kNotFound && dir.Replaced()) dir.ThrowChanged(name + " is gone");
+    throw;
+  }
 }
 
 std::string ProcPath(int fd) { return "/proc/self/fd/" + std::to_string(fd); }
@@ -548,12 +590,11 @@ fs::path SiblingPath(const fs::path& target, std::string_view infix) {
 void RemoveAllQuietly(const fs::path& path) {
   if (!ReleaseStaging(path)) return;  // holds the previous content of a failed commit
   struct stat st;
-  if (::lstat(path.c_str(), &st) != 0) return;
+  if (Fs().Lstat(path, &st) != 0) return;
   if (S_ISDIR(st.st_mode)) {
-    std::error_code ec;
-    std::vector<fs::path> children;
-    for (fs::directory_iterator it(path, ec), end; !ec && it != end; it.increment(ec)) children.push_back(it->path());
-    for (const fs::path& c : children) RemoveAllQuietly(c);
+    std::vector<std::string> children;
+    Fs().ListDir(path, children);  // what it could list (then rmdir fails: the rest stays)
+    for (const std::string& c : children) RemoveAllQuietly(path / c);
   }
   Fs().Remove(path, S_ISDIR(st.st_mode));
 }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace ckpt::storage {
 
@@ -24,7 +26,8 @@ enum class RenameMode {
   kExchange,   // renameat2(RENAME_EXCHANGE): the two swap atomically; both must exist
 };
 
-// The seam: every file operation ckpt performs on its own files (not HDF5's internal I/O)
+// The seam: every file operation ckpt performs on its own files (not HDF5's internal I/O;
+// every system call of the commit protocol and of the leftovers cleaning, storage/commit.h)
 // goes through the installed FileSystem, as leveldb's Env. The default is POSIX; tests
 // install one that counts operations or fails the N-th with EIO or ENOSPC. Each call
 // returns what its system call returns (-1 with errno set on failure); `path` names the
@@ -43,6 +46,11 @@ class FileSystem {
   virtual int Rename(const fs::path& from, const fs::path& to, RenameMode mode);
   virtual int Mkdir(const fs::path& path, mode_t mode);
   virtual int Remove(const fs::path& path, bool directory);  // unlink(2) or rmdir(2)
+  // flock(2) on `fd`, open on the directory `path` (the commit's lock on a parent).
+  virtual int Flock(int fd, int operation, const fs::path& path);
+  virtual int Lstat(const fs::path& path, struct stat* st);  // lstat(2)
+  // The names in the directory `path` ("." and ".." left out): opendir(3) and readdir(3).
+  virtual int ListDir(const fs::path& path, std::vector<std::string>& names);
 };
 
 // The installed file system (POSIX unless a test installed another).
@@ -77,8 +85,13 @@ class Fd {
 };
 
 // A directory opened once (O_DIRECTORY), so that every file of a checkpoint is opened
-// relative to the same directory even if the path is renamed meanwhile. `path` is what
-// error messages name. Copies share the descriptor.
+// relative to the same directory even if the path is renamed meanwhile: a reader that
+// opens metadata.json and every shard through one Dir reads one checkpoint, never a mix,
+// however often another process replaces it (the commit renames a new directory over the
+// path, FORMAT.md §2; the files a reader has open stay readable after they are removed).
+// What it cannot do is open a file that the replacing commit has removed meanwhile from
+// the old directory: OpenRegularFileAt then throws kChanged ("changed while reading").
+// `path` is what error messages name. Copies share the descriptor.
 class Dir {
  public:
   Dir() = default;
@@ -87,10 +100,19 @@ class Dir {
   int fd() const { return fd_ ? fd_->get() : AT_FDCWD; }
   const fs::path& path() const { return path_; }
   explicit operator bool() const { return fd_ != nullptr; }
+  // Whether path() no longer names the directory opened: another directory was renamed
+  // over it (a checkpoint replaced), or it was renamed away or removed. False for a Dir
+  // that is not open.
+  bool Replaced() const;
+  // kChanged naming path(): the checkpoint was replaced or removed while it was read;
+  // `what` says what was found missing.
+  [[noreturn]] void ThrowChanged(const std::string& what) const;
 
  private:
   std::shared_ptr<const Fd> fd_;
   fs::path path_;
+  dev_t dev_ = 0;
+  ino_t ino_ = 0;
 };
 
 // Opens `path` for reading only if it is a regular file (not a symlink, FIFO or device).
@@ -98,7 +120,8 @@ class Dir {
 // a Hugging Face cache entry, is followed); files a checkpoint names use kRefuse.
 enum class Symlinks { kRefuse, kFollow };
 Fd OpenRegularFile(const fs::path& path, Symlinks symlinks = Symlinks::kRefuse);
-// The same for `name` inside `dir` (openat), errors naming dir.path() / name.
+// The same for `name` inside `dir` (openat), errors naming dir.path() / name; kChanged
+// (not kNotFound) when `name` is missing because `dir` was replaced or removed meanwhile.
 Fd OpenRegularFileAt(const Dir& dir, const std::string& name);
 // A path by which other code (HDF5) can open the very file `fd` is open on:
 // "/proc/self/fd/<fd>".

@@ -1,6 +1,8 @@
 // storage/shard_reader.cc
 #include "storage/shard_reader.h"
 
+#include <sys/stat.h>
+
 #include <fcntl.h>
 
 #include <algorithm>
@@ -316,12 +318,14 @@ struct ShardReader::Impl {
 };
 
 ShardReader::ShardReader(const Dir& dir, const std::string& file_name, bool use_index, bool evict_on_close)
-    : ShardReader(OpenRegularFileAt(dir, file_name), dir.path() / file_name, use_index, evict_on_close, false) {}
+    : ShardReader(OpenRegularFileAt(dir, file_name), dir.path() / file_name, use_index, evict_on_close, false,
+                  &dir) {}
 
 ShardReader::ShardReader(Fd fd, std::filesystem::path path, bool use_index, bool in_memory)
-    : ShardReader(std::move(fd), std::move(path), use_index, false, in_memory) {}
+    : ShardReader(std::move(fd), std::move(path), use_index, false, in_memory, nullptr) {}
 
-ShardReader::ShardReader(Fd fd, std::filesystem::path path, bool use_index, bool evict_on_close, bool in_memory)
+ShardReader::ShardReader(Fd fd, std::filesystem::path path, bool use_index, bool evict_on_close, bool in_memory,
+                         const Dir* dir)
     : impl_(std::make_unique<Impl>()) {
   h5::Init();
   impl_->path = std::move(path);
@@ -336,12 +340,15 @@ ShardReader::ShardReader(Fd fd, std::filesystem::path path, bool use_index, bool
   // minutes, most of it in the output's verification). A small fixed cache evicts the
   // least recently used headers as new ones come, at a constant cost per dataset.
   auto open = [&](bool bounded) {
-    h5::Handle fapl;
-    if (bounded || in_memory) fapl = h5::Plist(h5::Check(H5Pcreate(H5P_FILE_ACCESS), "H5Pcreate"));
+    h5::Handle fapl = h5::Plist(h5::Check(H5Pcreate(H5P_FILE_ACCESS), "H5Pcreate"));
     if (bounded) h5::SetFixedMetadataCache(fapl.get(), kBoundedCacheBytes);
     // The core driver reads the file whole at open; HDF5's every later read is a copy.
     if (in_memory) h5::Check(H5Pset_fapl_core(fapl.get(), 1 << 16, /*backing_store=*/false), "H5Pset_fapl_core");
-    const hid_t got = H5Fopen(proc.c_str(), H5F_ACC_RDONLY, fapl ? fapl.get() : H5P_DEFAULT);
+    // No HDF5 file lock: a committed shard is never written again (FORMAT.md §2), and a
+    // reader racing an overwrite was refused ("unable to lock the file") by the lock of a
+    // writer's HDF5 handle on the same file, an error that read as damage.
+    h5::Check(H5Pset_file_locking(fapl.get(), false, true), "H5Pset_file_locking");
+    const hid_t got = H5Fopen(proc.c_str(), H5F_ACC_RDONLY, fapl.get());
     if (got < 0) why = h5::ErrorStack();
     return got;
   };
@@ -351,7 +358,14 @@ ShardReader::ShardReader(Fd fd, std::filesystem::path path, bool use_index, bool
     id = open(false);
     if (id < 0) why = first;
   }
-  if (id < 0) throw Error(ErrorCode::kCorrupt, impl_->path.string() + ": not a readable HDF5 file" + why);
+  if (id < 0) {
+    // HDF5 cannot open a file removed since it was opened here (it resolves the /proc
+    // link's target, which is gone): the checkpoint was replaced meanwhile, no damage.
+    struct stat st;
+    if (dir && ::fstat(impl_->fd.get(), &st) == 0 && st.st_nlink == 0)
+      dir->ThrowChanged(impl_->path.filename().string() + " was removed");
+    throw Error(ErrorCode::kCorrupt, impl_->path.string() + ": not a readable HDF5 file" + why);
+  }
   impl_->file = h5::File(id);
   try {
     impl_->raw = h5::DescribeFile(id, impl_->fd.get(), impl_->size);
@@ -433,6 +447,7 @@ void ShardReader::UseDirectIo(std::optional<DirectReader::Policy> policy) {
 uint64_t ShardReader::bytes_read_direct() const { return impl_->direct ? impl_->direct->bytes() : 0; }
 uint64_t ShardReader::file_size() const { return impl_->size; }
 const std::filesystem::path& ShardReader::path() const { return impl_->path; }
+int ShardReader::fd() const { return impl_->fd.get(); }
 
 std::vector<std::string> ShardReader::UnnamedObjects(const std::function<bool(const std::string&)>& named,
                                                      std::size_t limit) {

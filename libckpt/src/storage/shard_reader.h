@@ -111,13 +111,17 @@ class ShardReader {
 
   uint64_t file_size() const;
   const std::filesystem::path& path() const;
+  // The descriptor the shard is open on (owned by the reader): the very file, whatever
+  // has been renamed or removed since.
+  int fd() const;
 
   // Datasets (hard links) of the root group for which `named(name)` is false, at most
   // `limit`: for ckpt-verify, what no record names (FORMAT.md §5.6).
   std::vector<std::string> UnnamedObjects(const std::function<bool(const std::string&)>& named, std::size_t limit);
 
  private:
-  ShardReader(Fd fd, std::filesystem::path path, bool use_index, bool evict_on_close, bool in_memory);
+  ShardReader(Fd fd, std::filesystem::path path, bool use_index, bool evict_on_close, bool in_memory,
+              const Dir* dir);
   struct Located;
   Located Find(const std::string& key, DType dtype, const ChunkMeta& chunk, bool by_header = false);
   Located FindPacked(const std::string& key, const ChunkMeta& chunk, uint64_t chunk_bytes);

@@ -41,6 +41,17 @@ class CKPT_API Source {
   virtual ~Source() = default;
 
   virtual SourceKind kind() const = 0;
+  // Another Source over the same input, for another thread. A checkpoint's reads the very
+  // checkpoint this one reads (the same directory handle and metadata), whatever has been
+  // committed at its path since; a file is opened again by its path.
+  virtual std::unique_ptr<Source> Reopen() const;
+  // A path that names the file `name` of the very checkpoint this source reads (for stat
+  // or open: "/proc/self/fd/<directory>/<name>", not in messages); empty for other inputs.
+  virtual std::filesystem::path PinnedFile(const std::string& name) const { (void)name; return {}; }
+  // Throws kChanged where the checkpoint this source reads is no longer at path() (replaced
+  // or removed since it was opened): for a caller whose problems found may be only its
+  // files removed meanwhile. Nothing for other inputs.
+  virtual void ThrowIfReplaced() const {}
   const std::filesystem::path& path() const { return path_; }
   const Metadata& metadata() const { return metadata_; }
   // Tensors left out by skip_unsupported: (name, dtype as the source spells it).
