@@ -151,7 +151,7 @@ class SafetensorsSource final : public Source {
     if (verified_.count(&t)) return;
     const uint64_t n = t.end - t.begin;
     storage::Digest digest(DType::kUInt8, false, r.block_bytes());
-    storage::FileHasher(r.path()).Hash(r.data_start() + t.begin, n, digest, {}, Where(r, t));
+    storage::FileHasher(r.fd(), r.path()).Hash(r.data_start() + t.begin, n, digest, {}, Where(r, t));
     storage::CheckDigest(digest, metadata_.Find(t.name)->chunks.front(), n, Where(r, t));
     verified_.insert(&t);
   }

@@ -92,6 +92,8 @@ class CKPT_API SafetensorsReader {
   // The "__metadata__" object, as (key, value) pairs in file order.
   const std::vector<std::pair<std::string, std::string>>& metadata() const { return metadata_; }
   uint64_t file_size() const { return file_size_; }
+  // The open file (owned by the reader): every read of it goes through this descriptor.
+  int fd() const { return fd_; }
   // File offset of the data buffer (tensor bytes start at data_start() + begin).
   uint64_t data_start() const { return data_start_; }
   // ckpt's digest block size ("ckpt.block_bytes"); 0 when the file carries no digests.
