@@ -12,6 +12,7 @@ flattens them. Values:
 import contextlib
 import gc
 import json
+import math
 import numbers
 from collections.abc import Mapping
 
@@ -140,6 +141,14 @@ def save_entries(state_dict):
     return entries, views
 
 
+def _dtensor_chunks(shape, offsets, local, data):
+    """A rank's chunk of a DTensor: none for an empty piece of a non-empty tensor (FORMAT.md
+    §3.3), the whole tensor for one of zero volume (one chunk, claimed by every holder)."""
+    if math.prod(shape) == 0:
+        return [([0] * len(shape), list(shape), data)]
+    return [(offsets, list(local.shape), data)] if local.numel() > 0 else []
+
+
 def _save_entry(key, value, views):
     if isinstance(value, Shard):
         dtype, sizes, data = _arrays.read_view(value.array, key, device_ok=True)
@@ -149,8 +158,7 @@ def _save_entry(key, value, views):
         shape, offsets, local = dtensor_chunk(value, key)
         dtype, _, data = _arrays.read_view(local, key, device_ok=True)
         views.append(data)
-        chunks = [(offsets, list(local.shape), data)] if local.numel() > 0 else []
-        return ("tensor", key, dtype, shape, chunks)
+        return ("tensor", key, dtype, shape, _dtensor_chunks(shape, offsets, local, data))
     if _arrays.is_array(value):
         dtype, shape, data = _arrays.read_view(value, key, device_ok=True)
         views.append(data)
@@ -185,8 +193,7 @@ def load_entries(state_dict):
             shape, offsets, local = dtensor_chunk(value, key)
             target = _arrays.WriteTarget(local, key, device_ok=True)
             targets.append(target)
-            chunks = [(offsets, list(local.shape), target.bytes)] if local.numel() > 0 else []
-            entries.append(("tensor", key, target.dtype, shape, chunks))
+            entries.append(("tensor", key, target.dtype, shape, _dtensor_chunks(shape, offsets, local, target.bytes)))
             continue
         if _arrays.is_array(value):
             target = _arrays.WriteTarget(value, key, device_ok=True)

@@ -36,6 +36,7 @@ optimizer_state_dict() returns the torch.optim state_dict without loading it.
 """
 import io
 import json
+import math
 import os
 from collections.abc import Mapping
 
@@ -207,7 +208,11 @@ class StorageWriter(_DcpStorageWriter):
             if fqn not in tensors:
                 tensors[fqn] = ("tensor", fqn, dtype, list(td.size), [])
                 entries.append(tensors[fqn])
-            if data.size:
+            # A rank's empty piece of a non-empty tensor is no chunk (FORMAT.md §3.3); a tensor
+            # of zero volume is one chunk, the whole tensor, claimed by every rank that holds it.
+            if math.prod(td.size) == 0:
+                tensors[fqn][4][:] = [([0] * len(td.size), list(td.size), data)]
+            elif data.size:
                 tensors[fqn][4].append((list(td.chunk.offsets), list(td.chunk.sizes), data))
         for item in byte_items:
             buf = planner.resolve_data(item)

@@ -486,20 +486,18 @@ void SafetensorsWriter::AppendCopy(const FileRange& range) {
   if (range.length > data_total_ - written_)
     throw Error(ErrorCode::kInvalidArgument,
                 path_.string() + ": more bytes appended than the header declares");
-  if (range.fd >= 0) {  // the reader's own descriptor (a pinned checkpoint's shard)
-    storage::CopyRange(range.fd, range.offset, fd_, file_pos_, static_cast<std::size_t>(range.length), range.file,
-                       tmp_path_);
-    Wrote(range.length);
-    return;
+  int source = range.fd;  // the reader's own descriptor (a pinned checkpoint's shard), if any
+  if (source < 0) {
+    if (source_fd_ < 0 || source_path_ != range.file) {  // tensors come file by file: keep the last one open
+      storage::Fd in = storage::OpenRegularFile(range.file);
+      if (source_fd_ >= 0) storage::Fd{source_fd_};
+      source_fd_ = in.release();
+      source_path_ = range.file;
+    }
+    source = source_fd_;
   }
-  if (source_fd_ < 0 || source_path_ != range.file) {  // tensors come file by file: keep the last one open
-    storage::Fd in = storage::OpenRegularFile(range.file);
-    if (source_fd_ >= 0) storage::Fd{source_fd_};
-    source_fd_ = in.release();
-    source_path_ = range.file;
-  }
-  storage::CopyRange(source_fd_, range.offset, fd_, file_pos_, static_cast<std::size_t>(range.length),
-                     range.file, tmp_path_);
+  storage::CopyRange(source, range.offset, fd_, file_pos_, static_cast<std::size_t>(range.length), range.file,
+                     tmp_path_);
   if (digests_)  // the bytes as written, read back (from the page cache)
     storage::FileHasher(fd_, tmp_path_).Scan(file_pos_, range.length,
                                              [&](const unsigned char* p, std::size_t n, uint64_t) { Hash(p, n); });
