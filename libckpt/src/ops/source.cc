@@ -120,11 +120,10 @@ class SafetensorsSource final : public Source {
     if (r->block_bytes() && !whole) VerifyTensor(*r, *t);
     r->ReadRegion(*t, region, out);
     read_ += n;
-    if (r->block_bytes() && whole && !verified_.count(t)) {
+    if (r->block_bytes() && whole && !verified_.count(t)) {  // the bytes just read, not read again
       storage::Digest digest(DType::kUInt8, false, r->block_bytes());
       digest.Update(out, static_cast<std::size_t>(n));
-      storage::CheckDigest(digest, metadata_.Find(key)->chunks.front(), n, Where(*r, *t));
-      verified_.insert(t);
+      CheckTensorDigest(*r, *t, digest);
     }
   }
   std::vector<uint8_t> ReadBytes(std::string_view key) override {
@@ -147,12 +146,16 @@ class SafetensorsSource final : public Source {
   static std::string Where(const SafetensorsReader& r, const SafetensorsTensor& t) {
     return r.path().string() + ": tensor '" + t.name + "'";
   }
+  // Tensor `t`'s bytes, read from its file, against its digests (once per tensor).
   void VerifyTensor(const SafetensorsReader& r, const SafetensorsTensor& t) {
     if (verified_.count(&t)) return;
-    const uint64_t n = t.end - t.begin;
     storage::Digest digest(DType::kUInt8, false, r.block_bytes());
-    storage::FileHasher(r.fd(), r.path()).Hash(r.data_start() + t.begin, n, digest, {}, Where(r, t));
-    storage::CheckDigest(digest, metadata_.Find(t.name)->chunks.front(), n, Where(r, t));
+    storage::FileHasher(r.fd(), r.path()).Hash(r.data_start() + t.begin, t.end - t.begin, digest, {}, Where(r, t));
+    CheckTensorDigest(r, t, digest);
+  }
+  // `digest` of all of `t`'s bytes against the blocks its file records; `t` verified after.
+  void CheckTensorDigest(const SafetensorsReader& r, const SafetensorsTensor& t, const storage::Digest& digest) {
+    storage::CheckDigest(digest, metadata_.Find(t.name)->chunks.front(), t.end - t.begin, Where(r, t));
     verified_.insert(&t);
   }
   void Add(std::unique_ptr<SafetensorsReader> reader) {
