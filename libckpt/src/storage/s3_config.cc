@@ -195,9 +195,9 @@ S3Config ResolveS3Config(const S3Options& opts, const EnvLookup& env_in) {
     }
   }
   c.path_style = addressing == Addressing::kAuto ? !aws_endpoint : addressing == Addressing::kPath;
-  if (opts.max_connections < 1 || opts.max_attempts < 1 || opts.base_backoff_ms < 0 || opts.max_backoff_ms < 0 ||
+  if (opts.max_connections < 0 || opts.max_attempts < 1 || opts.base_backoff_ms < 0 || opts.max_backoff_ms < 0 ||
       opts.connect_timeout_ms < 1 || opts.stall_timeout_s < 1) {
-    throw Error(ErrorCode::kInvalidArgument, "S3 options: connections, attempts and timeouts must be positive");
+    throw Error(ErrorCode::kInvalidArgument, "S3 options: attempts and timeouts must be positive, connections not negative");
   }
   return c;
 }

@@ -38,7 +38,8 @@ struct S3Options {
   std::string session_token;
   std::string profile;
   Addressing addressing = Addressing::kAuto;
-  // Transfers: connections kept for parallel requests; attempts of an idempotent request
+  // Transfers: connections kept for parallel requests (0: none kept, a new connection per
+  // request); attempts of an idempotent request
   // (1 = no retry); the first backoff (doubled per retry, full jitter, capped at
   // max_backoff_ms); connect timeout; a transfer slower than 1 KiB/s for this long is a
   // timeout (retried).

@@ -196,7 +196,7 @@ std::size_t ReadBody(char* buf, std::size_t size, std::size_t n, void* user) {
   auto* t = static_cast<Transfer*>(user);
   const ByteSpan body = t->req->body;
   const std::size_t len = std::min(size * n, body.size() - t->read_pos);
-  std::memcpy(buf, body.data() + t->read_pos, len);
+  if (len > 0) std::memcpy(buf, body.data() + t->read_pos, len);
   t->read_pos += len;
   return len;
 }
@@ -667,7 +667,7 @@ std::vector<std::byte> S3Store::Get(const std::string& bucket, const std::string
     throw Error(ErrorCode::kIO, req.Name() + ": GET: got " + std::to_string(resp.body.size()) + " bytes, Content-Length " + len);
   }
   std::vector<std::byte> out(resp.body.size());
-  std::memcpy(out.data(), resp.body.data(), out.size());
+  if (!out.empty()) std::memcpy(out.data(), resp.body.data(), out.size());
   return out;
 }
 
