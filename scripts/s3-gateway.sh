@@ -135,6 +135,10 @@ rgw_data = $DIR/rgw
 rgw_frontends = beast endpoint=127.0.0.1:$3
 rgw_thread_pool_size = 32
 rgw_dns_name = 127.0.0.1
+# deleted objects' data goes at once (the default waits 2 h, and the RAM store would hold it)
+rgw_gc_obj_min_wait = 1
+rgw_gc_processor_period = 5
+rgw_gc_processor_max_time = 5
 EOF
 }
 
@@ -180,24 +184,28 @@ start() {
   print_env
 }
 
-# Stops the recorded daemons (rgw first), each with SIGTERM, then SIGKILL after 10 s.
+# Stops the recorded daemons: SIGTERM to all three at once (their data is in RAM and goes
+# anyway), then SIGKILL to any still running after 10 s.
 stop_recorded() {
   [[ -d $DIR/pids ]] || return 0
-  local name pid
+  local name pid pids=()
   for name in rgw osd mon; do
-    pid=$(live_pid "$name") || { rm -f "$DIR/pids/$name"; continue; }
-    kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq 50); do
-      [[ -d /proc/$pid ]] || break
-      sleep 0.2
-    done
+    if pid=$(live_pid "$name"); then
+      kill -TERM "$pid" 2>/dev/null || true
+      pids+=("$name:$pid")
+    fi
+  done
+  local end=$((SECONDS + 10)) entry
+  for entry in "${pids[@]}"; do
+    name=${entry%%:*} pid=${entry#*:}
+    while [[ -d /proc/$pid ]] && live_pid "$name" >/dev/null && ((SECONDS < end)); do sleep 0.1; done
     if live_pid "$name" >/dev/null; then
       log "$name (pid $pid) is still running after SIGTERM: SIGKILL"
       kill -KILL "$pid" 2>/dev/null || true
     fi
-    rm -f "$DIR/pids/$name"
     log "stopped $name (pid $pid)"
   done
+  rm -f "$DIR"/pids/*
 }
 
 # Removes the directory only if it is this script's (its ceph.conf says so) or empty: a
