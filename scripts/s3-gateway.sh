@@ -134,7 +134,8 @@ memstore_device_bytes = $((MEM_MIB << 20))
 rgw_data = $DIR/rgw
 rgw_frontends = beast endpoint=127.0.0.1:$3
 rgw_thread_pool_size = 32
-rgw_dns_name = 127.0.0.1
+# virtual-hosted requests name the bucket in the host: <bucket>.localhost (curl resolves *.localhost)
+rgw_dns_name = localhost
 # deleted objects' data goes at once (the default waits 2 h, and the RAM store would hold it)
 rgw_gc_obj_min_wait = 1
 rgw_gc_processor_period = 5

@@ -70,12 +70,6 @@ void Reply(int fd, int status, const char* reason, const char* code) {
 
 }  // namespace
 
-int PortOf(const std::string& endpoint) {
-  const auto colon = endpoint.rfind(':');
-  if (colon == std::string::npos || colon < 6) throw std::runtime_error("no port in " + endpoint);
-  return std::stoi(endpoint.substr(colon + 1));
-}
-
 FaultProxy::FaultProxy(int upstream_port, std::vector<Action> plan, Action after)
     : upstream_port_(upstream_port), plan_(std::move(plan)), after_(after) {
   listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);

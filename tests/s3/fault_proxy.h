@@ -40,7 +40,4 @@ class FaultProxy {
   std::vector<std::thread> handlers_;
 };
 
-// The port of an http://host:port endpoint.
-int PortOf(const std::string& endpoint);
-
 }  // namespace s3_test

@@ -57,6 +57,12 @@ ckpt::storage::s3::S3Config GatewayConfig() {
   return config;
 }
 
+int PortOf(const std::string& endpoint) {
+  const auto colon = endpoint.rfind(':');
+  if (colon == std::string::npos || colon < 6) FAIL("no port in the endpoint " << endpoint);
+  return std::stoi(endpoint.substr(colon + 1));
+}
+
 TestBucket::TestBucket(ckpt::storage::ObjectStore& store) : store_(store) {
   std::random_device rd;
   char buf[32];

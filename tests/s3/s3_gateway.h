@@ -14,6 +14,9 @@ namespace s3_test {
 // 77 (CTest: SKIPPED) with the reason, or, where CI=true, fails: CI must test against it.
 ckpt::storage::s3::S3Config GatewayConfig();
 
+// The port of an http://host:port endpoint.
+int PortOf(const std::string& endpoint);
+
 // A bucket of its own for one test case ("ckpt-test-<random>"), emptied (objects and
 // unfinished uploads) and removed on destruction.
 class TestBucket {

@@ -358,3 +358,22 @@ TEST_CASE("connections are kept alive: 40 sequential requests open one connectio
   CHECK(after.connections - before.connections == 0);
   CHECK(after.connections <= 1);
 }
+
+TEST_CASE("virtual-hosted addressing: the bucket in the host name (<bucket>.localhost)") {
+  S3Store path_style(s3_test::GatewayConfig());
+  s3_test::TestBucket b(path_style);
+  s3::S3Config c = s3_test::GatewayConfig();
+  c.endpoint = "http://localhost:" + std::to_string(s3_test::PortOf(c.endpoint));
+  c.path_style = false;
+  S3Store store(c);
+  const std::string body = "virtually hosted";
+  CHECK(store.Put(b.name(), "v/a b+c", Span(body)) == s3::Md5Hex(Span(body)));
+  CHECK(AsString(path_style.Get(b.name(), "v/a b+c", 100)) == body);
+  CHECK(AsString(store.Get(b.name(), "v/a b+c", 100)) == body);
+  const auto listed = ckpt::storage::ListAll(store, b.name(), "v/");
+  REQUIRE(listed.size() == 1);
+  CHECK(listed[0].key == "v/a b+c");
+  CHECK_FALSE(store.PutIfAbsent(b.name(), "v/a b+c", Span(body)));
+  store.DeleteBatch(b.name(), {"v/a b+c"});
+  CHECK_FALSE(path_style.Head(b.name(), "v/a b+c"));
+}
