@@ -94,16 +94,13 @@ void UploadMultipart(ObjectStore& store, const std::string& bucket, std::vector<
     std::vector<Fd> fds;
     for (const Upload& up : uploads) fds.push_back(OpenRegularFile(up.path));
     ParallelFor(tasks.size(), options.parallel, [&](std::size_t i) {
-      static thread_local std::vector<std::byte> buf;
       const Task& t = tasks[i];
       Upload& up = uploads[t.upload];
       const uint64_t offset = static_cast<uint64_t>(t.part - 1) * options.part_bytes;
       const std::size_t n = static_cast<std::size_t>(std::min(options.part_bytes, up.size - offset));
-      buf.resize(n);
+      std::vector<std::byte> buf(n);
       ReadExact(fds[t.upload].get(), buf.data(), n, offset, up.path);
-      up.parts[static_cast<std::size_t>(t.part - 1)] = {t.part, store.UploadPart(bucket, up.key, up.id, t.part, {buf.data(), n})};
-      buf.clear();
-      buf.shrink_to_fit();
+      up.parts[static_cast<std::size_t>(t.part - 1)] = {t.part, store.UploadPart(bucket, up.key, up.id, t.part, buf)};
     });
     for (Upload& up : uploads) {
       store.CompleteMultipart(bucket, up.key, up.id, up.parts);
