@@ -58,6 +58,21 @@ int ConnectUpstream(int port) {
   return fd;
 }
 
+// "Range: bytes=A-B" becomes bytes=(A+1)-(B+1) (shift) or bytes=A-(B+100) (widen).
+std::string RewriteRange(std::string head, bool widen) {
+  const std::string tag = "Range: bytes=";
+  const auto at = head.find(tag);
+  if (at == std::string::npos) return head;
+  const auto begin = at + tag.size();
+  const auto dash = head.find('-', begin);
+  const auto eol = head.find("\r\n", dash);
+  const unsigned long long a = std::stoull(head.substr(begin, dash - begin));
+  const unsigned long long b = std::stoull(head.substr(dash + 1, eol - dash - 1));
+  const std::string range = widen ? std::to_string(a) + "-" + std::to_string(b + 100)
+                                  : std::to_string(a + 1) + "-" + std::to_string(b + 1);
+  return head.replace(begin, eol - begin, range);
+}
+
 void Reply(int fd, int status, const char* reason, const char* code) {
   const std::string body = std::string("<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>") + code +
                            "</Code><Message>injected by the test proxy</Message></Error>";
@@ -107,7 +122,11 @@ void FaultProxy::AcceptLoop() {
 }
 
 void FaultProxy::Handle(int client, Action action) {
-  const std::string head = ReadHead(client, stop_);
+  std::string head = ReadHead(client, stop_);
+  if (action == Action::kShiftRange || action == Action::kWidenRange) {
+    head = RewriteRange(std::move(head), action == Action::kWidenRange);
+    action = Action::kForward;
+  }
   int upstream = -1;
   switch (action) {
     case Action::kDrop:
@@ -126,6 +145,8 @@ void FaultProxy::Handle(int client, Action action) {
       }
       break;
     }
+    case Action::kShiftRange:
+    case Action::kWidenRange:
     case Action::kForward:
     case Action::kTruncate:
     case Action::kLoseResponse: {

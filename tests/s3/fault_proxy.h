@@ -1,6 +1,6 @@
 // A TCP proxy on 127.0.0.1 between an S3 client and the real gateway that does to each new
 // connection what its plan says: forward it, drop it, answer 500 or 503 SlowDown, stall,
-// cut the answer short, or forward the request but lose the answer (the server acted, the
+// cut the answer short, change the range asked for, or forward the request but lose the answer (the server acted, the
 // client never hears). A client that opens one connection per request (S3Options::
 // max_connections = 0) meets one planned fault per request.
 #pragma once
@@ -15,7 +15,9 @@ namespace s3_test {
 
 class FaultProxy {
  public:
-  enum class Action { kForward, kDrop, k500, k503, kStall, kTruncate, kLoseResponse };
+  // kShiftRange / kWidenRange forward a request with its Range header changed (it is not
+  // signed), as a server that answers another range, or more bytes, than asked would.
+  enum class Action { kForward, kDrop, k500, k503, kStall, kTruncate, kLoseResponse, kShiftRange, kWidenRange };
   // `upstream_port` on 127.0.0.1; connection i gets plan[i], those after the plan `after`.
   FaultProxy(int upstream_port, std::vector<Action> plan, Action after = Action::kForward);
   ~FaultProxy();

@@ -156,3 +156,24 @@ TEST_CASE("CompleteMultipart whose answer was lost is retried and reports the ob
   CHECK(info->etag == done);
   CHECK(info->size == part.size());
 }
+
+TEST_CASE("a server that answers another range, or more bytes than asked: refused, naming key and range") {
+  S3Store direct(s3_test::GatewayConfig());
+  s3_test::TestBucket b(direct);
+  direct.Put(b.name(), "obj", Span(std::string(10000, 'x')));
+  {
+    FaultProxy proxy(GatewayPort(), {A::kShiftRange});
+    S3Store store(Through(proxy));
+    std::vector<std::byte> out(100);
+    const std::string e = ErrorOf([&] { store.GetRange(b.name(), "obj", 1000, out); });
+    CHECK(e.find("s3://" + b.name() + "/obj: GET bytes 1000-1099: the server answered the range 'bytes 1001-1100/10000'") !=
+          std::string::npos);
+  }
+  {
+    FaultProxy proxy(GatewayPort(), {A::kWidenRange});
+    S3Store store(Through(proxy));
+    std::vector<std::byte> out(100);
+    const std::string e = ErrorOf([&] { store.GetRange(b.name(), "obj", 1000, out); });
+    CHECK(e.find("s3://" + b.name() + "/obj: GET: the server sent more than 100 bytes") != std::string::npos);
+  }
+}
