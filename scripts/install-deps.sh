@@ -8,6 +8,7 @@ packages=(
   python3-h5py python3-numpy python3-jsonschema python3-xxhash
   python3-venv python3-dev  # the Python package's venv (scripts/test.sh) and its headers
   hdf5-filter-plugin strace  # the suite must pass with Debian's HDF5 filter plugins present; fault injection
+  bindfs  # a real FUSE mount for fuse_mount_test (commits refused on FUSE, issue 30)
 )
 missing=()
 for p in "${packages[@]}"; do
