@@ -222,6 +222,24 @@ TEST_CASE("a statfs that fails is an I/O error naming the directory; nothing is 
   CHECK(Names(tmp.path()).empty());
 }
 
+TEST_CASE("the fault sweep's file system counts the check's statfs, so a fault is injected there too") {
+  ckpt_test::TempDir tmp("fuse-sweep");
+  ckpt_test::FaultFs counting;
+  {
+    Installed on(counting);
+    files::CommitFile(tmp / "latest", "x\n");
+  }
+  CHECK(counting.count("statfs") == 1);
+  CHECK(counting.count("mountinfo") == 0);  // not FUSE: never asked
+  ckpt_test::FaultFs failing(1, EIO, "");
+  {
+    Installed on(failing);
+    CHECK_THROWS_AS(files::CommitFile(tmp / "latest", "y\n"), Error);
+  }
+  CHECK(failing.failed() == "statfs " + tmp.path().string());
+  CHECK(storage::ReadFileLimited(tmp / "latest", 16) == "x\n");
+}
+
 TEST_CASE("the mount table is read by device: optional fields, escapes, the first match") {
   const std::string text =
       "22 1 252:1 / / rw,relatime shared:1 - ext4 /dev/vda1 rw\n"
@@ -275,7 +293,7 @@ class BindfsMount {
         ::dup2(fd, 1);
         ::dup2(fd, 2);
       }
-      ::execl(bindfs, bindfs, "-f", src.c_str(), mnt.c_str(), static_cast<char*>(nullptr));
+      ::execl(bindfs, bindfs, "-f", "--no-allow-other", src.c_str(), mnt.c_str(), static_cast<char*>(nullptr));
       ::_exit(127);
     }
     for (int i = 0; i < 1000; ++i) {  // 10 s
