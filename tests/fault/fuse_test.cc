@@ -24,6 +24,7 @@
 #include <string>
 #include <thread>
 
+#include "cli.h"
 #include "ckpt/files.h"
 #include "ckpt/ops/merge.h"
 #include "fault/fault_fs.h"
@@ -91,13 +92,13 @@ std::vector<std::string> Names(const fs::path& dir) {
   return out;
 }
 
-// The message of the kUnsupported error `fn` throws ("" and a failed check otherwise).
+// The message of the kInvalidArgument error `fn` throws ("" and a failed check otherwise).
 template <typename Fn>
 std::string Refusal(Fn&& fn) {
   try {
     fn();
   } catch (const Error& e) {
-    CHECK(e.code() == ErrorCode::kUnsupported);
+    CHECK(e.code() == ErrorCode::kInvalidArgument);
     return e.what();
   }
   FAIL_CHECK("not refused");
@@ -138,6 +139,22 @@ TEST_CASE("every output that commits is refused on an object store's FUSE mount,
     refused(Refusal([&] { ops::Merge(tmp / "src", tmp / "m", {}); }), tmp / "m");
     refused(Refusal([&] { files::CommitFile(tmp / "latest", "x\n"); }), tmp / "latest");
   }
+  CHECK(Names(tmp.path()) == std::vector<std::string>{"src"});
+}
+
+TEST_CASE("the tools exit 2 (an error, not a bad source) when their output is on an object store's mount") {
+  ckpt_test::TempDir tmp("fuse-tools");
+  SaveVersion(tmp / "src", 1, false);
+  FakeMount s3fs(kFuse, storage::MountEntry{"fuse.s3fs", "s3fs"});
+  Installed on(s3fs);
+  const auto run = [](int (*tool)(int, char**), std::vector<std::string> args) {
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    return tool(static_cast<int>(argv.size()), argv.data());
+  };
+  CHECK(run(tools::MergeMain, {"ckpt-merge", (tmp / "src").string(), (tmp / "m.h5").string(), "-q"}) == 2);
+  CHECK(run(tools::ConvertMain, {"ckpt-convert", (tmp / "src").string(), (tmp / "m.safetensors").string(), "-q"}) ==
+        2);
   CHECK(Names(tmp.path()) == std::vector<std::string>{"src"});
 }
 

@@ -201,7 +201,7 @@ void CheckAtomicRename(const fs::path& target) {
   const std::string what = listed ? "type " + m.type + ", source " + m.source : "not in /proc/self/mountinfo";
   for (const std::string_view name : {std::string_view(subtype), std::string_view(m.source)}) {
     if (!name.empty() && OneOf(name, kObjectStoreFuse)) {
-      throw Error(ErrorCode::kUnsupported,
+      throw Error(ErrorCode::kInvalidArgument,
                   target.string() + ": on " + std::string(name) + " (FUSE, " + what +
                       "), an object store mounted as files, whose rename is not atomic (a directory is copied file "
                       "by file, if at all): a checkpoint committed there could show before all its files do, and "
@@ -211,7 +211,7 @@ void CheckAtomicRename(const fs::path& target) {
   if (OneOf(subtype, kAtomicFuse)) return;
   const char* allow = std::getenv("CKPT_ALLOW_FUSE");
   if (allow && std::string_view(allow) == "1") return;
-  throw Error(ErrorCode::kUnsupported,
+  throw Error(ErrorCode::kInvalidArgument,
               target.string() + ": on a FUSE file system (" + what +
                   ") that ckpt does not know to rename atomically: if it is an object store, use an s3:// path; if "
                   "its rename is atomic (such as a pass-through to a local disk), set CKPT_ALLOW_FUSE=1");

@@ -37,7 +37,7 @@ enum class Replace {
               // must be empty or a committed checkpoint (holding metadata.json)
 };
 
-// Throws kUnsupported, naming `target` and the file system, where `target`'s directory is
+// Throws kInvalidArgument, naming `target` and the file system, where `target`'s directory is
 // on a FUSE file system (statfs magic 0x65735546) whose rename may not be atomic, so that
 // a commit there could show a checkpoint before all its files (issue 30: s3fs renames a
 // directory as one copy per object, in name order, metadata.json first):
