@@ -174,12 +174,6 @@ TEST_CASE("SplitBox: bounded blocks, in row-major order, covering the box exactl
   CHECK(ops::detail::SplitBox(Box{}, 8, 1).size() == 1);  // 0-D
 }
 
-TEST_CASE("RowRange splits as FSDP does") {
-  CHECK(ops::RowRange(10, 4, 0) == std::pair<int64_t, int64_t>{0, 3});
-  CHECK(ops::RowRange(10, 4, 1) == std::pair<int64_t, int64_t>{3, 6});
-  CHECK(ops::RowRange(10, 4, 3) == std::pair<int64_t, int64_t>{8, 10});
-}
-
 TEST_CASE("casts round to nearest even and keep NaN") {
   const float in[] = {1.0f, 1.00390625f /* 1 + 2^-8: tie -> even (1.0) */, 1.01171875f /* 1+3*2^-8: tie -> up */,
                       -2.5f, NAN, INFINITY, 65504.0f, 1e6f};
