@@ -184,7 +184,7 @@ std::string ReadHeaderText(int fd, uint64_t file_size, const std::filesystem::pa
   if (file_size < 8)
     Corrupt(path, "file is " + std::to_string(file_size) + " bytes, too short for the 8-byte header length");
   uint8_t len_bytes[8];
-  detail::PreadAll(fd, len_bytes, 8, 0, path);
+  storage::ReadExact(fd, len_bytes, 8, 0, path);
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | len_bytes[i];
   if (n > kSafetensorsMaxHeaderBytes)
@@ -194,7 +194,7 @@ std::string ReadHeaderText(int fd, uint64_t file_size, const std::filesystem::pa
     Corrupt(path, "header length " + std::to_string(n) + " runs past the end of the file (" +
                       std::to_string(file_size) + " bytes)");
   std::string text(n, '\0');
-  detail::PreadAll(fd, text.data(), n, 8, path);
+  storage::ReadExact(fd, text.data(), n, 8, path);
   return text;
 }
 
@@ -353,7 +353,7 @@ void SafetensorsReader::ReadRange(const SafetensorsTensor& t, uint64_t offset, u
   if (offset > t.end - t.begin || length > t.end - t.begin - offset)
     throw Error(ErrorCode::kInvalidArgument, path_.string() + ": tensor '" + t.name +
                                                  "': read outside its bytes");
-  detail::PreadAll(fd_, out, length, data_start_ + t.begin + offset, path_);
+  storage::ReadExact(fd_, out, length, data_start_ + t.begin + offset, path_);
 }
 
 void SafetensorsReader::ReadRegion(const SafetensorsTensor& t, const Box& box, void* out) const {
@@ -446,8 +446,8 @@ SafetensorsWriter::SafetensorsWriter(const std::filesystem::path& path,
     fd_ = storage::OpenFile(tmp_path_, O_RDWR | O_CREAT | O_EXCL, 0644).release();
     uint8_t len[8];
     for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(text.size() >> (8 * i));
-    detail::PwriteAll(fd_, len, 8, 0, tmp_path_);
-    detail::PwriteAll(fd_, text.data(), text.size(), 8, tmp_path_);
+    storage::WriteExact(fd_, len, 8, 0, tmp_path_);
+    storage::WriteExact(fd_, text.data(), text.size(), 8, tmp_path_);
   } catch (...) {
     if (fd_ >= 0) storage::Fd{fd_};  // closes it
     fd_ = -1;
@@ -488,7 +488,7 @@ void SafetensorsWriter::WriteDigests() {
     throw Error(ErrorCode::kInternal, tmp_path_.string() + ": the header with its digests is " +
                                           std::to_string(text.size()) + " bytes, not the " +
                                           std::to_string(d.text_bytes) + " reserved");
-  detail::PwriteAll(fd_, text.data(), text.size(), 8, tmp_path_);
+  storage::WriteExact(fd_, text.data(), text.size(), 8, tmp_path_);
 }
 
 SafetensorsWriter::~SafetensorsWriter() {
@@ -502,7 +502,7 @@ void SafetensorsWriter::Append(const void* data, uint64_t bytes) {
   if (bytes > data_total_ - written_)
     throw Error(ErrorCode::kInvalidArgument,
                 path_.string() + ": more bytes appended than the header declares");
-  detail::PwriteAll(fd_, data, bytes, file_pos_, tmp_path_);
+  storage::WriteExact(fd_, data, bytes, file_pos_, tmp_path_);
   Hash(data, bytes);
   Wrote(bytes);
 }
