@@ -74,7 +74,7 @@ void SaveSample(const fs::path& dir, float scale = 1.0f, uint64_t pack_bytes = S
 std::vector<float> ReadAll(ops::Source& s, const std::string& key) {
   const EntryMeta* e = s.metadata().Find(key);
   REQUIRE(e);
-  std::vector<float> v(ops::NumElementsOf(*e));
+  std::vector<float> v(static_cast<std::size_t>(NumElements(e->shape)));
   s.ReadRegion(key, Box::Full(e->shape), v.data());
   return v;
 }
@@ -453,7 +453,7 @@ TEST_CASE("diff: value drift, tolerance, renames, missing keys") {
     auto src = ops::Source::Open(tmp / "c");
     for (const auto& [k, e] : src->metadata().entries) {
       if (e.kind == EntryKind::kTensor) {
-        std::vector<float> v(ops::NumElementsOf(e));
+        std::vector<float> v(static_cast<std::size_t>(NumElements(e.shape)));
         src->ReadRegion(k, Box::Full(e.shape), v.data());
         w->WriteChunk(k, e.dtype, e.shape, Box::Full(e.shape), v.data());
       } else if (e.kind == EntryKind::kScalar) {

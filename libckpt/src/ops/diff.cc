@@ -312,7 +312,7 @@ std::optional<KeyDiff> DiffEntry(Source& a, Source& b, const std::string& key, c
     d.max_rel = values->max_rel;
     d.num_different = values->different;
     d.num_nan = values->nan;
-    d.num_elements = NumElementsOf(ea);
+    d.num_elements = static_cast<uint64_t>(NumElements(ea.shape));
   }
   return d;
 }

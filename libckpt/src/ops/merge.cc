@@ -348,7 +348,7 @@ std::vector<Selected> SafetensorsTensors(const Source& src, const std::vector<Se
 }
 
 uint64_t OutBytes(const EntryMeta& e, const MergeOptions& o) {
-  return NumElementsOf(e) * DTypeSize(OutType(e, o));
+  return static_cast<uint64_t>(NumElements(e.shape)) * DTypeSize(OutType(e, o));
 }
 
 // Writes `tensors` into one safetensors file at `path`, left uncommitted (the caller commits).
@@ -445,7 +445,7 @@ void WriteShardedSafetensors(Source& src, const std::vector<Selected>& sel, cons
   for (const auto& s : tensors) {
     sizes.push_back(OutBytes(*s.entry, o));
     total += sizes.back();
-    parameters += NumElementsOf(*s.entry);
+    parameters += static_cast<uint64_t>(NumElements(s.entry->shape));
   }
   const uint64_t cap = o.max_shard_size ? o.max_shard_size : kDefaultMaxShardSize;
   auto groups = PlanSafetensorsShards(sizes, cap);
