@@ -1,9 +1,9 @@
 // tools/verify.cc: ckpt-verify, over ckpt::ops::Verify.
 #include <iostream>
 
+#include "ckpt/files.h"
 #include "ckpt/ops/verify.h"
 #include "cli.h"
-#include "ops/util.h"
 
 namespace ckpt::tools {
 
@@ -33,7 +33,7 @@ int VerifyMain(int argc, char** argv) {
     if (!schema.empty()) o.schema = schema;
     o.progress = !common.quiet;
     const ops::VerifyReport r = ops::Verify(path, o);
-    if (!junit.empty()) ops::detail::WriteFileText(junit, ops::RenderVerifyJUnit(r));
+    if (!junit.empty()) files::CommitFile(junit, ops::RenderVerifyJUnit(r));  // staged, fsynced, renamed into place
     if (common.json) std::cout << ops::RenderVerifyJson(r);
     else if (!common.quiet || !r.ok()) std::cout << ops::RenderVerifyText(r);
     return r.ok() ? kExitOk : kExitProblem;

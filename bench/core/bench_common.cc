@@ -107,15 +107,9 @@ Workload MakeGpt2s() {
   return w;
 }
 
-std::pair<int64_t, int64_t> RowRange(int64_t n, int world, int rank) {
-  const int64_t base = n / world, extra = n % world;
-  const int64_t begin = rank * base + std::min<int64_t>(rank, extra);
-  return {begin, base + (rank < extra ? 1 : 0)};
-}
-
 std::pair<const uint8_t*, std::size_t> ShardBytes(const TensorBuf& t, int world, int rank) {
   if (t.shape.empty()) return {t.data.get(), rank == 0 ? t.bytes : 0};
-  auto [begin, count] = RowRange(t.shape[0], world, rank);
+  auto [begin, count] = ckpt::BalancedSplit(t.shape[0], world, rank);
   const std::size_t row = t.bytes / static_cast<std::size_t>(t.shape[0]);
   return {t.data.get() + static_cast<std::size_t>(begin) * row, static_cast<std::size_t>(count) * row};
 }
@@ -123,7 +117,7 @@ std::pair<const uint8_t*, std::size_t> ShardBytes(const TensorBuf& t, int world,
 TensorBuf RowShard(const TensorBuf& t, int world, int rank) {
   ckpt::Shape shape = t.shape;
   const auto [p, n] = shape.empty() ? std::pair{t.data.get(), t.bytes} : ShardBytes(t, world, rank);
-  if (!shape.empty()) shape[0] = RowRange(t.shape[0], world, rank).second;
+  if (!shape.empty()) shape[0] = ckpt::BalancedSplit(t.shape[0], world, rank).count;
   TensorBuf s{t.name, t.dtype, std::move(shape), n, std::make_unique<uint8_t[]>(n), 0};
   std::memcpy(s.data.get(), p, n);
   s.hash = XXH3_64bits(s.data.get(), s.bytes);
@@ -137,7 +131,7 @@ ckpt::StateDict View(Workload& w, int world, int rank) {
       state.Add(t.name, ckpt::Tensor::Full(t.dtype, t.shape, t.data.get()));
       continue;
     }
-    auto [begin, count] = RowRange(t.shape[0], world, rank);
+    auto [begin, count] = ckpt::BalancedSplit(t.shape[0], world, rank);
     const std::size_t row_bytes = t.bytes / static_cast<std::size_t>(t.shape[0]);
     state.Add(t.name, ckpt::Tensor::Slice(t.dtype, t.shape, 0, begin, count,
                                           t.data.get() + static_cast<std::size_t>(begin) * row_bytes));

@@ -54,15 +54,13 @@ struct TensorSpec {
 std::vector<TensorSpec> Gpt2sSpecs();
 Workload MakeGpt2s();
 
-// Rows [begin, begin + count) of dim 0 for `rank` of `world` (the first n % world get one more).
-std::pair<int64_t, int64_t> RowRange(int64_t n, int world, int rank);
 // Bytes of rank `rank`'s dim-0 shard of `t` (0-D tensors: rank 0 holds them).
 std::pair<const uint8_t*, std::size_t> ShardBytes(const TensorBuf& t, int world, int rank);
 // Rank `rank`'s dim-0 shard of `t` as a tensor of its own: its rows only (shape[0] = their
 // count), its own hash; a 0-D tensor whole.
 TensorBuf RowShard(const TensorBuf& t, int world, int rank);
 uint64_t TotalBytes(const Workload& w);
-// Rank `rank`'s view of `w` as a state dict over its buffers: FSDP-like dim-0 shards (RowRange),
+// Rank `rank`'s view of `w` as a state dict over its buffers: FSDP-like dim-0 shards (ckpt::BalancedSplit),
 // 0-D tensors replicated; world 1 holds every tensor whole.
 ckpt::StateDict View(Workload& w, int world, int rank);
 

@@ -90,7 +90,7 @@ struct ColumnShards {
           continue;
         }
         const int dim = t.shape.size() >= 2 ? 1 : 0;
-        auto [begin, count] = RowRange(t.shape[static_cast<std::size_t>(dim)], world, r);
+        auto [begin, count] = ckpt::BalancedSplit(t.shape[static_cast<std::size_t>(dim)], world, r);
         if (count == 0) continue;
         const std::size_t bytes = t.bytes / static_cast<std::size_t>(t.shape[static_cast<std::size_t>(dim)]) *
                                   static_cast<std::size_t>(count);
@@ -205,7 +205,7 @@ void RawColumnsLoad(Workload& w, const fs::path& dir, int files, ColumnShards& c
             std::memcpy(q->data.data(), src, n);
             continue;
           }
-          const auto [row0, rows] = RowRange(t.shape[0], files, r);
+          const auto [row0, rows] = ckpt::BalancedSplit(t.shape[0], files, r);
           const std::size_t row_bytes = t.bytes / static_cast<std::size_t>(t.shape[0]);
           if (t.shape.size() == 1) {  // the part is a row range too: copy the overlap
             const int64_t lo = std::max(row0, q->begin), hi = std::min(row0 + rows, q->begin + q->count);

@@ -76,7 +76,7 @@ struct Shard {
         }
         continue;
       }
-      const auto [begin, count] = RowRange(s.shape[0], world, rank);
+      const auto [begin, count] = ckpt::BalancedSplit(s.shape[0], world, rank);
       if (count == 0) continue;
       mine.push_back(RowShard(whole, world, rank));
       global_rows.push_back(s.shape[0]);

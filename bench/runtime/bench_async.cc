@@ -53,8 +53,8 @@ struct Gpt2sShard {
     }
     buffers.reserve(tensors.size());
     for (const auto& [name, shape] : tensors) {
-      const int64_t rows = shape[0], per = rows / world, extra = rows % world;
-      const int64_t begin = rank * per + std::min<int64_t>(rank, extra), count = per + (rank < extra ? 1 : 0);
+      const int64_t rows = shape[0];
+      const auto [begin, count] = ckpt::BalancedSplit(rows, world, rank);
       const int64_t row = ckpt::NumElements(shape) / rows;
       buffers.emplace_back(static_cast<std::size_t>(count * row));
       auto& b = buffers.back();

@@ -10,21 +10,6 @@ using namespace ckpt::runtime;
 using namespace ckpt::demo;
 using rt_test::SmallConfig;
 
-TEST_CASE("SplitRange is balanced and tiles the range") {
-  for (int64_t n : {0, 1, 5, 12, 20, 30})
-    for (int parts : {1, 2, 3, 4, 7}) {
-      int64_t next = 0;
-      for (int p = 0; p < parts; ++p) {
-        auto [b, c] = SplitRange(n, parts, p);
-        CHECK(b == next);
-        CHECK(c >= n / parts);
-        CHECK(c <= n / parts + 1);
-        next = b + c;
-      }
-      CHECK(next == n);
-    }
-}
-
 TEST_CASE("backward matches finite differences") {
   Generator gen(3);
   ClassifierConfig cfg;

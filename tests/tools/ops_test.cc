@@ -74,7 +74,7 @@ void SaveSample(const fs::path& dir, float scale = 1.0f, uint64_t pack_bytes = S
 std::vector<float> ReadAll(ops::Source& s, const std::string& key) {
   const EntryMeta* e = s.metadata().Find(key);
   REQUIRE(e);
-  std::vector<float> v(ops::NumElementsOf(*e));
+  std::vector<float> v(static_cast<std::size_t>(NumElements(e->shape)));
   s.ReadRegion(key, Box::Full(e->shape), v.data());
   return v;
 }
@@ -172,12 +172,6 @@ TEST_CASE("SplitBox: bounded blocks, in row-major order, covering the box exactl
     CHECK(total == whole.NumElements());
   }
   CHECK(ops::detail::SplitBox(Box{}, 8, 1).size() == 1);  // 0-D
-}
-
-TEST_CASE("RowRange splits as FSDP does") {
-  CHECK(ops::RowRange(10, 4, 0) == std::pair<int64_t, int64_t>{0, 3});
-  CHECK(ops::RowRange(10, 4, 1) == std::pair<int64_t, int64_t>{3, 6});
-  CHECK(ops::RowRange(10, 4, 3) == std::pair<int64_t, int64_t>{8, 10});
 }
 
 TEST_CASE("casts round to nearest even and keep NaN") {
@@ -459,7 +453,7 @@ TEST_CASE("diff: value drift, tolerance, renames, missing keys") {
     auto src = ops::Source::Open(tmp / "c");
     for (const auto& [k, e] : src->metadata().entries) {
       if (e.kind == EntryKind::kTensor) {
-        std::vector<float> v(ops::NumElementsOf(e));
+        std::vector<float> v(static_cast<std::size_t>(NumElements(e.shape)));
         src->ReadRegion(k, Box::Full(e.shape), v.data());
         w->WriteChunk(k, e.dtype, e.shape, Box::Full(e.shape), v.data());
       } else if (e.kind == EntryKind::kScalar) {

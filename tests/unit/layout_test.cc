@@ -127,3 +127,20 @@ TEST_CASE("TilingProblems agrees with brute-force coverage on random box sets") 
     CHECK(TilingProblems(shape, boxes).empty() == exact);
   }
 }
+
+TEST_CASE("BalancedSplit is balanced, in order, and tiles the range") {
+  static_assert(ckpt::BalancedSplit(10, 4, 0) == ckpt::SplitPart{0, 3});  // as FSDP splits rows
+  static_assert(ckpt::BalancedSplit(10, 4, 1) == ckpt::SplitPart{3, 3});
+  static_assert(ckpt::BalancedSplit(10, 4, 3) == ckpt::SplitPart{8, 2});
+  for (int64_t n : {0, 1, 5, 12, 20, 30})
+    for (int parts : {1, 2, 3, 4, 7}) {
+      int64_t next = 0;
+      for (int p = 0; p < parts; ++p) {
+        const auto [b, c] = ckpt::BalancedSplit(n, parts, p);
+        CHECK(b == next);
+        CHECK(c == n / parts + (p < n % parts ? 1 : 0));
+        next = b + c;
+      }
+      CHECK(next == n);
+    }
+}

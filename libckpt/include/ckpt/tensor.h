@@ -34,6 +34,22 @@ struct CKPT_API Box {
   friend bool operator==(const Box&, const Box&) = default;
 };
 
+// One part of a balanced split: the items [begin, begin + count).
+struct SplitPart {
+  int64_t begin = 0;
+  int64_t count = 0;
+  friend bool operator==(const SplitPart&, const SplitPart&) = default;
+};
+
+// Part `part` of `n` items split over `parts` in order and as evenly as possible: the first
+// n % parts parts get one item more than the others, as FSDP splits a parameter's rows (and
+// as Tensor::Slice takes them: `auto [begin, count] = BalancedSplit(rows, world, rank)`).
+// REQUIRES: n >= 0, parts >= 1, 0 <= part < parts.
+constexpr SplitPart BalancedSplit(int64_t n, int parts, int part) {
+  const int64_t base = n / parts, extra = n % parts;
+  return {part * base + (part < extra ? part : extra), base + (part < extra ? 1 : 0)};
+}
+
 // Chunk::device of a chunk in host memory.
 inline constexpr int kHostDevice = -1;
 

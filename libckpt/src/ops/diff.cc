@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -188,53 +189,44 @@ std::vector<ValueStats> CompareAll(Source& a, Source& b, const std::vector<std::
   return out;
 }
 
-}  // namespace
+using Keyed = std::pair<const std::string*, const EntryMeta*>;
 
-DiffReport Diff(const fs::path& a_path, const fs::path& b_path, const DiffOptions& o) {
-  const auto t0 = std::chrono::steady_clock::now();
-  auto a = Source::Open(a_path);
-  auto b = Source::Open(b_path);
-  DiffReport r;
-  r.a = a_path.string();
-  r.b = b_path.string();
+// The entries of A and B that the diff takes (not excluded; tensors only against a
+// safetensors file), sorted into those only in A, only in B, and in both.
+struct KeySets {
+  std::vector<Keyed> only_a, only_b, both;
+  std::size_t skipped = 0;  // non-tensor entries left out against a safetensors file
+};
+KeySets SelectKeys(const Source& a, const Source& b, const DiffOptions& o) {
+  KeySets s;
   // safetensors holds tensors only: other entries cannot be compared against it.
-  const bool tensors_only = a->kind() == SourceKind::kSafetensors || b->kind() == SourceKind::kSafetensors;
-  std::size_t skipped = 0;
+  const bool tensors_only = a.kind() == SourceKind::kSafetensors || b.kind() == SourceKind::kSafetensors;
   auto selected = [&](const std::string& key, const EntryMeta& e) {
     if (detail::MatchesAny(o.exclude, key)) return false;
     if (tensors_only && e.kind != EntryKind::kTensor) {
-      ++skipped;
+      ++s.skipped;
       return false;
     }
     return true;
   };
-  std::vector<std::pair<const std::string*, const EntryMeta*>> only_a, only_b, both;
-  for (const auto& [k, e] : a->metadata().entries) {
+  for (const auto& [k, e] : a.metadata().entries) {
     if (!selected(k, e)) continue;
-    const EntryMeta* other = b->metadata().Find(k);
-    if (other && selected(k, *other)) both.emplace_back(&k, &e);
-    else if (!other) only_a.emplace_back(&k, &e);
+    const EntryMeta* other = b.metadata().Find(k);
+    if (other && selected(k, *other)) s.both.emplace_back(&k, &e);
+    else if (!other) s.only_a.emplace_back(&k, &e);
   }
-  for (const auto& [k, e] : b->metadata().entries)
-    if (selected(k, e) && !a->metadata().Find(k)) only_b.emplace_back(&k, &e);
-  if (skipped)
-    r.notes.push_back(std::to_string(skipped) +
-                      " non-tensor entries not compared (a safetensors file holds tensors only)");
-  for (const auto& [k, e] : both)
-    for (auto* src : {a.get(), b.get()})
-      if (e->kind == EntryKind::kTensor && !src->HoldsWhole(*k))
-        throw Error(ErrorCode::kInvalidArgument, src->path().string() + ": tensor '" + *k +
-                                                     "' is only partly in this shard; compare checkpoint directories");
+  for (const auto& [k, e] : b.metadata().entries)
+    if (selected(k, e) && !a.metadata().Find(k)) s.only_b.emplace_back(&k, &e);
+  return s;
+}
 
+// Keys only in A or only in B, as diffs; a key only in A and one only in B with the same
+// dtype, shape and values (unless keys_only) is one "renamed" diff instead.
+void AddUnpaired(Source& a, Source& b, const KeySets& keys, const DiffOptions& o, DiffReport& r) {
   const uint64_t budget = std::max<uint64_t>(std::min(detail::kCacheBlockBytes, o.max_memory / 8), uint64_t{1} << 16);
-  uint64_t total = 0;
-  if (!o.keys_only)
-    for (const auto& [k, e] : both)
-      if (e->kind == EntryKind::kTensor) total += e->TensorBytes();
-  detail::Progress progress("diff", total, o.progress);
   detail::Buffer ba, bb;
-
-  // Renames: a key only in A and one only in B with the same dtype, shape and values.
+  const auto& only_a = keys.only_a;
+  const auto& only_b = keys.only_b;
   std::vector<bool> renamed_a(only_a.size()), renamed_b(only_b.size());
   std::vector<KeyDiff> renames;
   if (!o.keys_only) {
@@ -247,10 +239,10 @@ DiffReport Diff(const fs::path& a_path, const fs::path& b_path, const DiffOption
       if (ea->kind != EntryKind::kTensor) continue;
       auto it = b_by_sig.find(Describe(*ea));
       if (it == b_by_sig.end()) continue;
-      const std::string ha = ContentHash(*a, *ka, *ea, budget, ba);
+      const std::string ha = ContentHash(a, *ka, *ea, budget, ba);
       for (std::size_t j : it->second) {
         if (renamed_b[j]) continue;
-        if (!b_hash.count(j)) b_hash[j] = ContentHash(*b, *only_b[j].first, *only_b[j].second, budget, bb);
+        if (!b_hash.count(j)) b_hash[j] = ContentHash(b, *only_b[j].first, *only_b[j].second, budget, bb);
         if (b_hash[j] == ha) {
           renamed_a[i] = renamed_b[j] = true;
           KeyDiff d;
@@ -281,65 +273,99 @@ DiffReport Diff(const fs::path& a_path, const fs::path& b_path, const DiffOption
       r.diffs.push_back(std::move(d));
     }
   for (auto& d : renames) r.diffs.push_back(std::move(d));
+}
 
-  // Tensor values first, in parallel; then every key in order.
-  std::vector<std::pair<const std::string*, const EntryMeta*>> value_jobs;
+// The difference of key `key` between A (`ea`) and B (`eb`); nullopt when they are the same.
+// `values`: the compared values of a tensor of the same dtype and shape on both sides.
+std::optional<KeyDiff> DiffEntry(Source& a, Source& b, const std::string& key, const EntryMeta& ea,
+                                 const EntryMeta& eb, const ValueStats* values, const DiffOptions& o) {
+  KeyDiff d;
+  d.key = key;
+  if (ea.kind != eb.kind) {
+    d.what = "kind";
+    d.a = std::string(EntryKindName(ea.kind));
+    d.b = std::string(EntryKindName(eb.kind));
+  } else if ((ea.kind == EntryKind::kTensor || ea.kind == EntryKind::kScalar) && ea.dtype != eb.dtype) {
+    d.what = "dtype";
+    d.a = std::string(DTypeName(ea.dtype));
+    d.b = std::string(DTypeName(eb.dtype));
+  } else if (ea.kind == EntryKind::kTensor && ea.shape != eb.shape) {
+    d.what = "shape";
+    d.a = detail::FormatShape(ea.shape);
+    d.b = detail::FormatShape(eb.shape);
+  } else if (o.keys_only) {
+    return std::nullopt;
+  } else if (ea.kind == EntryKind::kScalar || ea.kind == EntryKind::kJson) {
+    if (json::parse(ea.value, nullptr, false) == json::parse(eb.value, nullptr, false)) return std::nullopt;
+    d.what = "values";
+    d.a = ea.value;
+    d.b = eb.value;
+  } else if (ea.kind == EntryKind::kBytes) {
+    if (a.ReadBytes(key) == b.ReadBytes(key)) return std::nullopt;
+    d.what = "values";
+    d.a = std::to_string(ea.size) + " bytes";
+    d.b = std::to_string(eb.size) + " bytes";
+  } else {
+    if (values->different == 0) return std::nullopt;
+    d.what = "values";
+    d.max_abs = values->max_abs;
+    d.max_rel = values->max_rel;
+    d.num_different = values->different;
+    d.num_nan = values->nan;
+    d.num_elements = static_cast<uint64_t>(NumElements(ea.shape));
+  }
+  return d;
+}
+
+// The keys in both A and B: tensor values first, in parallel; then every key in order.
+void AddPaired(Source& a, Source& b, const std::vector<Keyed>& both, const DiffOptions& o, DiffReport& r) {
+  uint64_t total = 0;
+  if (!o.keys_only)
+    for (const auto& [k, e] : both)
+      if (e->kind == EntryKind::kTensor) total += e->TensorBytes();
+  detail::Progress progress("diff", total, o.progress);
+  std::vector<Keyed> value_jobs;
   std::map<const std::string*, std::size_t> value_index;
   if (!o.keys_only)
     for (const auto& [kp, ea] : both) {
-      const EntryMeta& eb = *b->metadata().Find(*kp);
+      const EntryMeta& eb = *b.metadata().Find(*kp);
       if (ea->kind == EntryKind::kTensor && eb.kind == EntryKind::kTensor && ea->dtype == eb.dtype &&
           ea->shape == eb.shape) {
         value_index[kp] = value_jobs.size();
         value_jobs.emplace_back(kp, ea);
       }
     }
-  const std::vector<ValueStats> values = CompareAll(*a, *b, value_jobs, o.max_memory, o, progress);
+  const std::vector<ValueStats> values = CompareAll(a, b, value_jobs, o.max_memory, o, progress);
   for (const auto& v : value_jobs) r.bytes_compared += v.second->TensorBytes();
-
   for (const auto& [kp, ea] : both) {
-    const std::string& key = *kp;
-    const EntryMeta& eb = *b->metadata().Find(key);
     ++r.compared;
-    KeyDiff d;
-    d.key = key;
-    if (ea->kind != eb.kind) {
-      d.what = "kind";
-      d.a = std::string(EntryKindName(ea->kind));
-      d.b = std::string(EntryKindName(eb.kind));
-    } else if ((ea->kind == EntryKind::kTensor || ea->kind == EntryKind::kScalar) && ea->dtype != eb.dtype) {
-      d.what = "dtype";
-      d.a = std::string(DTypeName(ea->dtype));
-      d.b = std::string(DTypeName(eb.dtype));
-    } else if (ea->kind == EntryKind::kTensor && ea->shape != eb.shape) {
-      d.what = "shape";
-      d.a = detail::FormatShape(ea->shape);
-      d.b = detail::FormatShape(eb.shape);
-    } else if (o.keys_only) {
-      continue;
-    } else if (ea->kind == EntryKind::kScalar || ea->kind == EntryKind::kJson) {
-      if (json::parse(ea->value, nullptr, false) == json::parse(eb.value, nullptr, false)) continue;
-      d.what = "values";
-      d.a = ea->value;
-      d.b = eb.value;
-    } else if (ea->kind == EntryKind::kBytes) {
-      if (a->ReadBytes(key) == b->ReadBytes(key)) continue;
-      d.what = "values";
-      d.a = std::to_string(ea->size) + " bytes";
-      d.b = std::to_string(eb.size) + " bytes";
-    } else {
-      const ValueStats& s = values[value_index.at(kp)];
-      if (s.different == 0) continue;
-      d.what = "values";
-      d.max_abs = s.max_abs;
-      d.max_rel = s.max_rel;
-      d.num_different = s.different;
-      d.num_nan = s.nan;
-      d.num_elements = NumElementsOf(*ea);
-    }
-    r.diffs.push_back(std::move(d));
+    const auto vi = value_index.find(kp);
+    auto d = DiffEntry(a, b, *kp, *ea, *b.metadata().Find(*kp), vi == value_index.end() ? nullptr : &values[vi->second], o);
+    if (d) r.diffs.push_back(std::move(*d));
   }
   progress.Done();
+}
+
+}  // namespace
+
+DiffReport Diff(const fs::path& a_path, const fs::path& b_path, const DiffOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto a = Source::Open(a_path);
+  auto b = Source::Open(b_path);
+  DiffReport r;
+  r.a = a_path.string();
+  r.b = b_path.string();
+  const KeySets keys = SelectKeys(*a, *b, o);
+  if (keys.skipped)
+    r.notes.push_back(std::to_string(keys.skipped) +
+                      " non-tensor entries not compared (a safetensors file holds tensors only)");
+  for (const auto& [k, e] : keys.both)
+    for (auto* src : {a.get(), b.get()})
+      if (e->kind == EntryKind::kTensor && !src->HoldsWhole(*k))
+        throw Error(ErrorCode::kInvalidArgument, src->path().string() + ": tensor '" + *k +
+                                                     "' is only partly in this shard; compare checkpoint directories");
+  AddUnpaired(*a, *b, keys, o, r);
+  AddPaired(*a, *b, keys.both, o, r);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }

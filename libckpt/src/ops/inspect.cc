@@ -129,6 +129,137 @@ std::string DescribeLayout(const EntryMeta& e, int world_size) {
   return "irregular (" + std::to_string(e.chunks.size()) + " chunks)";
 }
 
+namespace {
+
+// Each file of the source: present, a regular file, of its recorded size (a checkpoint's);
+// returns which files can be read, by name.
+std::map<std::string, bool> InspectFiles(Source& src, const std::filesystem::path& path, InspectReport& r) {
+  const Metadata& md = src.metadata();
+  // The directory the files are in: the checkpoint's, or a Hub model directory given as such.
+  std::error_code ec;
+  const std::filesystem::path dir =
+      src.kind() == SourceKind::kCheckpoint || std::filesystem::is_directory(path, ec) ? path : path.parent_path();
+  // safetensors files are followed through symlinks (as the Hub's cache links them), as read.
+  const bool follow = src.kind() == SourceKind::kSafetensors;
+  std::map<std::string, bool> file_ok;
+  for (const auto& f : md.files) {
+    FileInfo fi{f.name, f.rank, f.bytes, std::nullopt, ""};
+    struct stat st;
+    const std::filesystem::path pinned = src.PinnedFile(f.name);  // the checkpoint read, not what is at its path now
+    const std::filesystem::path p = pinned.empty() ? dir / f.name : pinned;
+    if ((follow ? ::stat(p.c_str(), &st) : ::lstat(p.c_str(), &st)) != 0) {
+      fi.problem = "missing";
+    } else if (!S_ISREG(st.st_mode)) {
+      fi.problem = "not a regular file";
+    } else {
+      fi.actual_bytes = static_cast<uint64_t>(st.st_size);
+      if (*fi.actual_bytes != f.bytes && src.kind() == SourceKind::kCheckpoint)
+        fi.problem = "size " + std::to_string(*fi.actual_bytes) + " bytes, metadata says " +
+                     std::to_string(f.bytes);
+    }
+    if (!fi.problem.empty()) r.problems.push_back(f.name + ": " + fi.problem);
+    file_ok[f.name] = fi.problem.empty();
+    r.files.push_back(std::move(fi));
+  }
+  return file_ok;
+}
+
+// What the report says of entry `key` from the metadata (no data read); r.compressed is set
+// when one of its chunks is compressed.
+KeyInfo DescribeKey(const Source& src, const std::string& key, const EntryMeta& e, const InspectOptions& options,
+                    InspectReport& r) {
+  KeyInfo k;
+  k.key = key;
+  k.kind = e.kind;
+  switch (e.kind) {
+    case EntryKind::kTensor:
+      k.dtype = std::string(DTypeName(e.dtype));
+      k.shape = e.shape;
+      k.num_chunks = e.chunks.empty() ? static_cast<std::size_t>(grid::ChunkCount(e.layout, e.shape)) : e.chunks.size();
+      k.bytes = e.TensorBytes();
+      for (const auto& c : e.chunks) {
+        k.stored_bytes += c.stored_bytes;
+        if (c.compression.codec != Compression::Codec::kNone) r.compressed = true;
+      }
+      if (e.chunks.empty()) {  // v2, metadata.json alone
+        k.stored_bytes = e.stored_bytes;
+        r.compressed = r.compressed || e.compression.codec != Compression::Codec::kNone;
+      }
+      if (src.HoldsWhole(key)) {
+        k.layout = DescribeLayout(e, src.metadata().world_size);
+      } else {
+        k.layout = "part:";
+        for (const auto& c : e.chunks) k.layout += " " + c.box.ToString();
+      }
+      if (options.stats && IsFloating(e.dtype)) k.stats = RecordedStats(e);
+      break;
+    case EntryKind::kScalar:
+      k.dtype = std::string(DTypeName(e.dtype));
+      k.value = e.value;
+      k.layout = "-";
+      break;
+    case EntryKind::kBytes:
+      k.bytes = e.size;
+      k.num_chunks = e.chunks.size();
+      for (const auto& c : e.chunks) k.stored_bytes += c.stored_bytes;
+      if (e.chunks.empty()) k.stored_bytes = e.stored_bytes;
+      k.layout = "-";
+      break;
+    case EntryKind::kJson:
+      k.value = e.value;
+      k.layout = "-";
+      break;
+  }
+  return k;
+}
+
+// Whether every file that holds a chunk of `e` can be read (every file, when its chunks are
+// not listed in the metadata).
+bool Readable(const EntryMeta& e, std::map<std::string, bool>& file_ok) {
+  bool readable = true;
+  for (const auto& c : e.chunks) readable = readable && file_ok[c.file];
+  if (e.chunks.empty())
+    for (const auto& [name, ok] : file_ok) readable = readable && ok;
+  return readable;
+}
+
+// Which bytes entries hold pickles: their content is read (bytes entries are values, small).
+void MarkPickles(Source& src, std::map<std::string, bool>& file_ok, InspectReport& r) {
+  for (auto& k : r.keys) {
+    if (k.kind != EntryKind::kBytes) continue;
+    if (!Readable(*src.metadata().Find(k.key), file_ok)) continue;  // the missing file is a problem already
+    try {
+      k.pickle = IsPickle(src.ReadBytes(k.key));
+    } catch (const Error& err) {
+      r.problems.push_back(k.key + ": content not read: " + err.what());
+    }
+  }
+}
+
+// --stats: the statistics of the floating tensors that have none recorded, read in blocks.
+void ComputeStats(Source& src, std::map<std::string, bool>& file_ok, const InspectOptions& options,
+                  uint64_t stats_bytes, InspectReport& r) {
+  const uint64_t budget =
+      std::max<uint64_t>(std::min(detail::kCacheBlockBytes, options.max_memory / 4), uint64_t{1} << 16);
+  detail::Progress progress("stats", stats_bytes, options.progress);
+  for (auto& k : r.keys) {
+    if (k.kind != EntryKind::kTensor || k.stats || !IsFloating(*DTypeFromName(k.dtype))) continue;
+    const EntryMeta& e = *src.metadata().Find(k.key);
+    if (!Readable(e, file_ok)) {
+      r.problems.push_back(k.key + ": statistics not computed, a file is missing");
+      continue;
+    }
+    try {
+      k.stats = StreamStats(src, k.key, e, budget, progress);
+    } catch (const Error& err) {
+      if (err.code() == ErrorCode::kChanged) throw;
+      r.problems.push_back(k.key + ": statistics not computed: " + err.what());
+    }
+  }
+}
+
+}  // namespace
+
 InspectReport Inspect(const std::filesystem::path& path, const InspectOptions& options) {
   // metadata.json alone for a v2 checkpoint: no shard is opened (stored sizes and chunk
   // details live in the shard indexes; --stats reads data only where none is recorded).
@@ -144,124 +275,20 @@ InspectReport Inspect(const std::filesystem::path& path, const InspectOptions& o
   r.created = md.created;
   r.user = md.user;
   r.save_timings = md.save_timings;
-  // The directory the files are in: the checkpoint's, or a Hub model directory given as such.
-  std::error_code ec;
-  const std::filesystem::path dir =
-      src->kind() == SourceKind::kCheckpoint || std::filesystem::is_directory(path, ec) ? path : path.parent_path();
-  // safetensors files are followed through symlinks (as the Hub's cache links them), as read.
-  const bool follow = src->kind() == SourceKind::kSafetensors;
-  std::map<std::string, bool> file_ok;
-  for (const auto& f : md.files) {
-    FileInfo fi{f.name, f.rank, f.bytes, std::nullopt, ""};
-    struct stat st;
-    const std::filesystem::path pinned = src->PinnedFile(f.name);  // the checkpoint read, not what is at its path now
-    const std::filesystem::path p = pinned.empty() ? dir / f.name : pinned;
-    if ((follow ? ::stat(p.c_str(), &st) : ::lstat(p.c_str(), &st)) != 0) {
-      fi.problem = "missing";
-    } else if (!S_ISREG(st.st_mode)) {
-      fi.problem = "not a regular file";
-    } else {
-      fi.actual_bytes = static_cast<uint64_t>(st.st_size);
-      if (*fi.actual_bytes != f.bytes && src->kind() == SourceKind::kCheckpoint)
-        fi.problem = "size " + std::to_string(*fi.actual_bytes) + " bytes, metadata says " +
-                     std::to_string(f.bytes);
-    }
-    if (!fi.problem.empty()) r.problems.push_back(f.name + ": " + fi.problem);
-    file_ok[f.name] = fi.problem.empty();
-    r.files.push_back(std::move(fi));
-  }
+  std::map<std::string, bool> file_ok = InspectFiles(*src, path, r);
   r.total_keys = md.entries.size();
   if (options.keys.empty()) r.keys.reserve(md.entries.size());
-  const uint64_t budget =
-      std::max<uint64_t>(std::min(detail::kCacheBlockBytes, options.max_memory / 4), uint64_t{1} << 16);
   uint64_t stats_bytes = 0;
   for (const auto& [key, e] : md.entries) {
     if (!options.keys.empty() && !detail::MatchesAny(options.keys, key)) continue;
-    KeyInfo k;
-    k.key = key;
-    k.kind = e.kind;
-    switch (e.kind) {
-      case EntryKind::kTensor:
-        k.dtype = std::string(DTypeName(e.dtype));
-        k.shape = e.shape;
-        k.num_chunks = e.chunks.empty() ? static_cast<std::size_t>(grid::ChunkCount(e.layout, e.shape)) : e.chunks.size();
-        k.bytes = e.TensorBytes();
-        for (const auto& c : e.chunks) {
-          k.stored_bytes += c.stored_bytes;
-          if (c.compression.codec != Compression::Codec::kNone) r.compressed = true;
-        }
-        if (e.chunks.empty()) {  // v2, metadata.json alone
-          k.stored_bytes = e.stored_bytes;
-          r.compressed = r.compressed || e.compression.codec != Compression::Codec::kNone;
-        }
-        if (src->HoldsWhole(key)) {
-          k.layout = DescribeLayout(e, md.world_size);
-        } else {
-          k.layout = "part:";
-          for (const auto& c : e.chunks) k.layout += " " + c.box.ToString();
-        }
-        if (options.stats && IsFloating(e.dtype)) {
-          k.stats = RecordedStats(e);
-          if (!k.stats) stats_bytes += k.bytes;
-        }
-        break;
-      case EntryKind::kScalar:
-        k.dtype = std::string(DTypeName(e.dtype));
-        k.value = e.value;
-        k.layout = "-";
-        break;
-      case EntryKind::kBytes:
-        k.bytes = e.size;
-        k.num_chunks = e.chunks.size();
-        for (const auto& c : e.chunks) k.stored_bytes += c.stored_bytes;
-        if (e.chunks.empty()) k.stored_bytes = e.stored_bytes;
-        k.layout = "-";
-        break;
-      case EntryKind::kJson:
-        k.value = e.value;
-        k.layout = "-";
-        break;
-    }
+    KeyInfo k = DescribeKey(*src, key, e, options, r);
+    if (e.kind == EntryKind::kTensor && options.stats && IsFloating(e.dtype) && !k.stats) stats_bytes += k.bytes;
     r.tensor_bytes += e.kind == EntryKind::kTensor ? k.bytes : 0;
     r.stored_bytes += e.kind == EntryKind::kTensor ? k.stored_bytes : 0;
     r.keys.push_back(std::move(k));
   }
-  // Which bytes entries hold pickles: their content is read (bytes entries are values, small).
-  for (auto& k : r.keys) {
-    if (k.kind != EntryKind::kBytes) continue;
-    const EntryMeta& e = *md.Find(k.key);
-    bool readable = true;
-    for (const auto& c : e.chunks) readable = readable && file_ok[c.file];
-    if (e.chunks.empty())
-      for (const auto& [name, ok] : file_ok) readable = readable && ok;
-    if (!readable) continue;  // the missing file is a problem already
-    try {
-      k.pickle = IsPickle(src->ReadBytes(k.key));
-    } catch (const Error& err) {
-      r.problems.push_back(k.key + ": content not read: " + err.what());
-    }
-  }
-  if (options.stats && stats_bytes > 0) {
-    detail::Progress progress("stats", stats_bytes, options.progress);
-    for (auto& k : r.keys) {
-      if (k.kind != EntryKind::kTensor || k.stats || !IsFloating(*DTypeFromName(k.dtype))) continue;
-      const EntryMeta& e = *md.Find(k.key);
-      bool readable = true;
-      for (const auto& c : e.chunks) readable = readable && file_ok[c.file];
-      if (e.chunks.empty())
-        for (const auto& [name, ok] : file_ok) readable = readable && ok;
-      if (!readable) {
-        r.problems.push_back(k.key + ": statistics not computed, a file is missing");
-        continue;
-      }
-      try {
-        k.stats = StreamStats(*src, k.key, e, budget, progress);
-      } catch (const Error& err) {
-        if (err.code() == ErrorCode::kChanged) throw;
-        r.problems.push_back(k.key + ": statistics not computed: " + err.what());
-      }
-    }
-  }
+  MarkPickles(*src, file_ok, r);
+  if (options.stats && stats_bytes > 0) ComputeStats(*src, file_ok, options, stats_bytes, r);
   // Files missing from a checkpoint replaced meanwhile are no problem of it (FORMAT.md §2.7).
   if (!r.problems.empty()) src->ThrowIfReplaced();
   return r;

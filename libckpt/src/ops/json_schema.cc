@@ -464,6 +464,96 @@ struct JsonSchema::Errors {
 JsonSchema::JsonSchema(json schema) : root_(std::move(schema)) { root_node_ = Compile(root_); }
 JsonSchema::~JsonSchema() = default;
 
+namespace {
+
+// The value of size keyword `keyword` of schema `s` into `value` (`at`: where it is), if present.
+void SizeKeyword(const json& s, const char* keyword, const json*& at, std::size_t& value) {
+  auto it = s.find(keyword);
+  if (it == s.end()) return;
+  if (!it->is_number_unsigned()) Malformed(std::string("'") + keyword + "' is not a non-negative integer");
+  at = &*it;
+  value = it->get<std::size_t>();
+}
+
+// The value of number keyword `keyword` of schema `s` into `value` (`at`: where it is), if present.
+void NumberKeyword(const json& s, const char* keyword, const json*& at, double& value) {
+  auto it = s.find(keyword);
+  if (it == s.end()) return;
+  if (!it->is_number()) Malformed(std::string("'") + keyword + "' is not a number");
+  at = &*it;
+  value = it->get<double>();
+}
+
+}  // namespace
+
+const JsonSchema::Node* JsonSchema::CompileRef(const json& r) {
+  if (!r.is_string()) Malformed("'$ref' is not a string");
+  const std::string ref = r.get<std::string>();
+  if (ref.empty() || ref[0] != '#')
+    throw Error(ErrorCode::kUnsupported, "schema: only local $ref are supported, found '" + ref + "'");
+  const json* target = nullptr;
+  try {
+    target = &root_.at(json::json_pointer(ref.substr(1)));
+  } catch (const json::exception&) {
+    Malformed("$ref '" + ref + "' does not resolve");
+  }
+  return Compile(*target);
+}
+
+// The keywords on a value itself: type, const, enum, bounds, lengths, sizes and pattern.
+void JsonSchema::CompileValueKeywords(const json& s, Node& n) {
+  if (auto t = s.find("type"); t != s.end()) {
+    n.has_type = true;
+    n.type_text = t->dump();
+    if (t->is_string()) {
+      n.types = TypeBitOf(t->get<std::string>());
+    } else if (t->is_array()) {
+      for (const auto& x : *t) {
+        if (!x.is_string()) Malformed("'type' lists a non-string");
+        n.types |= TypeBitOf(x.get<std::string>());
+      }
+    } else {
+      Malformed("'type' is neither a string nor an array");
+    }
+  }
+  if (auto c = s.find("const"); c != s.end()) n.const_value = &*c;
+  if (auto e = s.find("enum"); e != s.end()) {
+    if (!e->is_array()) Malformed("'enum' is not an array");
+    n.enum_values = &*e;
+  }
+  NumberKeyword(s, "minimum", n.minimum, n.minimum_value);
+  NumberKeyword(s, "maximum", n.maximum, n.maximum_value);
+  SizeKeyword(s, "minLength", n.min_length, n.min_length_value);
+  SizeKeyword(s, "maxLength", n.max_length, n.max_length_value);
+  SizeKeyword(s, "minItems", n.min_items, n.min_items_value);
+  SizeKeyword(s, "maxItems", n.max_items, n.max_items_value);
+  if (auto p = s.find("pattern"); p != s.end()) {
+    if (!p->is_string()) Malformed("'pattern' is not a string");
+    n.pattern = &*p;
+    n.pattern_regex = std::make_unique<Pattern>(p->get<std::string>());
+  }
+}
+
+// The keywords on an object's members: required, properties, additionalProperties.
+void JsonSchema::CompileMemberKeywords(const json& s, Node& n) {
+  if (auto r = s.find("required"); r != s.end()) {
+    if (!r->is_array()) Malformed("'required' is not an array");
+    for (const auto& k : *r) {
+      if (!k.is_string()) Malformed("'required' lists a non-string");
+      n.required.push_back(k.get<std::string>());
+    }
+  }
+  if (auto p = s.find("properties"); p != s.end()) {
+    if (!p->is_object()) Malformed("'properties' is not an object");
+    n.has_properties = true;
+    for (auto it = p->begin(); it != p->end(); ++it) n.properties.emplace(it.key(), Compile(it.value()));
+  }
+  if (auto a = s.find("additionalProperties"); a != s.end()) {
+    n.additional_false = a->is_boolean() && !a->get<bool>();
+    n.additional = Compile(*a);
+  }
+}
+
 const JsonSchema::Node* JsonSchema::Compile(const json& s) {
   if (auto it = compiled_.find(&s); it != compiled_.end()) return it->second;
   Node& n = nodes_.emplace_back();
@@ -484,81 +574,10 @@ const JsonSchema::Node* JsonSchema::Compile(const json& s) {
     for (const auto& x : *it) out.push_back(Compile(x));
     return true;
   };
-  auto size_keyword = [&](const char* keyword, const json*& at, std::size_t& value) {
-    auto it = s.find(keyword);
-    if (it == s.end()) return;
-    if (!it->is_number_unsigned()) Malformed(std::string("'") + keyword + "' is not a non-negative integer");
-    at = &*it;
-    value = it->get<std::size_t>();
-  };
-  auto number_keyword = [&](const char* keyword, const json*& at, double& value) {
-    auto it = s.find(keyword);
-    if (it == s.end()) return;
-    if (!it->is_number()) Malformed(std::string("'") + keyword + "' is not a number");
-    at = &*it;
-    value = it->get<double>();
-  };
-
-  if (auto r = s.find("$ref"); r != s.end()) {
-    if (!r->is_string()) Malformed("'$ref' is not a string");
-    const std::string ref = r->get<std::string>();
-    if (ref.empty() || ref[0] != '#')
-      throw Error(ErrorCode::kUnsupported, "schema: only local $ref are supported, found '" + ref + "'");
-    const json* target = nullptr;
-    try {
-      target = &root_.at(json::json_pointer(ref.substr(1)));
-    } catch (const json::exception&) {
-      Malformed("$ref '" + ref + "' does not resolve");
-    }
-    n.ref = Compile(*target);
-  }
-  if (auto t = s.find("type"); t != s.end()) {
-    n.has_type = true;
-    n.type_text = t->dump();
-    if (t->is_string()) {
-      n.types = TypeBitOf(t->get<std::string>());
-    } else if (t->is_array()) {
-      for (const auto& x : *t) {
-        if (!x.is_string()) Malformed("'type' lists a non-string");
-        n.types |= TypeBitOf(x.get<std::string>());
-      }
-    } else {
-      Malformed("'type' is neither a string nor an array");
-    }
-  }
-  if (auto c = s.find("const"); c != s.end()) n.const_value = &*c;
-  if (auto e = s.find("enum"); e != s.end()) {
-    if (!e->is_array()) Malformed("'enum' is not an array");
-    n.enum_values = &*e;
-  }
-  number_keyword("minimum", n.minimum, n.minimum_value);
-  number_keyword("maximum", n.maximum, n.maximum_value);
-  size_keyword("minLength", n.min_length, n.min_length_value);
-  size_keyword("maxLength", n.max_length, n.max_length_value);
-  size_keyword("minItems", n.min_items, n.min_items_value);
-  size_keyword("maxItems", n.max_items, n.max_items_value);
-  if (auto p = s.find("pattern"); p != s.end()) {
-    if (!p->is_string()) Malformed("'pattern' is not a string");
-    n.pattern = &*p;
-    n.pattern_regex = std::make_unique<Pattern>(p->get<std::string>());
-  }
+  if (auto r = s.find("$ref"); r != s.end()) n.ref = CompileRef(*r);
+  CompileValueKeywords(s, n);
   n.items = sub("items");
-  if (auto r = s.find("required"); r != s.end()) {
-    if (!r->is_array()) Malformed("'required' is not an array");
-    for (const auto& k : *r) {
-      if (!k.is_string()) Malformed("'required' lists a non-string");
-      n.required.push_back(k.get<std::string>());
-    }
-  }
-  if (auto p = s.find("properties"); p != s.end()) {
-    if (!p->is_object()) Malformed("'properties' is not an object");
-    n.has_properties = true;
-    for (auto it = p->begin(); it != p->end(); ++it) n.properties.emplace(it.key(), Compile(it.value()));
-  }
-  if (auto a = s.find("additionalProperties"); a != s.end()) {
-    n.additional_false = a->is_boolean() && !a->get<bool>();
-    n.additional = Compile(*a);
-  }
+  CompileMemberKeywords(s, n);
   n.property_names = sub("propertyNames");
   subs("allOf", n.all_of);
   n.has_any_of = subs("anyOf", n.any_of);

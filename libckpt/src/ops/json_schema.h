@@ -41,6 +41,9 @@ class JsonSchema {
   struct Path;
   struct Errors;
   const Node* Compile(const nlohmann::json& schema);
+  const Node* CompileRef(const nlohmann::json& ref);
+  void CompileValueKeywords(const nlohmann::json& schema, Node& n);
+  void CompileMemberKeywords(const nlohmann::json& schema, Node& n);
   void Check(const Node& n, const nlohmann::json& v, const Path* where, Errors& out) const;
   bool Valid(const Node& n, const nlohmann::json& v, const Path* where) const;
   static constexpr std::size_t kMaxDepth = 256;  // deeper values are reported, not checked

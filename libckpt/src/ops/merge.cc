@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -164,6 +165,95 @@ void Install(const fs::path& staging, const fs::path& dst, bool force) {
   }
 }
 
+// The parts tensor `e` is written as, each with its file: its rows split over o.world files
+// along o.dim where it has rows enough, else the whole tensor into the next file in turn.
+std::vector<std::pair<Box, int>> PartsOf(const EntryMeta& e, const MergeOptions& o, int files, int& next_whole) {
+  std::vector<std::pair<Box, int>> parts;
+  const auto rank = static_cast<int>(e.shape.size());
+  // A tensor of zero volume is one chunk, the whole tensor (FORMAT.md §3.3, §9.1).
+  if (o.world > 1 && o.dim < rank && e.shape[o.dim] >= o.world && NumElements(e.shape) > 0) {
+    for (int p = 0; p < o.world; ++p) {
+      Box b = Box::Full(e.shape);
+      const auto [begin, count] = BalancedSplit(e.shape[o.dim], o.world, p);
+      b.offsets[o.dim] = begin;
+      b.sizes[o.dim] = count;
+      parts.emplace_back(b, p);
+    }
+  } else {
+    parts.emplace_back(Box::Full(e.shape), next_whole++ % files);
+  }
+  return parts;
+}
+
+// What writing one tensor needs besides the tensor.
+struct TensorSink {
+  CheckpointWriter& writer;
+  const MergeOptions& o;
+  uint64_t budget;
+  detail::Buffer &in, &out;
+  detail::Progress& progress;
+  MergeReport& r;
+};
+
+// Copies `pieces` (whole and partial source chunks that make up `part`) file to file into
+// one output chunk, each checked as it goes.
+void CopyPart(const std::string& key, const EntryMeta& e, DType out_dtype, const Box& part, int file,
+              const std::vector<Piece>& pieces, const std::function<void(std::size_t)>& check, TensorSink& t) {
+  auto chunk = t.writer.OpenChunk(key, out_dtype, e.shape, part, file, CombineStats(e, pieces));
+  for (const Piece& p : pieces) {
+    if (!p.whole) check(p.chunk);
+    try {
+      // Checked against the source chunk's checksum as the bytes go, where it has one
+      // (a safetensors file or a lone shard records none).
+      const ChunkMeta& from = e.chunks[p.chunk];
+      chunk->Copy(p.range, p.whole && !from.checksum.empty() ? &from : nullptr);
+    } catch (const Error& err) {
+      if (err.code() != ErrorCode::kCorrupt) throw;
+      throw Error(ErrorCode::kCorrupt, "tensor '" + key + "' chunk " + e.chunks[p.chunk].box.ToString() +
+                                           ": " + err.what());
+    }
+    t.progress.Add(p.range.length);
+  }
+  chunk->Close();
+}
+
+// Writes tensor `key` as `parts`: copied where its bytes can be (PlanCopy), else read,
+// cast and written block by block.
+void WriteTensor(Source& src, const std::string& key, const EntryMeta& e,
+                 const std::vector<std::pair<Box, int>>& parts, TensorSink& t) {
+  const DType out_dtype = OutType(e, t.o);
+  // Source chunks whose checksum is not checked as they are read (read or copied
+  // in part) are checked once on their own: a merge never launders corruption
+  // into a fresh checksum.
+  std::set<std::size_t> checked;
+  const std::function<void(std::size_t)> check = [&](std::size_t chunk) {
+    if (checked.insert(chunk).second) src.VerifyChunk(key, chunk);
+  };
+  const bool plain = out_dtype == e.dtype && t.o.compression.codec == Compression::Codec::kNone;
+  for (const auto& [part, file] : parts) {
+    const uint64_t part_bytes = static_cast<uint64_t>(part.NumElements()) * DTypeSize(e.dtype);
+    std::optional<std::vector<Piece>> pieces;
+    if (plain && part_bytes >= t.o.copy_min_bytes) pieces = PlanCopy(src, key, e, part);
+    if (pieces) {
+      CopyPart(key, e, out_dtype, part, file, *pieces, check, t);
+      ++t.r.chunks;
+      t.r.bytes += part_bytes;
+      t.r.bytes_copied += part_bytes;
+      continue;
+    }
+    const auto blocks = detail::SplitBox(part, std::max(DTypeSize(e.dtype), DTypeSize(out_dtype)), t.budget);
+    CheckChunksReadInPart(e, part, blocks, check);
+    StreamTensor(src, key, e, blocks, out_dtype, t.in, t.out,
+                 [&, f = file](const Box& block, const void* data, std::size_t bytes) {
+                   t.writer.WriteChunk(key, out_dtype, e.shape, block, data, f);
+                   ++t.r.chunks;
+                   t.r.bytes += bytes;
+                   t.progress.Add(bytes);
+                 });
+  }
+  ++t.r.tensors;
+}
+
 // Writes the output checkpoint at `staging` and verifies it.
 void StageCheckpoint(Source& src, const std::vector<Selected>& sel, const fs::path& staging,
                      const MergeOptions& o, uint64_t budget, MergeReport& r) {
@@ -182,74 +272,15 @@ void StageCheckpoint(Source& src, const std::vector<Selected>& sel, const fs::pa
   {
     auto writer = CheckpointWriter::Create(staging, wo);
     detail::Buffer in, out;
+    TensorSink sink{*writer, o, budget, in, out, progress, r};
     int next_whole = 0;  // tensors too small to split go to the files in turn
     for (const auto& s : sel) {
       const std::string& key = *s.key;
       const EntryMeta& e = *s.entry;
       switch (e.kind) {
-        case EntryKind::kTensor: {
-          const DType out_dtype = OutType(e, o);
-          std::vector<std::pair<Box, int>> parts;
-          const auto rank = static_cast<int>(e.shape.size());
-          // A tensor of zero volume is one chunk, the whole tensor (FORMAT.md §3.3, §9.1).
-          if (o.world > 1 && o.dim < rank && e.shape[o.dim] >= o.world && NumElements(e.shape) > 0) {
-            for (int p = 0; p < o.world; ++p) {
-              Box b = Box::Full(e.shape);
-              auto [begin, end] = RowRange(e.shape[o.dim], o.world, p);
-              b.offsets[o.dim] = begin;
-              b.sizes[o.dim] = end - begin;
-              parts.emplace_back(b, p);
-            }
-          } else {
-            parts.emplace_back(Box::Full(e.shape), next_whole++ % files);
-          }
-          // Source chunks whose checksum is not checked as they are read (read or copied
-          // in part) are checked once on their own: a merge never launders corruption
-          // into a fresh checksum.
-          std::set<std::size_t> checked;
-          auto check = [&](std::size_t chunk) {
-            if (checked.insert(chunk).second) src.VerifyChunk(key, chunk);
-          };
-          const bool plain = out_dtype == e.dtype && o.compression.codec == Compression::Codec::kNone;
-          for (const auto& [part, file] : parts) {
-            const uint64_t part_bytes = static_cast<uint64_t>(part.NumElements()) * DTypeSize(e.dtype);
-            std::optional<std::vector<Piece>> pieces;
-            if (plain && part_bytes >= o.copy_min_bytes) pieces = PlanCopy(src, key, e, part);
-            if (pieces) {
-              auto chunk = writer->OpenChunk(key, out_dtype, e.shape, part, file, CombineStats(e, *pieces));
-              for (const Piece& p : *pieces) {
-                if (!p.whole) check(p.chunk);
-                try {
-                  // Checked against the source chunk's checksum as the bytes go, where it has one
-                  // (a safetensors file or a lone shard records none).
-                  const ChunkMeta& from = e.chunks[p.chunk];
-                  chunk->Copy(p.range, p.whole && !from.checksum.empty() ? &from : nullptr);
-                } catch (const Error& err) {
-                  if (err.code() != ErrorCode::kCorrupt) throw;
-                  throw Error(ErrorCode::kCorrupt, "tensor '" + key + "' chunk " + e.chunks[p.chunk].box.ToString() +
-                                                       ": " + err.what());
-                }
-                progress.Add(p.range.length);
-              }
-              chunk->Close();
-              ++r.chunks;
-              r.bytes += part_bytes;
-              r.bytes_copied += part_bytes;
-              continue;
-            }
-            const auto blocks = detail::SplitBox(part, std::max(DTypeSize(e.dtype), DTypeSize(out_dtype)), budget);
-            CheckChunksReadInPart(e, part, blocks, check);
-            StreamTensor(src, key, e, blocks, out_dtype, in, out,
-                         [&, f = file](const Box& block, const void* data, std::size_t bytes) {
-                           writer->WriteChunk(key, out_dtype, e.shape, block, data, f);
-                           ++r.chunks;
-                           r.bytes += bytes;
-                           progress.Add(bytes);
-                         });
-          }
-          ++r.tensors;
+        case EntryKind::kTensor:
+          WriteTensor(src, key, e, PartsOf(e, o, files, next_whole), sink);
           break;
-        }
         case EntryKind::kScalar:
           writer->WriteScalar(key, ToScalar(key, e));
           ++r.other_entries;
@@ -317,7 +348,7 @@ std::vector<Selected> SafetensorsTensors(const Source& src, const std::vector<Se
 }
 
 uint64_t OutBytes(const EntryMeta& e, const MergeOptions& o) {
-  return NumElementsOf(e) * DTypeSize(OutType(e, o));
+  return static_cast<uint64_t>(NumElements(e.shape)) * DTypeSize(OutType(e, o));
 }
 
 // Writes `tensors` into one safetensors file at `path`, left uncommitted (the caller commits).
@@ -414,7 +445,7 @@ void WriteShardedSafetensors(Source& src, const std::vector<Selected>& sel, cons
   for (const auto& s : tensors) {
     sizes.push_back(OutBytes(*s.entry, o));
     total += sizes.back();
-    parameters += NumElementsOf(*s.entry);
+    parameters += static_cast<uint64_t>(NumElements(s.entry->shape));
   }
   const uint64_t cap = o.max_shard_size ? o.max_shard_size : kDefaultMaxShardSize;
   auto groups = PlanSafetensorsShards(sizes, cap);
@@ -549,12 +580,6 @@ void WriteVirtual(Source& src, const std::vector<Selected>& sel, const fs::path&
 }
 
 }  // namespace
-
-std::pair<int64_t, int64_t> RowRange(int64_t n, int world, int part) {
-  const int64_t base = n / world, extra = n % world;
-  const int64_t begin = part * base + std::min<int64_t>(part, extra);
-  return {begin, begin + base + (part < extra ? 1 : 0)};
-}
 
 MergeReport Merge(const fs::path& src_path, const fs::path& dst, const MergeOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();

@@ -174,122 +174,116 @@ SafetensorsReader::~SafetensorsReader() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-std::unique_ptr<SafetensorsReader> SafetensorsReader::Open(const std::filesystem::path& path,
-                                                           bool skip_unsupported) {
-  std::unique_ptr<SafetensorsReader> r(new SafetensorsReader());
-  r->path_ = path;
-  r->fd_ = detail::OpenNamedFile(path).release();  // a FIFO or device is refused, without blocking
-  r->file_size_ = storage::FileSize(r->fd_, path);
-  if (r->file_size_ < 8)
-    Corrupt(path, "file is " + std::to_string(r->file_size_) +
-                      " bytes, too short for the 8-byte header length");
+namespace {
+
+using NamePairs = std::vector<std::pair<std::string, std::string>>;
+
+// The header's JSON text: its 8-byte little-endian length first, checked against the limit
+// and the file's size before any of it is read.
+std::string ReadHeaderText(int fd, uint64_t file_size, const std::filesystem::path& path) {
+  if (file_size < 8)
+    Corrupt(path, "file is " + std::to_string(file_size) + " bytes, too short for the 8-byte header length");
   uint8_t len_bytes[8];
-  detail::PreadAll(r->fd_, len_bytes, 8, 0, path);
+  storage::ReadExact(fd, len_bytes, 8, 0, path);
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | len_bytes[i];
   if (n > kSafetensorsMaxHeaderBytes)
     Corrupt(path, "header length " + std::to_string(n) + " exceeds the limit of " +
                       std::to_string(kSafetensorsMaxHeaderBytes) + " bytes");
-  if (n > r->file_size_ - 8)
+  if (n > file_size - 8)
     Corrupt(path, "header length " + std::to_string(n) + " runs past the end of the file (" +
-                      std::to_string(r->file_size_) + " bytes)");
+                      std::to_string(file_size) + " bytes)");
   std::string text(n, '\0');
-  detail::PreadAll(r->fd_, text.data(), n, 8, path);
-  r->data_start_ = 8 + n;
-  const uint64_t buffer_len = r->file_size_ - r->data_start_;
+  storage::ReadExact(fd, text.data(), n, 8, path);
+  return text;
+}
 
-  json header = ParseStrict(text, path);
-  if (!header.is_object()) Corrupt(path, "header is not a JSON object");
-  for (auto it = header.begin(); it != header.end(); ++it) {
-    const std::string& name = it.key();
-    const json& v = it.value();
-    if (name == "__metadata__") {
-      if (!v.is_object()) Corrupt(path, "__metadata__ is not an object");
-      for (auto m = v.begin(); m != v.end(); ++m) {
-        if (!m.value().is_string())
-          Corrupt(path, "__metadata__ value '" + m.key() + "' is not a string");
-        r->metadata_.emplace_back(m.key(), m.value().get<std::string>());
-      }
-      continue;
-    }
-    const std::string where = "tensor '" + name + "'";
-    if (name.empty()) Corrupt(path, "a tensor has an empty name");
-    if (!v.is_object()) Corrupt(path, where + ": entry is not an object");
-    for (auto f = v.begin(); f != v.end(); ++f)
-      if (f.key() != "dtype" && f.key() != "shape" && f.key() != "data_offsets")
-        Corrupt(path, where + ": unknown field '" + f.key() + "'");
-    if (!v.contains("dtype") || !v["dtype"].is_string())
-      Corrupt(path, where + ": missing or non-string dtype");
-    if (!v.contains("shape") || !v["shape"].is_array())
-      Corrupt(path, where + ": missing or non-array shape");
-    if (!v.contains("data_offsets") || !v["data_offsets"].is_array() ||
-        v["data_offsets"].size() != 2 || !v["data_offsets"][0].is_number_unsigned() ||
-        !v["data_offsets"][1].is_number_unsigned())
-      Corrupt(path, where + ": data_offsets must be two non-negative integers");
-    SafetensorsTensor t;
-    t.name = name;
-    const std::string dt = v["dtype"].get<std::string>();
-    auto dtype = DTypeFromSafetensors(dt);
-    if (!dtype && !skip_unsupported)
-      throw Error(ErrorCode::kUnsupported,
-                  path.string() + ": " + where + ": unknown or unsupported dtype '" + dt + "'");
-    const bool skip = !dtype;
-    if (skip) {  // kept as bytes until the offsets are checked, then left out
-      r->skipped_.emplace_back(name, dt);
-      dtype = DType::kUInt8;
-      const auto b = v["data_offsets"][0].get<uint64_t>(), e = v["data_offsets"][1].get<uint64_t>();
-      if (e < b) Corrupt(path, where + ": data_offsets end before they begin");
-      t.shape = {static_cast<int64_t>(std::min<uint64_t>(e - b, uint64_t{1} << 62))};
-    }
-    t.dtype = *dtype;
-    if (v["shape"].size() > static_cast<std::size_t>(kSafetensorsMaxRank))
-      Corrupt(path, where + ": shape has " + std::to_string(v["shape"].size()) +
-                        " dimensions, more than the limit of " + std::to_string(kSafetensorsMaxRank));
-    for (const auto& d : v["shape"]) {
-      if (!d.is_number_unsigned() || d.get<uint64_t>() > uint64_t{1} << 62)
-        Corrupt(path, where + ": shape must hold non-negative integers, found " + v["shape"].dump());
-      if (!skip) t.shape.push_back(d.get<int64_t>());
-    }
-    if (!skip && t.dtype == DType::kFloat4E2M1FNx2) {  // header counts values; ckpt bytes of two
-      if (t.shape.empty() || t.shape.back() % 2 != 0) {
-        const std::string why = where + ": F4 shape " + v["shape"].dump() +
-                                " has no float4_e2m1fn_x2 shape (ckpt packs two values per byte along the "
-                                "last dimension, which must be even)";
-        if (!skip_unsupported) throw Error(ErrorCode::kUnsupported, path.string() + ": " + why);
-        r->skipped_.emplace_back(name, dt);
-        t.dtype = DType::kUInt8;
-        const auto b = v["data_offsets"][0].get<uint64_t>(), e = v["data_offsets"][1].get<uint64_t>();
-        if (e < b) Corrupt(path, where + ": data_offsets end before they begin");
-        t.shape = {static_cast<int64_t>(std::min<uint64_t>(e - b, uint64_t{1} << 62))};
-      } else {
-        t.shape.back() /= 2;
-      }
-    }
-    t.begin = v["data_offsets"][0].get<uint64_t>();
-    t.end = v["data_offsets"][1].get<uint64_t>();
-    const uint64_t expect =
-        detail::TensorBytes(t.shape, DTypeSize(t.dtype), path.string() + ": " + where);
-    if (t.end < t.begin)
-      Corrupt(path, where + ": data_offsets [" + std::to_string(t.begin) + ", " +
-                        std::to_string(t.end) + "] end before they begin");
-    if (t.end > buffer_len)
-      Corrupt(path, where + ": data_offsets [" + std::to_string(t.begin) + ", " +
-                        std::to_string(t.end) + "] run past the data buffer (" +
-                        std::to_string(buffer_len) + " bytes)");
-    if (t.end - t.begin != expect)
-      Corrupt(path, where + ": shape " + FormatShape(t.shape) + " x " +
-                        std::to_string(DTypeSize(t.dtype)) + " bytes = " + std::to_string(expect) +
-                        " bytes, but data_offsets span " + std::to_string(t.end - t.begin));
-    r->tensors_.push_back(std::move(t));
+// The byte extent of a tensor kept as bytes (an unsupported dtype, skipped later).
+Shape BytesShape(const json& v, const std::string& where, const std::filesystem::path& path) {
+  const auto b = v["data_offsets"][0].get<uint64_t>(), e = v["data_offsets"][1].get<uint64_t>();
+  if (e < b) Corrupt(path, where + ": data_offsets end before they begin");
+  return {static_cast<int64_t>(std::min<uint64_t>(e - b, uint64_t{1} << 62))};
+}
+
+// The members of a tensor's entry: dtype, shape and data_offsets of the right types, nothing else.
+void CheckTensorFields(const json& v, const std::string& where, const std::filesystem::path& path) {
+  if (!v.is_object()) Corrupt(path, where + ": entry is not an object");
+  for (auto f = v.begin(); f != v.end(); ++f)
+    if (f.key() != "dtype" && f.key() != "shape" && f.key() != "data_offsets")
+      Corrupt(path, where + ": unknown field '" + f.key() + "'");
+  if (!v.contains("dtype") || !v["dtype"].is_string()) Corrupt(path, where + ": missing or non-string dtype");
+  if (!v.contains("shape") || !v["shape"].is_array()) Corrupt(path, where + ": missing or non-array shape");
+  if (!v.contains("data_offsets") || !v["data_offsets"].is_array() || v["data_offsets"].size() != 2 ||
+      !v["data_offsets"][0].is_number_unsigned() || !v["data_offsets"][1].is_number_unsigned())
+    Corrupt(path, where + ": data_offsets must be two non-negative integers");
+}
+
+// Tensor `name` of the header (`v`, its entry) as ckpt sees it: its dtype, shape and
+// byte range inside the data buffer of `buffer_len` bytes, all checked. A dtype ckpt does
+// not have (or an F4 shape it cannot pack) is kUnsupported, unless `skip_unsupported`:
+// then the tensor is listed in `skipped` and kept as bytes until the coverage is checked.
+SafetensorsTensor ParseTensor(const std::string& name, const json& v, uint64_t buffer_len, bool skip_unsupported,
+                              NamePairs& skipped, const std::filesystem::path& path) {
+  const std::string where = "tensor '" + name + "'";
+  if (name.empty()) Corrupt(path, "a tensor has an empty name");
+  CheckTensorFields(v, where, path);
+  SafetensorsTensor t;
+  t.name = name;
+  const std::string dt = v["dtype"].get<std::string>();
+  auto dtype = DTypeFromSafetensors(dt);
+  if (!dtype && !skip_unsupported)
+    throw Error(ErrorCode::kUnsupported, path.string() + ": " + where + ": unknown or unsupported dtype '" + dt + "'");
+  const bool skip = !dtype;
+  if (skip) {  // kept as bytes until the offsets are checked, then left out
+    skipped.emplace_back(name, dt);
+    dtype = DType::kUInt8;
+    t.shape = BytesShape(v, where, path);
   }
-  std::stable_sort(r->tensors_.begin(), r->tensors_.end(),
-                   [](const auto& a, const auto& b) {
-                     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
-                   });
-  // The tensors must cover the buffer exactly, back to back (as upstream requires).
+  t.dtype = *dtype;
+  if (v["shape"].size() > static_cast<std::size_t>(kSafetensorsMaxRank))
+    Corrupt(path, where + ": shape has " + std::to_string(v["shape"].size()) +
+                      " dimensions, more than the limit of " + std::to_string(kSafetensorsMaxRank));
+  for (const auto& d : v["shape"]) {
+    if (!d.is_number_unsigned() || d.get<uint64_t>() > uint64_t{1} << 62)
+      Corrupt(path, where + ": shape must hold non-negative integers, found " + v["shape"].dump());
+    if (!skip) t.shape.push_back(d.get<int64_t>());
+  }
+  if (!skip && t.dtype == DType::kFloat4E2M1FNx2) {  // header counts values; ckpt bytes of two
+    if (t.shape.empty() || t.shape.back() % 2 != 0) {
+      const std::string why = where + ": F4 shape " + v["shape"].dump() +
+                              " has no float4_e2m1fn_x2 shape (ckpt packs two values per byte along the "
+                              "last dimension, which must be even)";
+      if (!skip_unsupported) throw Error(ErrorCode::kUnsupported, path.string() + ": " + why);
+      skipped.emplace_back(name, dt);
+      t.dtype = DType::kUInt8;
+      t.shape = BytesShape(v, where, path);
+    } else {
+      t.shape.back() /= 2;
+    }
+  }
+  t.begin = v["data_offsets"][0].get<uint64_t>();
+  t.end = v["data_offsets"][1].get<uint64_t>();
+  const uint64_t expect = detail::TensorBytes(t.shape, DTypeSize(t.dtype), path.string() + ": " + where);
+  if (t.end < t.begin)
+    Corrupt(path, where + ": data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) +
+                      "] end before they begin");
+  if (t.end > buffer_len)
+    Corrupt(path, where + ": data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) +
+                      "] run past the data buffer (" + std::to_string(buffer_len) + " bytes)");
+  if (t.end - t.begin != expect)
+    Corrupt(path, where + ": shape " + FormatShape(t.shape) + " x " + std::to_string(DTypeSize(t.dtype)) +
+                      " bytes = " + std::to_string(expect) + " bytes, but data_offsets span " +
+                      std::to_string(t.end - t.begin));
+  return t;
+}
+
+// The tensors, in buffer order, must cover the data buffer exactly, back to back (as
+// upstream requires).
+void CheckCoverage(const std::vector<SafetensorsTensor>& tensors, uint64_t buffer_len,
+                   const std::filesystem::path& path) {
   uint64_t pos = 0;
   const SafetensorsTensor* prev = nullptr;
-  for (const auto& t : r->tensors_) {
+  for (const auto& t : tensors) {
     if (t.begin < pos)
       Corrupt(path, "tensor '" + t.name + "' data_offsets [" + std::to_string(t.begin) + ", " +
                         std::to_string(t.end) + "] overlap tensor '" + prev->name + "'");
@@ -302,6 +296,38 @@ std::unique_ptr<SafetensorsReader> SafetensorsReader::Open(const std::filesystem
   if (pos != buffer_len)
     Corrupt(path, "tensors cover " + std::to_string(pos) + " bytes of the data buffer, which has " +
                       std::to_string(buffer_len));
+}
+
+}  // namespace
+
+std::unique_ptr<SafetensorsReader> SafetensorsReader::Open(const std::filesystem::path& path,
+                                                           bool skip_unsupported) {
+  std::unique_ptr<SafetensorsReader> r(new SafetensorsReader());
+  r->path_ = path;
+  r->fd_ = detail::OpenNamedFile(path).release();  // a FIFO or device is refused, without blocking
+  r->file_size_ = storage::FileSize(r->fd_, path);
+  const std::string text = ReadHeaderText(r->fd_, r->file_size_, path);
+  r->data_start_ = 8 + text.size();
+  const uint64_t buffer_len = r->file_size_ - r->data_start_;
+
+  json header = ParseStrict(text, path);
+  if (!header.is_object()) Corrupt(path, "header is not a JSON object");
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    const json& v = it.value();
+    if (it.key() != "__metadata__") {
+      r->tensors_.push_back(ParseTensor(it.key(), v, buffer_len, skip_unsupported, r->skipped_, path));
+      continue;
+    }
+    if (!v.is_object()) Corrupt(path, "__metadata__ is not an object");
+    for (auto m = v.begin(); m != v.end(); ++m) {
+      if (!m.value().is_string()) Corrupt(path, "__metadata__ value '" + m.key() + "' is not a string");
+      r->metadata_.emplace_back(m.key(), m.value().get<std::string>());
+    }
+  }
+  std::stable_sort(r->tensors_.begin(), r->tensors_.end(), [](const auto& a, const auto& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  CheckCoverage(r->tensors_, buffer_len, path);
   if (std::any_of(r->metadata_.begin(), r->metadata_.end(), [](const auto& m) { return IsSafetensorsDigestKey(m.first); }))
     r->block_bytes_ = ReadDigests(header, r->metadata_, r->tensors_, path);
   if (!r->skipped_.empty()) {
@@ -327,7 +353,7 @@ void SafetensorsReader::ReadRange(const SafetensorsTensor& t, uint64_t offset, u
   if (offset > t.end - t.begin || length > t.end - t.begin - offset)
     throw Error(ErrorCode::kInvalidArgument, path_.string() + ": tensor '" + t.name +
                                                  "': read outside its bytes");
-  detail::PreadAll(fd_, out, length, data_start_ + t.begin + offset, path_);
+  storage::ReadExact(fd_, out, length, data_start_ + t.begin + offset, path_);
 }
 
 void SafetensorsReader::ReadRegion(const SafetensorsTensor& t, const Box& box, void* out) const {
@@ -420,8 +446,8 @@ SafetensorsWriter::SafetensorsWriter(const std::filesystem::path& path,
     fd_ = storage::OpenFile(tmp_path_, O_RDWR | O_CREAT | O_EXCL, 0644).release();
     uint8_t len[8];
     for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(text.size() >> (8 * i));
-    detail::PwriteAll(fd_, len, 8, 0, tmp_path_);
-    detail::PwriteAll(fd_, text.data(), text.size(), 8, tmp_path_);
+    storage::WriteExact(fd_, len, 8, 0, tmp_path_);
+    storage::WriteExact(fd_, text.data(), text.size(), 8, tmp_path_);
   } catch (...) {
     if (fd_ >= 0) storage::Fd{fd_};  // closes it
     fd_ = -1;
@@ -462,7 +488,7 @@ void SafetensorsWriter::WriteDigests() {
     throw Error(ErrorCode::kInternal, tmp_path_.string() + ": the header with its digests is " +
                                           std::to_string(text.size()) + " bytes, not the " +
                                           std::to_string(d.text_bytes) + " reserved");
-  detail::PwriteAll(fd_, text.data(), text.size(), 8, tmp_path_);
+  storage::WriteExact(fd_, text.data(), text.size(), 8, tmp_path_);
 }
 
 SafetensorsWriter::~SafetensorsWriter() {
@@ -476,7 +502,7 @@ void SafetensorsWriter::Append(const void* data, uint64_t bytes) {
   if (bytes > data_total_ - written_)
     throw Error(ErrorCode::kInvalidArgument,
                 path_.string() + ": more bytes appended than the header declares");
-  detail::PwriteAll(fd_, data, bytes, file_pos_, tmp_path_);
+  storage::WriteExact(fd_, data, bytes, file_pos_, tmp_path_);
   Hash(data, bytes);
   Wrote(bytes);
 }

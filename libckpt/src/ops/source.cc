@@ -322,19 +322,13 @@ std::string_view SourceKindName(SourceKind kind) {
   return "?";
 }
 
-uint64_t NumElementsOf(const EntryMeta& entry) {
-  uint64_t n = 1;
-  for (int64_t s : entry.shape) n *= static_cast<uint64_t>(s);
-  return n;
-}
-
 bool Source::HoldsWhole(std::string_view key) const {
   const EntryMeta* e = metadata_.Find(key);
   if (!e || e->kind != EntryKind::kTensor) return e != nullptr;
   if (kind() != SourceKind::kShard) return true;
   uint64_t n = 0;
   for (const auto& c : e->chunks) n += static_cast<uint64_t>(c.box.NumElements());
-  return n == NumElementsOf(*e);
+  return n == static_cast<uint64_t>(NumElements(e->shape));
 }
 
 std::unique_ptr<Source> Source::Reopen() const { return Open(path_, !skipped_.empty()); }

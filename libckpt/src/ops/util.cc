@@ -1,7 +1,6 @@
 // ops/util.cc: see util.h.
 #include "ops/util.h"
 
-#include "storage/commit.h"
 #include "storage/fs.h"
 
 #include <unistd.h>
@@ -265,18 +264,6 @@ storage::Fd OpenNamedFile(const std::filesystem::path& path) {
 
 std::string ReadFileText(const std::filesystem::path& path, uint64_t max_bytes) {
   return storage::ReadFileLimited(path, max_bytes, storage::Symlinks::kFollow);
-}
-
-void WriteFileText(const std::filesystem::path& path, std::string_view text) {
-  storage::CommitFile(path, text);  // staged, fsynced, renamed into place
-}
-
-void PreadAll(int fd, void* out, uint64_t n, uint64_t offset, const std::filesystem::path& path) {
-  storage::ReadExact(fd, out, static_cast<std::size_t>(n), offset, path);
-}
-
-void PwriteAll(int fd, const void* data, uint64_t n, uint64_t offset, const std::filesystem::path& path) {
-  storage::WriteExact(fd, data, static_cast<std::size_t>(n), offset, path);
 }
 
 }  // namespace ckpt::ops::detail

@@ -83,13 +83,5 @@ storage::Fd OpenNamedFile(const std::filesystem::path& path);
 // Reads a whole small file the user named (OpenNamedFile), refusing more than `max_bytes`
 // before reading any (kCorrupt).
 std::string ReadFileText(const std::filesystem::path& path, uint64_t max_bytes = uint64_t{256} << 20);
-// Writes `text` to `path` (plain write, used for reports).
-void WriteFileText(const std::filesystem::path& path, std::string_view text);
-
-// pread/pwrite of exactly `n` bytes (storage::ReadExact / WriteExact); throws kIO (or
-// kCorrupt on a short read) naming `path`.
-void PreadAll(int fd, void* out, uint64_t n, uint64_t offset, const std::filesystem::path& path);
-void PwriteAll(int fd, const void* data, uint64_t n, uint64_t offset,
-               const std::filesystem::path& path);
 
 }  // namespace ckpt::ops::detail

@@ -115,6 +115,67 @@ using RunGroup = std::function<void(const std::vector<std::size_t>& group, const
 
 Shape ShapeOf(const EntryMeta& e) { return e.kind == EntryKind::kBytes ? Shape{static_cast<int64_t>(e.size)} : e.shape; }
 
+using Locators = std::unordered_map<std::string, std::unique_ptr<grid::CellLocator>>;  // by key, made when first needed
+using AddProblem = std::function<void(const std::string& key, std::string message)>;
+struct Sum {          // FORMAT.md §3.5: an entry's records' stored_bytes
+  uint64_t stored = 0;  // saturating
+  int64_t records = 0;
+};
+
+// Takes the records of file `file` (`records`, from its index) that its layouts place there
+// into `chunks`, adding their stored bytes to `sums`; files the others. Returns how many it took.
+int64_t TakeRecords(const Metadata& md, int32_t file, const std::string& name,
+                    const std::unordered_map<std::string, std::vector<storage::ShardIndexEntry>>& records,
+                    internal::ChunkCatalog& catalog, Locators& locators, std::vector<Placed>& chunks,
+                    std::unordered_map<const EntryMeta*, Sum>& sums, const AddProblem& add) {
+  auto locator = [&](const std::string& key, const EntryMeta& e) -> const grid::CellLocator& {
+    auto& l = locators[key];
+    if (!l) l = std::make_unique<grid::CellLocator>(e.layout, ShapeOf(e));
+    return *l;
+  };
+  int64_t found = 0;
+  for (const auto& [key, list] : records) {
+    const EntryMeta* e = md.Find(key);
+    const bool kind_ok = e && (e->kind == EntryKind::kTensor || e->kind == EntryKind::kBytes);
+    for (const storage::ShardIndexEntry& rec : list) {
+      if (!kind_ok || rec.bytes != (e->kind == EntryKind::kBytes) || locator(key, *e).FileOf(rec.chunk.box) != file) {
+        add(key, name + ": its index lists " + std::string(rec.bytes ? "bytes" : "tensor") + " '" + key + "' chunk " +
+                     rec.chunk.box.ToString() + " (dataset '" + rec.chunk.dataset +
+                     "'), which metadata.json does not place in this file");
+        continue;
+      }
+      try {
+        chunks.push_back({&key, e, &catalog.Find(key, *e, rec.chunk.box, file)});
+        ++found;
+        Sum& sum = sums[e];
+        const uint64_t b = chunks.back().chunk->stored_bytes;
+        sum.stored = b > UINT64_MAX - sum.stored ? UINT64_MAX : sum.stored + b;
+        ++sum.records;
+      } catch (const std::exception& err) {
+        add(key, err.what());
+      }
+    }
+  }
+  return found;
+}
+
+// Files a problem for each chunk that the layouts place in file `file` and its index lacks.
+void NameMissing(const Metadata& md, int32_t file, internal::ChunkCatalog& catalog, const AddProblem& add) {
+  for (const auto& kv : md.entries) {  // (no structured binding: clang 14 cannot capture one)
+    const std::string& key = kv.first;
+    const EntryMeta& e = kv.second;
+    if (e.kind != EntryKind::kTensor && e.kind != EntryKind::kBytes) continue;
+    grid::ForEachChunk(e.layout, ShapeOf(e), [&](const Box& box, int32_t f) {
+      if (f != file) return;
+      try {
+        catalog.Find(key, e, box, file);
+      } catch (const std::exception& err) {
+        add(key, err.what());
+      }
+    });
+  }
+}
+
 // Format v2: the chunk records come from the shard indexes, each checked against its
 // digest in metadata.json and against the layouts: every record must be a chunk its
 // file's layout places there, and every chunk placed there must have its record
@@ -132,18 +193,9 @@ void VerifyIndexes(const storage::Dir& dir, const Metadata& md, const std::vecto
     grid::ForEachChunk(e.layout, ShapeOf(e), [&](const Box&, int32_t file) { ++expected[static_cast<std::size_t>(file)]; });
   }
   const std::shared_ptr<const Metadata> shared(&md, [](const Metadata*) {});  // outlives every catalog below
-  std::unordered_map<std::string, std::unique_ptr<grid::CellLocator>> locators;  // by key, made when first needed
-  auto locator = [&](const std::string& key, const EntryMeta& e) -> const grid::CellLocator& {
-    auto& l = locators[key];
-    if (!l) l = std::make_unique<grid::CellLocator>(e.layout, ShapeOf(e));
-    return *l;
-  };
+  Locators locators;
   int named_missing = 0;  // files whose missing records were named one by one
-  struct Sum {
-    uint64_t stored = 0;  // saturating
-    int64_t records = 0;
-  };
-  std::unordered_map<const EntryMeta*, Sum> sums;  // FORMAT.md §3.5: each entry's records' stored_bytes
+  std::unordered_map<const EntryMeta*, Sum> sums;
   if (nf == 0) meanwhile();
   for (std::size_t first = 0; first < nf;) {
     std::vector<std::size_t> group;
@@ -166,47 +218,13 @@ void VerifyIndexes(const storage::Dir& dir, const Metadata& md, const std::vecto
         continue;
       }
       std::set<std::string> said;  // messages already given for this file
-      auto add = [&](const std::string& key, std::string message) {
+      const AddProblem add = [&](const std::string& key, std::string message) {
         if (said.size() < 40 && said.insert(message).second) problems.push_back({"index", name, key, std::move(message)});
       };
-      int64_t found = 0;
-      for (const auto& [key, list] : *records) {
-        const EntryMeta* e = md.Find(key);
-        const bool kind_ok = e && (e->kind == EntryKind::kTensor || e->kind == EntryKind::kBytes);
-        for (const storage::ShardIndexEntry& rec : list) {
-          if (!kind_ok || rec.bytes != (e->kind == EntryKind::kBytes) || locator(key, *e).FileOf(rec.chunk.box) != file) {
-            add(key, name + ": its index lists " + std::string(rec.bytes ? "bytes" : "tensor") + " '" + key + "' chunk " +
-                         rec.chunk.box.ToString() + " (dataset '" + rec.chunk.dataset +
-                         "'), which metadata.json does not place in this file");
-            continue;
-          }
-          try {
-            chunks.push_back({&key, e, &catalog.Find(key, *e, rec.chunk.box, file)});
-            ++found;
-            Sum& sum = sums[e];
-            const uint64_t b = chunks.back().chunk->stored_bytes;
-            sum.stored = b > UINT64_MAX - sum.stored ? UINT64_MAX : sum.stored + b;
-            ++sum.records;
-          } catch (const std::exception& err) {
-            add(key, err.what());
-          }
-        }
-      }
+      const int64_t found = TakeRecords(md, file, name, *records, catalog, locators, chunks, sums, add);
       if (found >= expected[fi]) continue;
       if (named_missing++ < 8) {  // name them: the chunks placed here that have no record
-        for (const auto& kv : md.entries) {  // (no structured binding: clang 14 cannot capture one)
-          const std::string& key = kv.first;
-          const EntryMeta& e = kv.second;
-          if (e.kind != EntryKind::kTensor && e.kind != EntryKind::kBytes) continue;
-          grid::ForEachChunk(e.layout, ShapeOf(e), [&](const Box& box, int32_t f) {
-            if (f != file) return;
-            try {
-              catalog.Find(key, e, box, file);
-            } catch (const std::exception& err) {
-              add(key, err.what());
-            }
-          });
-        }
+        NameMissing(md, file, catalog, add);
       } else {
         add("", name + ": its index holds " + std::to_string(found) + " of the " + std::to_string(expected[fi]) +
                     " chunks metadata.json places in this file");
@@ -815,6 +833,191 @@ void VerifyFile(const fs::path& path, const VerifyOptions& o, VerifyReport& r, C
   if (o.expect) CheckExpect(md, *o.expect, c);
 }
 
+// Opens the checkpoint directory `path` pinned (FORMAT.md §2.7) and reads its metadata.json
+// through the handle into `text`: metadata.json and every file are then opened through
+// one handle on the directory, so a verify racing an overwrite judges one checkpoint,
+// never a mix. False (the problem filed) when there is no metadata.json to read.
+bool PinAndRead(const fs::path& path, storage::Dir& dir, std::string& text, Collector& c) {
+  for (int attempt = 1;; ++attempt) {
+    try {
+      dir = storage::Dir::Open(path);
+      // As every reader does: a regular file in the checkpoint (no symlink, FIFO, device), within the size limit.
+      text = storage::ReadFileLimitedAt(dir, kMetadataFileName, ParseLimits{}.max_bytes);
+      return true;
+    } catch (const Error& e) {
+      if (e.code() == ErrorCode::kChanged && attempt < 4) continue;  // replaced before it was read: the new one
+      if (e.code() == ErrorCode::kChanged || (e.code() == ErrorCode::kNotFound && !dir)) throw;
+      c.Add("metadata", kMetadataFileName, "",
+            e.code() == ErrorCode::kNotFound
+                ? path.string() + ": no metadata.json: not a committed checkpoint (an interrupted save?)"
+                : std::string(e.what()));
+      return false;
+    }
+  }
+}
+
+// Verifying a checkpoint directory whose metadata.json parsed: its files, shard indexes,
+// tiling, datasets and data, the problems kept apart by kind until Finish() files them
+// in report order (index, then per file, then tiling, then per chunk).
+class DirectoryCheck {
+ public:
+  DirectoryCheck(const storage::Dir& dir, const Metadata& md, const VerifyOptions& o, VerifyReport& r)
+      : dir_(dir), md_(md), o_(o), r_(r), file_problems_(md.files.size()), usable_(md.files.size(), 0) {
+    // Data threads: no more than the cores; none when no data is read (the dataset checks
+    // run on this thread: HDF5's lock serialises them anyway).
+    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    threads_ = std::min<int>(std::max(1, o.threads), static_cast<int>(cores));
+    if (o.quick && !o.check_finite) threads_ = 0;  // no data to read
+  }
+
+  // files: present, regular, of the recorded size (each is opened as HDF5 when its
+  // datasets are checked, below). A name listed twice is checked once.
+  void CheckFiles() {
+    std::set<std::string> names_seen;
+    for (std::size_t fi = 0; fi < md_.files.size(); ++fi) {
+      const auto& f = md_.files[fi];
+      auto add = [&](std::string message) { file_problems_[fi].push_back({"files", f.name, "", std::move(message)}); };
+      if (!IsSafeFileName(f.name)) {
+        add("file name '" + f.name + "' escapes the checkpoint directory");
+        continue;
+      }
+      struct stat sb;
+      if (::fstatat(dir_.fd(), f.name.c_str(), &sb, AT_SYMLINK_NOFOLLOW) != 0) {
+        add(f.name + ": missing (listed in metadata.json for rank " + std::to_string(f.rank) + ")");
+        continue;
+      }
+      if (!S_ISREG(sb.st_mode)) {
+        add(f.name + ": not a regular file (symlinks and devices are refused)");
+        continue;
+      }
+      if (static_cast<uint64_t>(sb.st_size) != f.bytes)
+        add(f.name + ": size is " + std::to_string(sb.st_size) + " bytes, metadata says " + std::to_string(f.bytes) +
+            (static_cast<uint64_t>(sb.st_size) < f.bytes ? " (truncated?)" : ""));
+      if (names_seen.insert(f.name).second) usable_[fi] = 1;
+    }
+  }
+
+  // The chunks, file group by file group: v1 (resolved) all at once from the metadata, v2
+  // from the shard indexes (VerifyIndexes); the tiling is checked meanwhile.
+  void CheckChunks() {
+    const bool v2 = !md_.resolved;
+    auto check_tiling = [&] {
+      for (const auto& [key, e] : md_.entries)
+        for (auto& msg : internal::EntryTilingProblems(key, e, !v2)) tiling_.emplace_back(key, std::move(msg));
+    };
+    auto run_group = [&](const std::vector<std::size_t>& group, const std::vector<Placed>& chunks,
+                         const std::function<void()>& meanwhile) { RunGroup(group, chunks, meanwhile); };
+    if (v2) {
+      VerifyIndexes(dir_, md_, usable_, o_.group_chunks, index_problems_, check_tiling, run_group);
+      return;
+    }
+    std::vector<std::size_t> all(md_.files.size());
+    for (std::size_t fi = 0; fi < all.size(); ++fi) all[fi] = fi;
+    std::vector<Placed> chunks;
+    for (const auto& [key, e] : md_.entries) {
+      if (e.kind == EntryKind::kScalar || e.kind == EntryKind::kJson) continue;
+      for (const auto& chunk : e.chunks) chunks.push_back({&key, &e, &chunk});
+    }
+    RunGroup(all, chunks, check_tiling);
+  }
+
+  void Finish(Collector& c) {
+    for (auto& p : index_problems_) r_.problems.push_back(std::move(p));
+    for (auto& p : per_file_) r_.problems.push_back(std::move(p));
+    for (auto& [key, msg] : tiling_) c.Add("tiling", "", key, std::move(msg));
+    for (auto& p : per_chunk_) r_.problems.push_back(std::move(p));
+  }
+
+ private:
+  // The data jobs of `chunks` (the files worth opening listed in `files`, by name in `file_index`).
+  std::vector<DataJob> MakeJobs(const std::vector<Placed>& chunks, const std::map<std::string, std::size_t>& file_index,
+                                std::vector<std::unique_ptr<FileWork>>& files) {
+    std::vector<DataJob> jobs;
+    jobs.reserve(chunks.size());
+    for (const Placed& pc : chunks) {
+      const ChunkMeta& chunk = *pc.chunk;
+      ++r_.chunks;
+      const auto fit = file_index.find(chunk.file);
+      if (fit == file_index.end()) continue;  // already reported under "files"
+      DataJob job;
+      job.key = pc.key;
+      job.dtype = pc.e->dtype;
+      job.chunk = &chunk;  // a bytes entry: uint8, its box the 1-D extent (as parsed)
+      const bool floating = pc.e->kind == EntryKind::kTensor && IsFloating(pc.e->dtype);
+      job.finite = o_.check_finite && floating && !(o_.quick && chunk.stats);  // quick: trust recorded stats
+      job.recorded_nonfinite = o_.check_finite && floating && o_.quick && chunk.stats &&
+                               (chunk.stats->nan_count || chunk.stats->inf_count);
+      job.hash = !o_.quick;
+      FileWork& fw = *files[fit->second];
+      if (job.hash || job.finite) fw.bytes += ChunkBytes(job);
+      fw.jobs.push_back(jobs.size());
+      jobs.push_back(std::move(job));
+    }
+    return jobs;
+  }
+
+  // Files the problems of the files of `group`, now that their datasets were checked.
+  void FileProblems(const std::vector<std::size_t>& group, const std::map<std::string, std::size_t>& file_index,
+                    std::vector<std::unique_ptr<FileWork>>& files) {
+    for (const std::size_t fi : group) {
+      for (auto& p : file_problems_[fi]) per_file_.push_back(std::move(p));
+      file_problems_[fi].clear();
+      const auto it = file_index.find(md_.files[fi].name);
+      if (it == file_index.end()) continue;
+      FileWork& fw = *files[it->second];
+      if (!fw.open_problem.empty()) {
+        // A file that does not open failed its index's resolution the same way: once, here.
+        std::erase_if(index_problems_, [&](const VerifyProblem& p) {
+          return p.check == "index" && p.file == fw.name && p.message == fw.open_problem;
+        });
+        per_file_.push_back({"files", fw.name, "", fw.open_problem});
+        fw.open_problem.clear();
+      }
+      for (auto& p : fw.link_problems) per_file_.push_back({"datasets", fw.name, "", std::move(p)});
+      fw.link_problems.clear();
+      for (auto& [key, p] : fw.pack_problems) per_file_.push_back({"datasets", fw.name, key, std::move(p)});
+      fw.pack_problems.clear();
+    }
+  }
+
+  // Checks the datasets, checksums and finiteness of `chunks` (key, entry, chunk), all in
+  // the files `group`, and files those files' problems; `meanwhile` runs beside the data.
+  void RunGroup(const std::vector<std::size_t>& group, const std::vector<Placed>& chunks,
+                const std::function<void()>& meanwhile) {
+    std::map<std::string, std::size_t> file_index;  // files worth opening
+    std::vector<std::unique_ptr<FileWork>> files;
+    for (const std::size_t fi : group) {
+      if (!usable_[fi]) continue;
+      file_index.emplace(md_.files[fi].name, files.size());
+      files.push_back(std::make_unique<FileWork>());
+      files.back()->name = md_.files[fi].name;
+    }
+    std::vector<DataJob> jobs = MakeJobs(chunks, file_index, files);
+    r_.bytes_read += RunDataJobs(dir_, jobs, files, threads_, o_.progress, meanwhile);
+    FileProblems(group, file_index, files);
+    for (const auto& j : jobs) {
+      if (!j.problem.empty()) {
+        per_chunk_.push_back({j.problem_check, j.file(), *j.key, j.problem});
+      } else if (j.located && j.recorded_nonfinite) {
+        per_chunk_.push_back({"finite", j.file(), *j.key,
+                              TensorWhere(j.file(), *j.key, j.chunk) + ": " + std::to_string(j.chunk->stats->nan_count) +
+                                  " NaN and " + std::to_string(j.chunk->stats->inf_count) +
+                                  " Inf elements (recorded statistics)"});
+      }
+    }
+  }
+
+  const storage::Dir& dir_;
+  const Metadata& md_;
+  const VerifyOptions& o_;
+  VerifyReport& r_;
+  int threads_ = 0;
+  std::vector<std::vector<VerifyProblem>> file_problems_;  // "files" problems, by position in md.files
+  std::vector<char> usable_;                               // files worth opening
+  std::vector<VerifyProblem> index_problems_, per_file_, per_chunk_;
+  std::vector<std::pair<std::string, std::string>> tiling_;  // key, message
+};
+
 }  // namespace
 
 VerifyReport Verify(const fs::path& path, const VerifyOptions& o) {
@@ -834,46 +1037,17 @@ VerifyReport Verify(const fs::path& path, const VerifyOptions& o) {
     VerifyFile(path, o, r, c);  // a lone shard, a safetensors file or a Hub sharded-safetensors directory
     return finish();
   }
-
-  // metadata: the schema check runs on a thread of its own while the metadata is parsed
-  // and the data read (it only reports, nothing waits on it); it holds no tree of the
-  // entries (CheckSchema), so its memory stays small whatever the number of keys.
-  // Pinned (FORMAT.md §2.7): metadata.json and every file are opened through one handle on
-  // the directory, so a verify racing an overwrite judges one checkpoint, never a mix; if
-  // that checkpoint's files are removed under it, it fails with kChanged, not a verdict.
   storage::Dir dir;
   std::string text;
-  for (int attempt = 1;; ++attempt) {
-    try {
-      dir = storage::Dir::Open(path);
-      // As every reader does: a regular file in the checkpoint (no symlink, FIFO, device), within the size limit.
-      text = storage::ReadFileLimitedAt(dir, kMetadataFileName, ParseLimits{}.max_bytes);
-      break;
-    } catch (const Error& e) {
-      if (e.code() == ErrorCode::kChanged && attempt < 4) continue;  // replaced before it was read: the new one
-      if (e.code() == ErrorCode::kChanged || (e.code() == ErrorCode::kNotFound && !dir)) throw;
-      c.Add("metadata", kMetadataFileName, "",
-            e.code() == ErrorCode::kNotFound
-                ? path.string() + ": no metadata.json: not a committed checkpoint (an interrupted save?)"
-                : std::string(e.what()));
-      return finish();
-    }
-  }
-  // A verdict is of the checkpoint pinned; where problems were found and the path holds
-  // another checkpoint now (or none), they may be only files that the replacing commit
-  // removed meanwhile: no damage to report, kChanged instead.
-  auto finish_pinned = [&] {
-    if (!r.ok() && dir.Replaced())
-      dir.ThrowChanged("verify found " + std::to_string(r.problems.size()) +
-                       " problem(s) in it, which may only be files removed meanwhile");
-    return finish();
-  };
+  if (!PinAndRead(path, dir, text, c)) return finish();
+  // The schema check runs on a thread of its own while the metadata is parsed and the data
+  // read (it only reports, nothing waits on it); it holds no tree of the entries
+  // (CheckSchema), so its memory stays small whatever the number of keys.
   VerifyReport schema_report;
-  auto check_schema = [&] {
+  auto schema_check = storage::AsyncOrDeferred([&] {
     Collector sc(schema_report);
     CheckSchema(text, o, sc);
-  };
-  auto schema_check = storage::AsyncOrDeferred(check_schema);
+  });
   auto schema_problems = [&] {
     schema_check.get();  // rethrows an unreadable --schema
     r.problems.insert(r.problems.begin(), schema_report.problems.begin(), schema_report.problems.end());
@@ -887,138 +1061,22 @@ VerifyReport Verify(const fs::path& path, const VerifyOptions& o) {
     return finish();
   }
   r.format_version = md.format_version;
-  const bool v2 = !md.resolved;  // chunk records in the shard indexes, read file group by file group
   md.BuildIndex();
   r.keys = md.entries.size();
   r.files = md.files.size();
-
-  // files: present, regular, of the recorded size (each is opened as HDF5 when its
-  // datasets are checked, below). A name listed twice is checked once.
-  std::vector<std::vector<VerifyProblem>> file_problems(md.files.size());
-  std::vector<char> usable(md.files.size(), 0);
-  std::set<std::string> names_seen;
-  for (std::size_t fi = 0; fi < md.files.size(); ++fi) {
-    const auto& f = md.files[fi];
-    auto add = [&](std::string message) { file_problems[fi].push_back({"files", f.name, "", std::move(message)}); };
-    if (!IsSafeFileName(f.name)) {
-      add("file name '" + f.name + "' escapes the checkpoint directory");
-      continue;
-    }
-    struct stat sb;
-    if (::fstatat(dir.fd(), f.name.c_str(), &sb, AT_SYMLINK_NOFOLLOW) != 0) {
-      add(f.name + ": missing (listed in metadata.json for rank " + std::to_string(f.rank) + ")");
-      continue;
-    }
-    if (!S_ISREG(sb.st_mode)) {
-      add(f.name + ": not a regular file (symlinks and devices are refused)");
-      continue;
-    }
-    if (static_cast<uint64_t>(sb.st_size) != f.bytes)
-      add(f.name + ": size is " + std::to_string(sb.st_size) + " bytes, metadata says " + std::to_string(f.bytes) +
-          (static_cast<uint64_t>(sb.st_size) < f.bytes ? " (truncated?)" : ""));
-    if (names_seen.insert(f.name).second) usable[fi] = 1;
-  }
-
-  // The problems in report order: index, then per file, then tiling, then per chunk.
-  std::vector<VerifyProblem> index_problems, per_file, per_chunk;
-  std::vector<std::pair<std::string, std::string>> tiling;  // key, message
-  auto check_tiling = [&] {
-    for (const auto& [key, e] : md.entries)
-      for (auto& msg : internal::EntryTilingProblems(key, e, !v2)) tiling.emplace_back(key, std::move(msg));
-  };
-
-  // Data threads: no more than the cores; none when no data is read (the dataset checks
-  // run on this thread: HDF5's lock serialises them anyway).
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  int threads = std::min<int>(std::max(1, o.threads), static_cast<int>(cores));
-  if (o.quick && !o.check_finite) threads = 0;  // no data to read
-
-  // Checks the datasets, checksums and finiteness of `chunks` (key, entry, chunk), all in
-  // the files `group`, and files those files' problems; `meanwhile` runs beside the data.
-  auto run_group = [&](const std::vector<std::size_t>& group, const std::vector<Placed>& chunks,
-                       const std::function<void()>& meanwhile) {
-    std::map<std::string, std::size_t> file_index;  // files worth opening
-    std::vector<std::unique_ptr<FileWork>> files;
-    for (const std::size_t fi : group) {
-      if (!usable[fi]) continue;
-      file_index.emplace(md.files[fi].name, files.size());
-      files.push_back(std::make_unique<FileWork>());
-      files.back()->name = md.files[fi].name;
-    }
-    std::vector<DataJob> jobs;
-    jobs.reserve(chunks.size());
-    for (const Placed& pc : chunks) {
-      const ChunkMeta& chunk = *pc.chunk;
-      ++r.chunks;
-      const auto fit = file_index.find(chunk.file);
-      if (fit == file_index.end()) continue;  // already reported under "files"
-      DataJob job;
-      job.key = pc.key;
-      job.dtype = pc.e->dtype;
-      job.chunk = &chunk;  // a bytes entry: uint8, its box the 1-D extent (as parsed)
-      const bool floating = pc.e->kind == EntryKind::kTensor && IsFloating(pc.e->dtype);
-      job.finite = o.check_finite && floating && !(o.quick && chunk.stats);  // quick: trust recorded stats
-      job.recorded_nonfinite = o.check_finite && floating && o.quick && chunk.stats &&
-                               (chunk.stats->nan_count || chunk.stats->inf_count);
-      job.hash = !o.quick;
-      FileWork& fw = *files[fit->second];
-      if (job.hash || job.finite) fw.bytes += ChunkBytes(job);
-      fw.jobs.push_back(jobs.size());
-      jobs.push_back(std::move(job));
-    }
-    r.bytes_read += RunDataJobs(dir, jobs, files, threads, o.progress, meanwhile);
-    for (const std::size_t fi : group) {
-      for (auto& p : file_problems[fi]) per_file.push_back(std::move(p));
-      file_problems[fi].clear();
-      if (const auto it = file_index.find(md.files[fi].name); it != file_index.end()) {
-        FileWork& fw = *files[it->second];
-        if (!fw.open_problem.empty()) {
-          // A file that does not open failed its index's resolution the same way: once, here.
-          std::erase_if(index_problems, [&](const VerifyProblem& p) {
-            return p.check == "index" && p.file == fw.name && p.message == fw.open_problem;
-          });
-          per_file.push_back({"files", fw.name, "", fw.open_problem});
-          fw.open_problem.clear();
-        }
-        for (auto& p : fw.link_problems) per_file.push_back({"datasets", fw.name, "", std::move(p)});
-        fw.link_problems.clear();
-        for (auto& [key, p] : fw.pack_problems) per_file.push_back({"datasets", fw.name, key, std::move(p)});
-        fw.pack_problems.clear();
-      }
-    }
-    for (const auto& j : jobs) {
-      if (!j.problem.empty()) {
-        per_chunk.push_back({j.problem_check, j.file(), *j.key, j.problem});
-      } else if (j.located && j.recorded_nonfinite) {
-        per_chunk.push_back({"finite", j.file(), *j.key,
-                             TensorWhere(j.file(), *j.key, j.chunk) + ": " + std::to_string(j.chunk->stats->nan_count) +
-                                 " NaN and " + std::to_string(j.chunk->stats->inf_count) +
-                                 " Inf elements (recorded statistics)"});
-      }
-    }
-  };
-
-  if (!v2) {
-    std::vector<std::size_t> all(md.files.size());
-    for (std::size_t fi = 0; fi < all.size(); ++fi) all[fi] = fi;
-    std::vector<Placed> chunks;
-    for (const auto& [key, e] : md.entries) {
-      if (e.kind == EntryKind::kScalar || e.kind == EntryKind::kJson) continue;
-      for (const auto& chunk : e.chunks) chunks.push_back({&key, &e, &chunk});
-    }
-    run_group(all, chunks, check_tiling);
-  } else {
-    VerifyIndexes(dir, md, usable, o.group_chunks, index_problems, check_tiling, run_group);
-  }
-
-  for (auto& p : index_problems) r.problems.push_back(std::move(p));
-  for (auto& p : per_file) r.problems.push_back(std::move(p));
-  for (auto& [key, msg] : tiling) c.Add("tiling", "", key, std::move(msg));
-  for (auto& p : per_chunk) r.problems.push_back(std::move(p));
+  DirectoryCheck check(dir, md, o, r);
+  check.CheckFiles();
+  check.CheckChunks();
+  check.Finish(c);
   schema_problems();
-
   if (o.expect) CheckExpect(md, *o.expect, c);
-  return finish_pinned();
+  // A verdict is of the checkpoint pinned; where problems were found and the path holds
+  // another checkpoint now (or none), they may be only files that the replacing commit
+  // removed meanwhile: no damage to report, kChanged instead.
+  if (!r.ok() && dir.Replaced())
+    dir.ThrowChanged("verify found " + std::to_string(r.problems.size()) +
+                     " problem(s) in it, which may only be files removed meanwhile");
+  return finish();
 }
 
 namespace {

@@ -231,7 +231,7 @@ class DistributedModel::FsdpHook final : public ModuleHook {
       if (maxrows * n != p->tp_box.sizes[0]) {
         padded.assign(static_cast<std::size_t>(n * maxrows * row), 0.0f);
         for (int r = 0; r < n; ++r) {
-          const auto [b, c] = SplitRange(p->tp_box.sizes[0], n, r);
+          const auto [b, c] = BalancedSplit(p->tp_box.sizes[0], n, r);
           std::copy_n(p->work_grad.data() + b * row, c * row, padded.data() + r * maxrows * row);
         }
         send = padded.data();
@@ -269,7 +269,7 @@ class DistributedModel::FsdpHook final : public ModuleHook {
         std::vector<float> recv(block * static_cast<std::size_t>(n));
         dp_->AllGatherInto(send.data(), recv.data(), block * sizeof(float));
         for (int r = 0; r < n; ++r) {
-          const auto [b, c] = SplitRange(p->tp_box.sizes[0], n, r);
+          const auto [b, c] = BalancedSplit(p->tp_box.sizes[0], n, r);
           std::copy_n(recv.data() + r * maxrows * row, c * row, p->work.data() + b * row);
         }
       }
@@ -421,13 +421,13 @@ void Accelerator::LayOut(Module& module) {
     Box tp_box = Box::Full(p->shape);
     if (p->tp_dim >= 0 && tp_size() > 1) {
       const auto d = static_cast<std::size_t>(p->tp_dim);
-      const auto [b, c] = SplitRange(p->shape[d], tp_size(), tp_rank());
+      const auto [b, c] = BalancedSplit(p->shape[d], tp_size(), tp_rank());
       tp_box.offsets[d] = b;
       tp_box.sizes[d] = c;
     }
     Box local = tp_box;
     if (shard && !p->is_buffer && !p->shape.empty() && dp_size() > 1) {
-      const auto [b, c] = SplitRange(tp_box.sizes[0], dp_size(), dp_rank());
+      const auto [b, c] = BalancedSplit(tp_box.sizes[0], dp_size(), dp_rank());
       local.offsets[0] = tp_box.offsets[0] + b;
       local.sizes[0] = c;
     }

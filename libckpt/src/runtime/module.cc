@@ -37,12 +37,6 @@ void CheckCols(const Mat& x, int64_t cols, const char* what) {
 
 }  // namespace
 
-std::pair<int64_t, int64_t> SplitRange(int64_t n, int parts, int p) {
-  const int64_t base = n / parts, extra = n % parts;
-  const int64_t begin = p * base + std::min<int64_t>(p, extra);
-  return {begin, base + (p < extra ? 1 : 0)};
-}
-
 void AllReduceSum(Comm& comm, float* data, std::size_t count) {
   if (comm.size() == 1 || count == 0) return;
   // The Comm contract reduces in rank order on every rank (ThreadComm, the generic

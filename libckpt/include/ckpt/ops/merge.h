@@ -84,8 +84,4 @@ CKPT_API MergeReport Merge(const std::filesystem::path& src, const std::filesyst
 CKPT_API std::string RenderMergeText(const MergeReport& report);
 CKPT_API std::string RenderMergeJson(const MergeReport& report);
 
-// Dimension `dim` of `n` rows split over `world` parts: [begin, end) of part `part`,
-// the first n % world parts one row longer (as FSDP splits parameters).
-CKPT_API std::pair<int64_t, int64_t> RowRange(int64_t n, int world, int part);
-
 }  // namespace ckpt::ops

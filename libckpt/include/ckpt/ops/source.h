@@ -85,7 +85,4 @@ class CKPT_API Source {
   std::vector<std::pair<std::string, std::string>> skipped_;
 };
 
-// The elements of a tensor entry: product of its shape.
-CKPT_API uint64_t NumElementsOf(const EntryMeta& entry);
-
 }  // namespace ckpt::ops

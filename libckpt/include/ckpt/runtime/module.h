@@ -287,8 +287,4 @@ float CrossEntropy(const Mat& logits, const std::vector<int32_t>& labels, Mat* d
 // rank order). COLLECTIVE over `comm`.
 void AllReduceSum(Comm& comm, float* data, std::size_t count);
 
-// The balanced split of `n` items into `parts`: part p gets [begin, begin + count),
-// the first n % parts parts one more than the others.
-std::pair<int64_t, int64_t> SplitRange(int64_t n, int parts, int p);
-
 }  // namespace ckpt::runtime
