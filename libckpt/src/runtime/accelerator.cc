@@ -609,6 +609,7 @@ SaveOptions Accelerator::CoreSaveOptions(const SaveStateOptions& options) {
   SaveOptions so;
   so.state_dict_type = options.state_dict_type;
   so.overwrite = options.overwrite;
+  so.s3 = options.s3;
   so.compression = options.compression;
   so.user_metadata = user.dump();
   so.mesh = MeshJson();

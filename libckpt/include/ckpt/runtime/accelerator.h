@@ -101,6 +101,7 @@ struct SaveStateOptions {
   StateDictType state_dict_type = StateDictType::kSharded;
   bool overwrite = false;
   Compression compression;
+  ObjectStoreOptions s3;  // for an s3:// target (ckpt/checkpoint.h)
 };
 
 struct LoadStateOptions {
