@@ -1,7 +1,8 @@
 // CheckpointManager on an s3:// root (the project's own Ceph gateway): keep-last-N prunes
 // metadata.json first, then the objects; Latest() is the newest committed step; an
 // uncommitted newer step is never latest; SaveAsync moves on after the commit; the newest
-// checkpoint downloads and loads into the trainer bit-equal to what was saved.
+// checkpoint downloads and loads into the trainer bit-equal to what was saved, and Resume
+// (Load's interim s3:// path) restores it.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -77,6 +78,14 @@ TEST_CASE("s3 checkpoint manager: keeps the last N, latest is the newest committ
     if (c.rank() == 0) {
       REQUIRE(back.size() == saved.size());
       for (const auto& [k, v] : saved) CHECK(rt_test::BitEqual(back.at(k), v));
+    }
+    // Resume reads the latest through Load's interim s3:// path.
+    for (int i = 0; i < 2; ++i) t.Step();
+    CHECK(mgr.Resume() == std::optional<int64_t>(4));
+    CHECK(t.step() == 4);
+    const rt_test::FullState resumed = rt_test::Gather(t.accelerator());
+    if (c.rank() == 0) {
+      for (const auto& [k, v] : saved) CHECK(rt_test::BitEqual(resumed.at(k), v));
     }
   });
   // The uncommitted step's object is a leftover: removed past the grace period (0 here),

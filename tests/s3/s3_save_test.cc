@@ -482,6 +482,44 @@ TEST_CASE("s3 leftovers: removed after the grace period, never before; the next 
   CHECK(std::find(after.begin(), after.end(), dead) == after.end());
 }
 
+TEST_CASE("s3 Load (interim: each rank downloads): saved by 4 ranks, loaded by 2, equal; bounded; cleaned up") {
+  Fixture f;
+  std::vector<float> all = Values(11);
+  SaveRanks(f, f.Url("load"), 4, all, 42);
+  ckpt::LoadOptions lo;
+  lo.s3 = f.options;
+  std::vector<float> back(all.size(), -1.0f);
+  const auto load = [&](const std::string& url, std::vector<std::string>* errors) {
+    ckpt::RunThreads(2, [&](ckpt::Comm& c) {
+      const int64_t rows = kRows / 2;
+      ckpt::StateDict t;
+      t.Add("w", ckpt::Tensor::Slice(ckpt::DType::kFloat32, {kRows, kCols}, 0, rows * c.rank(), rows,
+                                     back.data() + rows * c.rank() * kCols));
+      t.Add("step", ckpt::Scalar::Int(0));
+      try {
+        ckpt::Load(url, t, c, lo);
+        CHECK(std::get<ckpt::Scalar>(t.At("step")).AsInt() == 42);
+      } catch (const ckpt::Error& e) {
+        if (!errors) throw;
+        (*errors)[static_cast<std::size_t>(c.rank())] = e.what();
+      }
+    });
+  };
+  load(f.Url("load"), nullptr);
+  CHECK(back == all);
+  CHECK(f.StagingEmpty());
+  std::vector<std::string> errors(2);
+  lo.s3.cache_max_bytes = 1000;
+  load(f.Url("load"), &errors);
+  for (const std::string& e : errors) CHECK(e.find("more than the 1000 allowed") != std::string::npos);
+  CHECK(f.StagingEmpty());
+  lo.s3.cache_max_bytes = 64 << 20;
+  errors.assign(2, "");
+  load(f.Url("absent"), &errors);
+  for (const std::string& e : errors) CHECK(e.find("absent/metadata.json") != std::string::npos);
+  CHECK(f.StagingEmpty());
+}
+
 TEST_CASE("s3 save: bad options and URLs are clear errors; no secret in any message") {
   Fixture f;
   std::vector<float> a = Values(1);

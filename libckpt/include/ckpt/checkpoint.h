@@ -60,6 +60,11 @@ struct ObjectStoreOptions {
   int64_t leftover_grace_seconds = 3600;
   // Attempts of an idempotent request (retries with backoff on 5xx, 503 SlowDown, timeouts).
   int max_attempts = 8;
+  // Load of an s3:// checkpoint (the interim path, until Load reads object storage by ranged
+  // GETs): each rank downloads metadata.json and every file it names into a directory of its
+  // own under staging_dir, loads it there and removes it. A checkpoint whose files hold more
+  // than this is refused before any byte is fetched.
+  uint64_t cache_max_bytes = uint64_t{64} << 30;
 };
 
 struct SaveOptions {
@@ -227,6 +232,8 @@ struct LoadOptions {
   // LoadReport::bytes_read_direct says how much was read direct.
   enum class DirectIo { kAuto, kOn, kOff };
   DirectIo direct_io = DirectIo::kOff;
+  // For an s3:// checkpoint (ObjectStoreOptions; the interim download path).
+  ObjectStoreOptions s3;
 };
 
 struct LoadReport {

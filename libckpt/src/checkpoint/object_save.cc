@@ -51,6 +51,7 @@ void RemoveObjectCheckpoint(const std::string& url, const ObjectStoreOptions&) {
 void DownloadObjectCheckpoint(const std::string& url, const ObjectStoreOptions&, const fs::path&, uint64_t) {
   NoS3(url);
 }
+std::filesystem::path DownloadToCache(const std::string& url, const ObjectStoreOptions&, int) { NoS3(url); }
 void SetObjectStoreWrapperForTest(
     std::function<std::shared_ptr<storage::ObjectStore>(std::shared_ptr<storage::ObjectStore>)>) {}
 
@@ -425,6 +426,17 @@ void DownloadObjectCheckpoint(const std::string& url, const ObjectStoreOptions& 
     }
   }
   storage::WriteFileSynced(dir / names::kMetadataFile, text);
+}
+
+fs::path DownloadToCache(const std::string& url, const ObjectStoreOptions& options, int rank) {
+  const fs::path dir = StagingRoot(options) / ("load-" + storage::SaveNonce() + "-r" + std::to_string(rank));
+  try {
+    DownloadObjectCheckpoint(url, options, dir, options.cache_max_bytes);
+  } catch (...) {
+    storage::RemoveAllQuietly(dir);
+    throw;
+  }
+  return dir;
 }
 
 void SetObjectStoreWrapperForTest(

@@ -87,6 +87,10 @@ void RemoveObjectCheckpoint(const std::string& url, const ObjectStoreOptions& op
 void DownloadObjectCheckpoint(const std::string& url, const ObjectStoreOptions& options,
                               const std::filesystem::path& dir, uint64_t max_bytes);
 
+// Load's interim path: DownloadObjectCheckpoint into a fresh directory under
+// options.staging_dir (bounded by options.cache_max_bytes), whose path it returns.
+std::filesystem::path DownloadToCache(const std::string& url, const ObjectStoreOptions& options, int rank);
+
 // For tests: wraps every store a save opens from now on (nullptr: none).
 void SetObjectStoreWrapperForTest(
     std::function<std::shared_ptr<storage::ObjectStore>(std::shared_ptr<storage::ObjectStore>)> wrap);

@@ -662,6 +662,7 @@ LoadReport Accelerator::LoadState(const std::filesystem::path& dir, const LoadSt
   LoadOptions lo;
   lo.state_dict_type = options.state_dict_type;
   lo.strict = options.strict;
+  lo.s3 = options.s3;
   LoadReport report = Load(dir, sd, *world_, lo);
   error.clear();
   try {

@@ -187,7 +187,9 @@ std::optional<int64_t> CheckpointManager::Resume(const LoadStateOptions& options
   const std::string s(choice.begin(), choice.end());
   const auto nl = s.find('\n');
   const int64_t step = std::stoll(s.substr(0, nl));
-  accel_->LoadState(s.substr(nl + 1), options);
+  LoadStateOptions lo = options;
+  if (IsObjectRoot(root_)) lo.s3 = s3_;
+  accel_->LoadState(s.substr(nl + 1), lo);
   return step;
 }
 

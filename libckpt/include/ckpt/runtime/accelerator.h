@@ -109,6 +109,7 @@ struct LoadStateOptions {
   // the same strategy, mesh and world size.
   StateDictType state_dict_type = StateDictType::kSharded;
   bool strict = true;
+  ObjectStoreOptions s3;  // for an s3:// checkpoint (ckpt/checkpoint.h)
 };
 
 struct SaveFullOptions {

@@ -15,7 +15,8 @@
 // object is kept: Latest() is the newest committed step (one LIST). Pruning deletes a
 // checkpoint's metadata.json first, then its objects. Before each save, leftovers under the
 // root older than ObjectStoreOptions::leftover_grace_seconds are removed
-// (files::CleanObjectLeftovers). Resume needs Load of s3://, which is not there yet.
+// (files::CleanObjectLeftovers). Resume loads through Load's interim s3:// path (each rank
+// downloads the checkpoint: ObjectStoreOptions::cache_max_bytes).
 //
 // Threading: one manager per rank; Save, SaveAsync and Resume are COLLECTIVE.
 #pragma once
