@@ -529,6 +529,14 @@ TEST_CASE("s3 save: bad options and URLs are clear errors; no secret in any mess
   SaveCodes(f.Url("bad"), 1, a, 1, o, &m);
   CHECK(m[0].find("'sideways' is none of auto, path, virtual") != std::string::npos);
   o = f.Save();
+  o.s3.leftover_grace_seconds = -1;
+  SaveCodes(f.Url("bad"), 1, a, 1, o, &m);
+  CHECK(m[0].find("leftover_grace_seconds must be >= 0") != std::string::npos);
+  o = f.Save();
+  o.s3.part_bytes = 1 << 20;
+  SaveCodes(f.Url("bad"), 1, a, 1, o, &m);
+  CHECK(m[0].find("part_bytes must be 5 MiB..5 GiB") != std::string::npos);
+  o = f.Save();
   SaveCodes("s3://" + f.bucket.name(), 1, a, 1, o, &m);
   CHECK(m[0].find("needs a prefix") != std::string::npos);
   o.s3.secret_access_key = "WRONG-SECRET-abcdefghijklmnop";

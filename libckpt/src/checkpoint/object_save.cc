@@ -261,6 +261,9 @@ ObjectSave::~ObjectSave() {
 
 std::unique_ptr<ObjectSave> ObjectSave::Begin(const std::string& url, const ObjectStoreOptions& options,
                                               bool overwrite) {
+  if (options.leftover_grace_seconds < 0) {
+    throw Error(ErrorCode::kInvalidArgument, "ObjectStoreOptions::leftover_grace_seconds must be >= 0");
+  }
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   impl->upload = ToUploadOptions(options);
@@ -289,8 +292,13 @@ std::unique_ptr<ObjectSave> ObjectSave::Begin(const std::string& url, const Obje
   if (impl->expected_etag && !overwrite) {
     throw Error(ErrorCode::kAlreadyExists, url + ": a checkpoint is already there (pass overwrite to replace it)");
   }
-  // The leftovers of earlier saves here (losers, killed writers, replaced checkpoints' objects).
-  CleanTarget(t, options.leftover_grace_seconds);
+  // The leftovers of earlier saves here (losers, killed writers, replaced checkpoints'
+  // objects). Best effort: a cleaning that fails (say, an unreadable metadata.json beside
+  // old objects) must not stop the save; the next one tries again.
+  try {
+    CleanTarget(t, options.leftover_grace_seconds);
+  } catch (const std::exception&) {
+  }
   auto save = std::unique_ptr<ObjectSave>(new ObjectSave(std::move(impl)));
   save->nonce_ = storage::SaveNonce();
   return save;
