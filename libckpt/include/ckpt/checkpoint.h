@@ -23,6 +23,50 @@ namespace ckpt {
 
 inline constexpr const char* kMetadataFileName = "metadata.json";
 
+// Where and how a checkpoint on S3-compatible object storage (`s3://bucket/prefix/step-100`)
+// is written. Empty or unset fields come from the AWS environment (AWS_ENDPOINT_URL_S3,
+// AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+// AWS_SESSION_TOKEN, AWS_PROFILE) and the profile files (~/.aws/credentials, ~/.aws/config);
+// a field set here overrides them. No secret appears in an error or in metadata.json.
+//
+// The write path on s3:// (the interim one: staging, then upload): each rank writes its
+// shard into a local staging directory of its own under `staging_dir` (at most its one
+// shard, removed once uploaded, whatever happens), uploads it as a new object whose name is
+// unique to this save (`shard-RRRRR-of-WWWWW.<nonce>.h5`, named so in metadata.json's files[])
+// in `part_bytes` parts, `upload_concurrency` at a time (memory: their product per rank),
+// each part with Content-MD5, and checks it by HEAD (size and ETag). Then rank 0 commits
+// by one conditional PUT of metadata.json: If-None-Match: * for a new checkpoint, If-Match
+// with the ETag seen when the save began for overwrite. A writer that loses the race gets
+// kAlreadyExists ("another writer committed first") on every rank; its objects are deleted
+// or, where that fails, left for CleanLeftovers.
+struct ObjectStoreOptions {
+  std::string endpoint;  // "http://127.0.0.1:7480", "https://s3.eu-west-1.amazonaws.com"
+  std::string region;
+  std::string profile;  // of ~/.aws/credentials and ~/.aws/config
+  std::string access_key_id;
+  std::string secret_access_key;
+  std::string session_token;
+  std::string addressing = "auto";  // "auto", "path" or "virtual"
+  // Each rank's local staging; empty: $TMPDIR (else /tmp) / "ckpt-s3-staging".
+  std::filesystem::path staging_dir;
+  uint64_t part_bytes = uint64_t{16} << 20;  // 5 MiB..5 GiB; a shard up to it goes in one PUT
+  int upload_concurrency = 8;
+  // A store whose conditional PUT does not work (storage probe at the start of each save)
+  // is refused, as two writers could then both "win"; true accepts it, the user promising
+  // that one writer at a time saves under this prefix.
+  bool single_writer = false;
+  // Leftovers (shard objects no committed metadata.json names, unfinished multipart
+  // uploads) younger than this are never removed (a save may still be uploading them).
+  int64_t leftover_grace_seconds = 3600;
+  // Attempts of an idempotent request (retries with backoff on 5xx, 503 SlowDown, timeouts).
+  int max_attempts = 8;
+  // Load of an s3:// checkpoint (the interim path, until Load reads object storage by ranged
+  // GETs): each rank downloads metadata.json and every file it names into a directory of its
+  // own under staging_dir, loads it there and removes it. A checkpoint whose files hold more
+  // than this is refused before any byte is fetched.
+  uint64_t cache_max_bytes = uint64_t{64} << 30;
+};
+
 struct SaveOptions {
   StateDictType state_dict_type = StateDictType::kSharded;
   // Replace a committed checkpoint at the target. The swap is atomic: readers see the
@@ -39,6 +83,8 @@ struct SaveOptions {
   uint64_t pack_bytes = uint64_t{64} << 10;
   std::string user_metadata = "{}";  // JSON object
   std::string mesh = "null";         // JSON: device mesh and placements
+  // For an s3:// target (ObjectStoreOptions above); ignored for a local directory.
+  ObjectStoreOptions s3;
 };
 
 // COLLECTIVE. Saves `state` (this rank's part of it) to `dir`. Every rank passes the same
@@ -186,6 +232,8 @@ struct LoadOptions {
   // LoadReport::bytes_read_direct says how much was read direct.
   enum class DirectIo { kAuto, kOn, kOff };
   DirectIo direct_io = DirectIo::kOff;
+  // For an s3:// checkpoint (ObjectStoreOptions; the interim download path).
+  ObjectStoreOptions s3;
 };
 
 struct LoadReport {
@@ -280,6 +328,9 @@ class CKPT_API CheckpointWriter {
     uint64_t pack_bytes = 0;
     std::string user_metadata = "{}";
     std::string mesh = "null";
+    // For an s3:// target: the files are staged locally and uploaded at Commit, which
+    // then commits metadata.json by one conditional PUT (ObjectStoreOptions).
+    ObjectStoreOptions s3;
   };
   static std::unique_ptr<CheckpointWriter> Create(const std::filesystem::path& dir,
                                                   const Options& options);

@@ -11,6 +11,9 @@
 #include <string>
 #include <string_view>
 
+#include <vector>
+
+#include "ckpt/checkpoint.h"
 #include "ckpt/export.h"
 
 namespace ckpt::files {
@@ -30,5 +33,29 @@ CKPT_API void RemoveCheckpoint(const std::filesystem::path& dir);
 // `is_target`, unless another writer is at work in `parent` now. Returns how many it removed.
 CKPT_API std::size_t CleanLeftovers(const std::filesystem::path& parent,
                                     const std::function<bool(std::string_view)>& is_target);
+
+// ---- Checkpoints on object storage (s3://bucket/prefix) --------------------------------
+// `options` say how to reach the store (ckpt/checkpoint.h, ObjectStoreOptions).
+
+// Removes under `url` (a checkpoint's prefix or a root holding several) the leftovers of
+// saves that lost a race, failed or were killed, and of replaced checkpoints: objects named
+// like a save's shards (shard-RRRRR-of-WWWWW.<nonce>.h5) that no metadata.json beside them
+// names, and unfinished multipart uploads of such names, once older than
+// options.leftover_grace_seconds (younger ones may belong to a save still uploading, or be
+// read by a reader of a checkpoint just replaced). Nothing else is touched. Returns how many
+// it removed. Every s3:// save runs it on its own prefix first.
+CKPT_API std::size_t CleanObjectLeftovers(const std::string& url, const ObjectStoreOptions& options);
+// The names of the committed checkpoints directly under `url` (those "<url>/<name>/" that
+// hold a metadata.json), in the store's key order.
+CKPT_API std::vector<std::string> ListObjectCheckpoints(const std::string& url, const ObjectStoreOptions& options);
+// Removes the checkpoint at `url`: metadata.json first (un-committed: a reader still running
+// gets an error, never a mix), then the objects it named. Absent: nothing to do.
+CKPT_API void RemoveObjectCheckpoint(const std::string& url, const ObjectStoreOptions& options);
+// Downloads the committed checkpoint at `url` into the local directory `dir` (made if
+// absent), metadata.json last, so that Load(dir) reads it; refused (kInvalidArgument) before
+// any byte is fetched when its files hold more than `max_bytes`. The interim way to read an
+// s3:// checkpoint until Load reads object storage with ranged GETs.
+CKPT_API void DownloadObjectCheckpoint(const std::string& url, const ObjectStoreOptions& options,
+                                       const std::filesystem::path& dir, uint64_t max_bytes);
 
 }  // namespace ckpt::files

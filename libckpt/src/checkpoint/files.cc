@@ -1,6 +1,7 @@
 // checkpoint/files.cc: ckpt/files.h over storage's commit routine.
 #include "ckpt/files.h"
 
+#include "checkpoint/object_save.h"
 #include "storage/commit.h"
 #include "storage/fs.h"
 
@@ -19,6 +20,23 @@ void RemoveCheckpoint(const std::filesystem::path& dir) { storage::RemoveCommitt
 std::size_t CleanLeftovers(const std::filesystem::path& parent,
                            const std::function<bool(std::string_view)>& is_target) {
   return storage::CleanLeftovers(parent, is_target);
+}
+
+std::size_t CleanObjectLeftovers(const std::string& url, const ObjectStoreOptions& options) {
+  return internal::CleanObjectLeftovers(url, options);
+}
+
+std::vector<std::string> ListObjectCheckpoints(const std::string& url, const ObjectStoreOptions& options) {
+  return internal::ListCommittedObjects(url, options);
+}
+
+void RemoveObjectCheckpoint(const std::string& url, const ObjectStoreOptions& options) {
+  internal::RemoveObjectCheckpoint(url, options);
+}
+
+void DownloadObjectCheckpoint(const std::string& url, const ObjectStoreOptions& options,
+                              const std::filesystem::path& dir, uint64_t max_bytes) {
+  internal::DownloadObjectCheckpoint(url, options, dir, max_bytes);
 }
 
 }  // namespace ckpt::files

@@ -15,9 +15,11 @@
 
 #include "checkpoint/commit.h"
 #include "checkpoint/device_io.h"
+#include "checkpoint/object_save.h"
 #include "checkpoint/reader.h"
 #include "ckpt/checkpoint.h"
 #include "format/grid.h"
+#include "storage/fs.h"
 #include "storage/pool.h"
 
 namespace ckpt {
@@ -238,6 +240,20 @@ void ReadTensors(const storage::Dir& dir, const std::shared_ptr<const Metadata>&
 }  // namespace
 
 LoadReport Load(const std::filesystem::path& dir, StateDict& target, Comm& comm, const LoadOptions& options) {
+  if (internal::IsObjectUrl(dir)) {
+    // The interim path (ObjectStoreOptions::cache_max_bytes): each rank downloads the
+    // checkpoint into a directory of its own and loads it there. Ranks that downloaded
+    // different versions (a replace in between) fail below with kChanged, as on disk.
+    std::filesystem::path local;
+    struct Remove {
+      std::filesystem::path& p;
+      ~Remove() {
+        if (!p.empty()) storage::RemoveAllQuietly(p);
+      }
+    } remove{local};
+    internal::Phase(comm, [&] { local = internal::DownloadToCache(dir.string(), options.s3, comm.rank()); });
+    return Load(local, target, comm, options);
+  }
   LoadReport report;
   uint64_t version = 0;
   std::shared_ptr<DeviceBackend> device;

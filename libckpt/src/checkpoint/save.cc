@@ -21,6 +21,7 @@
 
 #include "checkpoint/commit.h"
 #include "checkpoint/device_io.h"
+#include "checkpoint/object_save.h"
 #include "ckpt/checkpoint.h"
 #include "layout/save_messages.h"
 #include "layout/save_plan.h"
@@ -178,14 +179,22 @@ void CompareReplicas(const StateDict& state, StagedBytes staged, Comm& comm, con
 // Step 3 on rank 0: the target checked, writers picked (each rank's count of writes into
 // `write_counts`), the staging directory made (into `staging`). Every rank returns the
 // broadcast plan, which lists no write of a fast-path key: each rank knows its own.
-ByteBuffer Distribute(const fs::path& dir, Comm& comm, bool overwrite, layout::SavePlan& plan, const FastPath& fast,
-                      std::vector<uint64_t>& write_counts, fs::path& staging) {
+// On an s3:// target, rank 0 begins the object save (`object`) instead, and the plan carries
+// its nonce where it carries the staging directory's path.
+ByteBuffer Distribute(const fs::path& dir, Comm& comm, const SaveOptions& options, layout::SavePlan& plan,
+                      const FastPath& fast, std::vector<uint64_t>& write_counts, fs::path& staging,
+                      std::unique_ptr<internal::ObjectSave>& object) {
   ByteBuffer message;
   internal::Phase(comm, [&] {
     if (comm.rank() != 0) return;
     layout::AssignWriters(plan);
     write_counts = layout::WriteCounts(plan);
-    staging = internal::MakeStagingDir(dir, overwrite);
+    if (internal::IsObjectUrl(dir)) {
+      object = internal::ObjectSave::Begin(dir.string(), options.s3, options.overwrite);
+      staging = object->nonce();
+    } else {
+      staging = internal::MakeStagingDir(dir, options.overwrite);
+    }
     message = layout::EncodePlan(staging.string(), static_cast<uint32_t>(plan.keys.size()),
                                  layout::WritesByRank(plan, fast.keys));
   }, /*name_ranks=*/false);
@@ -196,15 +205,15 @@ ByteBuffer Distribute(const fs::path& dir, Comm& comm, bool overwrite, layout::S
 // Step 4: this rank's chunks streamed into its shard, which is fsynced. Device chunks come
 // through one staging pipeline in write order, each copied while the one before is written.
 // `check` runs before each chunk; the shard's fsync time goes to `fsync_seconds`.
-layout::RankResult WriteShard(const fs::path& staging, const layout::PlanMessage& plan, const StateDict& state,
-                              StagedBytes staged, int rank, int world, const Compression& compression,
+layout::RankResult WriteShard(const fs::path& staging, const std::string& file, const layout::PlanMessage& plan,
+                              const StateDict& state, StagedBytes staged, const Compression& compression,
                               uint64_t pack_bytes, DeviceBackend* device, const std::function<void()>& check,
                               std::vector<layout::KeyTotals>& totals, double& fsync_seconds) {
   const std::vector<layout::ChunkRef>& writes = plan.writes;
   layout::RankResult result;
   totals.assign(plan.key_count, {});
   if (writes.empty()) return result;
-  result.file = internal::ShardFileName(rank, world);
+  result.file = file;
   storage::ShardWriter writer(staging, result.file, compression, storage::kDefaultBlockBytes, pack_bytes);
   auto written = [&](std::size_t i, const ChunkMeta& chunk) {
     totals[plan.keys[i]].Add(chunk);
@@ -300,7 +309,7 @@ void ReduceTotals(Comm& comm, std::vector<layout::KeyTotals>& totals) {
 void Commit(const fs::path& dir, const fs::path& staging, const layout::SavePlan& plan,
             std::span<const uint64_t> write_counts, const std::vector<layout::RankResult>& results,
             const std::vector<layout::KeyTotals>& totals, int world, const SaveOptions& options,
-            const std::function<void(Metadata&)>& finish) {
+            internal::ObjectSave* object, const std::function<void(Metadata&)>& finish) {
   Metadata m;
   m.state_dict_type = options.state_dict_type;
   m.world_size = world;
@@ -309,7 +318,11 @@ void Commit(const fs::path& dir, const fs::path& staging, const layout::SavePlan
   internal::StampMetadata(m);
   layout::Assemble(plan, write_counts, results, totals, options.compression, m);
   finish(m);
-  internal::CommitStaging(staging, dir, m);
+  if (object) {
+    object->Commit(m);
+  } else {
+    internal::CommitStaging(staging, dir, m);
+  }
 }
 
 using Clock = std::chrono::steady_clock;
@@ -375,7 +388,8 @@ void SaveWithContext(const std::filesystem::path& dir, const StateDict& state, C
   CompareReplicas(state, staged, comm, plan, options.check_replicas, device.get());
   std::vector<uint64_t> write_counts;  // rank 0: every rank's
   fs::path staging;
-  const ByteBuffer plan_message = Distribute(dir, comm, options.overwrite, plan, fast, write_counts, staging);
+  std::unique_ptr<internal::ObjectSave> object;  // an s3:// target's (object_save.h)
+  const ByteBuffer plan_message = Distribute(dir, comm, options, plan, fast, write_counts, staging, object);
   const Clock::time_point planned = Clock::now();
   seconds[1] = Since(start, planned);
 
@@ -385,9 +399,18 @@ void SaveWithContext(const std::filesystem::path& dir, const StateDict& state, C
   try {
     const std::vector<layout::Write> fast_writes = layout::FastWrites(fast.table, fast.keys, rank);
     const layout::PlanMessage mine = layout::DecodePlan(plan_message, rank, world, fast.keys, fast_writes);
-    staging = mine.staging;
-    written = WriteShard(staging, mine, state, staged, rank, world, options.compression, options.pack_bytes,
+    std::string file = internal::ShardFileName(rank, world);
+    if (internal::IsObjectUrl(dir)) {
+      // Each rank stages its shard locally, under the name unique to the save, and uploads it.
+      if (!root) object = internal::ObjectSave::Join(dir.string(), options.s3, mine.staging);
+      staging = object->LocalStaging("r" + std::to_string(rank));
+      file = object->ObjectName(file);
+    } else {
+      staging = mine.staging;
+    }
+    written = WriteShard(staging, file, mine, state, staged, options.compression, options.pack_bytes,
                          device.get(), context.check, totals, seconds[3]);
+    if (object && !written.file.empty()) object->Upload(written.file);
     if (context.check) context.check();
   } catch (...) {
     failure = internal::DescribeCurrentException();
@@ -395,7 +418,11 @@ void SaveWithContext(const std::filesystem::path& dir, const StateDict& state, C
   try {
     internal::AgreeOrThrow(comm, failure);
   } catch (...) {
-    if (root) storage::RemoveAllQuietly(staging);
+    if (object) {
+      object->DiscardUploads();
+    } else if (root) {
+      storage::RemoveAllQuietly(staging);
+    }
     throw;
   }
   const Clock::time_point wrote = Clock::now();
@@ -417,7 +444,7 @@ void SaveWithContext(const std::filesystem::path& dir, const StateDict& state, C
       for (int r = 1; r < world; ++r) results.push_back(layout::DecodeResult(all[r], r));
       std::vector<PhaseSeconds> per_rank(static_cast<std::size_t>(world));
       for (int r = 1; r < world; ++r) per_rank[r] = DecodeSeconds(timings[r], r);
-      Commit(dir, staging, plan, write_counts, results, totals, world, options, [&](Metadata& m) {
+      Commit(dir, staging, plan, write_counts, results, totals, world, options, object.get(), [&](Metadata& m) {
         const Clock::time_point now = Clock::now();
         seconds[4] = Since(wrote, now);
         if (!context.async) seconds[5] = Since(start, now);
@@ -426,7 +453,7 @@ void SaveWithContext(const std::filesystem::path& dir, const StateDict& state, C
         if (context.check) context.check();
       });
     } catch (...) {
-      storage::RemoveAllQuietly(staging);
+      if (!object) storage::RemoveAllQuietly(staging);
       throw;
     }
   }, /*name_ranks=*/false);

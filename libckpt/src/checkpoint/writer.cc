@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "checkpoint/commit.h"
+#include "checkpoint/object_save.h"
 #include "ckpt/checkpoint.h"
 #include "format/grid.h"
 #include "format/names.h"
@@ -27,13 +28,21 @@ class Writer final : public CheckpointWriter {
     if (options_.num_files < 1 || options_.world_size < 1) {
       throw Error(ErrorCode::kInvalidArgument, "CheckpointWriter: num_files and world_size must be >= 1");
     }
-    staging_ = internal::MakeStagingDir(dir_, options_.overwrite);
+    if (internal::IsObjectUrl(dir_)) {
+      // s3://: the files are staged locally under names unique to this save and uploaded at
+      // Commit, which then commits metadata.json by one conditional PUT.
+      object_ = internal::ObjectSave::Begin(dir_.string(), options_.s3, options_.overwrite);
+      staging_ = object_->LocalStaging("writer");
+    } else {
+      staging_ = internal::MakeStagingDir(dir_, options_.overwrite);
+    }
     shards_.resize(static_cast<std::size_t>(options_.num_files));
   }
 
   ~Writer() override {
     shards_.clear();
-    if (!committed_) storage::RemoveAllQuietly(staging_);
+    if (!committed_ && !object_) storage::RemoveAllQuietly(staging_);
+    if (!committed_ && object_) object_->DiscardUploads();
   }
 
   void WriteChunk(std::string_view key_view, DType dtype, const Shape& shape, const Box& box, const void* data,
@@ -113,7 +122,12 @@ class Writer final : public CheckpointWriter {
     metadata_.BuildIndex();
     // Round-trip through the parser: what we commit is what any reader will accept.
     ParseMetadata(SerializeMetadata(metadata_), (dir_ / "metadata.json").string());
-    internal::CommitStaging(staging_, dir_, metadata_);
+    if (object_) {
+      for (const FileMeta& f : metadata_.files) object_->Upload(f.name);
+      object_->Commit(metadata_);
+    } else {
+      internal::CommitStaging(staging_, dir_, metadata_);
+    }
     committed_ = true;
     return metadata_;
   }
@@ -248,7 +262,9 @@ class Writer final : public CheckpointWriter {
     }
     auto& s = shards_[static_cast<std::size_t>(index)];
     if (!s) {
-      s = std::make_unique<storage::ShardWriter>(staging_, internal::ShardFileName(index, options_.num_files),
+      std::string name = internal::ShardFileName(index, options_.num_files);
+      if (object_) name = object_->ObjectName(name);
+      s = std::make_unique<storage::ShardWriter>(staging_, name,
                                                  options_.compression, storage::kDefaultBlockBytes,
                                                  options_.pack_bytes);
     }
@@ -258,6 +274,7 @@ class Writer final : public CheckpointWriter {
   std::filesystem::path dir_;
   Options options_;
   std::filesystem::path staging_;
+  std::unique_ptr<internal::ObjectSave> object_;  // an s3:// target's (object_save.h)
   std::vector<std::unique_ptr<storage::ShardWriter>> shards_;
   Metadata metadata_;
   std::unordered_map<std::string, std::size_t> index_;

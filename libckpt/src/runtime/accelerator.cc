@@ -609,6 +609,7 @@ SaveOptions Accelerator::CoreSaveOptions(const SaveStateOptions& options) {
   SaveOptions so;
   so.state_dict_type = options.state_dict_type;
   so.overwrite = options.overwrite;
+  so.s3 = options.s3;
   so.compression = options.compression;
   so.user_metadata = user.dump();
   so.mesh = MeshJson();
@@ -661,6 +662,7 @@ LoadReport Accelerator::LoadState(const std::filesystem::path& dir, const LoadSt
   LoadOptions lo;
   lo.state_dict_type = options.state_dict_type;
   lo.strict = options.strict;
+  lo.s3 = options.s3;
   LoadReport report = Load(dir, sd, *world_, lo);
   error.clear();
   try {

@@ -25,14 +25,23 @@ std::optional<int64_t> StepOfName(std::string_view name) {
 
 std::optional<int64_t> StepOf(const fs::path& dir) { return StepOfName(dir.filename().string()); }
 
+bool IsObjectRoot(const fs::path& root) { return root.native().rfind("s3://", 0) == 0; }
+
 bool IsCommitted(const fs::path& dir) {
   std::error_code ec;
   return fs::is_regular_file(dir / kMetadataFileName, ec);
 }
 
 // Committed checkpoints under `root`, oldest first (by step).
-std::vector<std::pair<int64_t, fs::path>> CommittedIn(const fs::path& root) {
+std::vector<std::pair<int64_t, fs::path>> CommittedIn(const fs::path& root, const ObjectStoreOptions& s3) {
   std::vector<std::pair<int64_t, fs::path>> out;
+  if (IsObjectRoot(root)) {
+    for (const std::string& name : files::ListObjectCheckpoints(root.string(), s3)) {
+      if (const auto step = StepOfName(name)) out.emplace_back(*step, root / name);
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  }
   std::error_code ec;
   if (!fs::is_directory(root, ec)) return out;
   for (const auto& e : fs::directory_iterator(root, ec)) {
@@ -44,8 +53,8 @@ std::vector<std::pair<int64_t, fs::path>> CommittedIn(const fs::path& root) {
 }
 }  // namespace
 
-CheckpointManager::CheckpointManager(Accelerator& accel, fs::path root, int keep_last)
-    : accel_(&accel), root_(std::move(root)), keep_last_(std::max(keep_last, 1)) {}
+CheckpointManager::CheckpointManager(Accelerator& accel, fs::path root, int keep_last, ObjectStoreOptions s3)
+    : accel_(&accel), root_(std::move(root)), keep_last_(std::max(keep_last, 1)), s3_(std::move(s3)) {}
 
 fs::path CheckpointManager::DirFor(const fs::path& root, int64_t step) {
   char buf[32];
@@ -53,9 +62,14 @@ fs::path CheckpointManager::DirFor(const fs::path& root, int64_t step) {
   return root / buf;
 }
 
-std::vector<std::pair<int64_t, fs::path>> CheckpointManager::Committed() const { return CommittedIn(root_); }
+std::vector<std::pair<int64_t, fs::path>> CheckpointManager::Committed() const { return CommittedIn(root_, s3_); }
 
 std::optional<std::pair<int64_t, fs::path>> CheckpointManager::Latest() const {
+  if (IsObjectRoot(root_)) {  // the newest committed step: no marker to keep in step
+    auto all = Committed();
+    if (all.empty()) return std::nullopt;
+    return all.back();
+  }
   std::string name;
   try {
     name = files::ReadSmallFile(root_ / kLatest, 4096);
@@ -77,14 +91,20 @@ namespace {
 
 // After `dir` committed, on every rank of `comm`: rank 0 points `latest` at it and prunes
 // beyond `keep` (each pruned step un-committed before its files go); agreed.
-void MarkLatestAndPrune(Comm& comm, const fs::path& root, const fs::path& dir, int keep) {
+void MarkLatestAndPrune(Comm& comm, const fs::path& root, const fs::path& dir, int keep, const ObjectStoreOptions& s3) {
   std::string error;
   if (comm.rank() == 0) {
     try {
-      files::CommitFile(root / kLatest, dir.filename().string() + "\n");
-      auto all = CommittedIn(root);
-      for (std::size_t i = 0; i + static_cast<std::size_t>(keep) < all.size(); ++i)
-        files::RemoveCheckpoint(all[i].second);
+      const bool object = IsObjectRoot(root);
+      if (!object) files::CommitFile(root / kLatest, dir.filename().string() + "\n");
+      auto all = CommittedIn(root, s3);
+      for (std::size_t i = 0; i + static_cast<std::size_t>(keep) < all.size(); ++i) {
+        if (object) {
+          files::RemoveObjectCheckpoint(all[i].second.string(), s3);
+        } else {
+          files::RemoveCheckpoint(all[i].second);
+        }
+      }
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -112,9 +132,14 @@ void CheckpointManager::PrepareRoot() {
   std::string error;
   if (comm.rank() == 0) {
     try {
-      files::MakeDirs(root_);
-      // Leftovers of saves and prunings that were killed, whatever their step.
-      files::CleanLeftovers(root_, [](std::string_view t) { return StepOfName(t) || t == kLatest; });
+      if (IsObjectRoot(root_)) {
+        // Leftovers of saves that lost, failed or were killed, past their grace period.
+        files::CleanObjectLeftovers(root_.string(), s3_);
+      } else {
+        files::MakeDirs(root_);
+        // Leftovers of saves and prunings that were killed, whatever their step.
+        files::CleanLeftovers(root_, [](std::string_view t) { return StepOfName(t) || t == kLatest; });
+      }
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -128,8 +153,9 @@ fs::path CheckpointManager::Save(int64_t step, const SaveStateOptions& options) 
   const fs::path dir = DirFor(root_, step);
   SaveStateOptions so = options;
   so.overwrite = true;  // a re-run of the same step replaces it atomically
+  if (IsObjectRoot(root_)) so.s3 = s3_;
   accel_->SaveState(dir, so);
-  MarkLatestAndPrune(accel_->world(), root_, dir, keep_last_);
+  MarkLatestAndPrune(accel_->world(), root_, dir, keep_last_, s3_);
   return dir;
 }
 
@@ -139,8 +165,10 @@ SaveHandle CheckpointManager::SaveAsync(int64_t step, const SaveStateOptions& op
   const fs::path dir = DirFor(root_, step);
   SaveStateOptions so = options;
   so.overwrite = true;
-  in_flight_ = accel_->SaveStateAsync(
-      dir, so, [root = root_, dir, keep = keep_last_](Comm& background) { MarkLatestAndPrune(background, root, dir, keep); });
+  if (IsObjectRoot(root_)) so.s3 = s3_;
+  in_flight_ = accel_->SaveStateAsync(dir, so, [root = root_, dir, keep = keep_last_, s3 = s3_](Comm& background) {
+    MarkLatestAndPrune(background, root, dir, keep, s3);
+  });
   return in_flight_;
 }
 
@@ -159,7 +187,9 @@ std::optional<int64_t> CheckpointManager::Resume(const LoadStateOptions& options
   const std::string s(choice.begin(), choice.end());
   const auto nl = s.find('\n');
   const int64_t step = std::stoll(s.substr(0, nl));
-  accel_->LoadState(s.substr(nl + 1), options);
+  LoadStateOptions lo = options;
+  if (IsObjectRoot(root_)) lo.s3 = s3_;
+  accel_->LoadState(s.substr(nl + 1), lo);
   return step;
 }
 

@@ -101,6 +101,7 @@ struct SaveStateOptions {
   StateDictType state_dict_type = StateDictType::kSharded;
   bool overwrite = false;
   Compression compression;
+  ObjectStoreOptions s3;  // for an s3:// target (ckpt/checkpoint.h)
 };
 
 struct LoadStateOptions {
@@ -108,6 +109,7 @@ struct LoadStateOptions {
   // the same strategy, mesh and world size.
   StateDictType state_dict_type = StateDictType::kSharded;
   bool strict = true;
+  ObjectStoreOptions s3;  // for an s3:// checkpoint (ckpt/checkpoint.h)
 };
 
 struct SaveFullOptions {

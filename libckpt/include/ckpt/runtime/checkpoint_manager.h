@@ -9,6 +9,15 @@
 // checkpoints are pruned, only after the new one has committed. At most one is in flight:
 // every other call (Save, SaveAsync, Resume) first waits for it.
 //
+// On object storage (`root` = s3://bucket/prefix, reached with the ObjectStoreOptions given
+// at construction, which override SaveStateOptions::s3): the same layout of prefixes
+// "<root>/step-<8 digits>/", committed when their metadata.json is there. No `latest`
+// object is kept: Latest() is the newest committed step (one LIST). Pruning deletes a
+// checkpoint's metadata.json first, then its objects. Before each save, leftovers under the
+// root older than ObjectStoreOptions::leftover_grace_seconds are removed
+// (files::CleanObjectLeftovers). Resume loads through Load's interim s3:// path (each rank
+// downloads the checkpoint: ObjectStoreOptions::cache_max_bytes).
+//
 // Threading: one manager per rank; Save, SaveAsync and Resume are COLLECTIVE.
 #pragma once
 
@@ -23,7 +32,8 @@ namespace ckpt::runtime {
 
 class CheckpointManager {
  public:
-  CheckpointManager(Accelerator& accel, std::filesystem::path root, int keep_last = 3);
+  CheckpointManager(Accelerator& accel, std::filesystem::path root, int keep_last = 3,
+                    ObjectStoreOptions s3 = {});
   // Waits for the save in flight (its failure, if any, is then the next SaveAsync's on the
   // world Comm, or printed when that goes too: call Wait() to see it).
   ~CheckpointManager();
@@ -54,6 +64,7 @@ class CheckpointManager {
   Accelerator* accel_;
   std::filesystem::path root_;
   int keep_last_;
+  ObjectStoreOptions s3_;
   SaveHandle in_flight_;
 };
 
