@@ -29,6 +29,9 @@ class JsonObjectText {
     out_ += ':';
   }
   void Close() { out_ += first_ ? "{}" : "}"; }
+  // An object as the value of the member just named.
+  JsonObjectText Child() { return JsonObjectText(out_); }
+  std::string& out() { return out_; }
 
   static void String(std::string& out, std::string_view v) {
     bool plain = true;

@@ -1,0 +1,65 @@
+// format/json_value.h: JSON values. Every JSON text the library reads goes through
+// ReadJson, nlohmann-json's SAX parser under the reader's limits (FORMAT.md §8): nesting
+// depth and duplicate keys (nlohmann::json would keep the last of two). A document's reader
+// chooses, as each container begins, whether to take it as one tree (a record: small) or
+// member by member (the long lists: a checkpoint's entries, a shard's chunk records), so no
+// tree of a whole document is ever built.
+//
+// Speed: the metadata-scale target (FORMAT.md §8; 16,384 ranks x 1,000 tensors, a 2.4 MiB
+// metadata.json) is parsed in <= 0.05 s; bench/core/bench_scale.cc measures it (see
+// ParseMetadata in format/metadata_reader.cc for the figure).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ckpt::format {
+
+// A tree: objects are std::maps, so dump() writes a value's members sorted (the text the
+// model keeps for JSON values, and what messages quote).
+using Json = nlohmann::json;
+// Small objects written in the order their members are given.
+using OrderedJson = nlohmann::ordered_json;
+
+// Where a value stands: the keys of the members that lead to it from the root (an array's
+// element: its array's path and an empty step).
+using JsonPath = std::vector<std::string>;
+
+// What a document's reader does with the values of one JSON text.
+class JsonVisitor {
+ public:
+  virtual ~JsonVisitor() = default;
+  // A container begins at `path`: true to be handed its members (elements) one by one,
+  // false to be handed it whole, as one tree, when it ends.
+  virtual bool Descend(const JsonPath& path, bool object) = 0;
+  // A value at `path` that is not descended into: a scalar or a whole container.
+  virtual void Value(const JsonPath& path, Json&& value) = 0;
+};
+
+// The first thing that makes a text not a JSON document within the limits.
+struct JsonProblem {
+  bool syntax = false;  // not JSON: `what` is nlohmann::json's words (with the place)
+  std::string what;     // otherwise: "duplicate key 'k'", "JSON nesting deeper than N"
+};
+
+// Reads `text` (RFC 8259 as nlohmann::json reads it) into `visitor`; the problem that
+// stopped it, if any. Exceptions the visitor throws pass through.
+std::optional<JsonProblem> ReadJson(std::string_view text, int max_depth, JsonVisitor& visitor);
+
+// A value's text as nlohmann::json's dump() writes it; throws kInvalidArgument ("invalid
+// JSON value: ...") when `text` is not JSON.
+std::string NormalizedJson(std::string_view text);
+
+// A number's kinds as nlohmann tells them apart: an integer without a minus sign is
+// unsigned, one with it signed, anything else (a fraction, an exponent, an integer beyond
+// 64 bits) a float.
+inline bool IsNonNegativeInt64(const Json& v) {
+  return v.is_number_unsigned() && v.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX);
+}
+
+}  // namespace ckpt::format
