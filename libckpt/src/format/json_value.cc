@@ -3,7 +3,6 @@
 
 #include <unordered_set>
 
-#include "ckpt/error.h"
 
 namespace ckpt::format {
 namespace {
@@ -110,14 +109,6 @@ std::optional<JsonProblem> ReadJson(std::string_view text, int max_depth, JsonVi
   Router router(max_depth, visitor);
   Json::sax_parse(text.begin(), text.end(), &router);
   return std::move(router.problem);
-}
-
-std::string NormalizedJson(std::string_view text) {
-  try {
-    return Json::parse(text).dump();
-  } catch (const Json::exception& e) {
-    throw Error(ErrorCode::kInvalidArgument, std::string("invalid JSON value: ") + e.what());
-  }
 }
 
 }  // namespace ckpt::format

@@ -51,10 +51,6 @@ struct JsonProblem {
 // stopped it, if any. Exceptions the visitor throws pass through.
 std::optional<JsonProblem> ReadJson(std::string_view text, int max_depth, JsonVisitor& visitor);
 
-// A value's text as nlohmann::json's dump() writes it; throws kInvalidArgument ("invalid
-// JSON value: ...") when `text` is not JSON.
-std::string NormalizedJson(std::string_view text);
-
 // A number's kinds as nlohmann tells them apart: an integer without a minus sign is
 // unsigned, one with it signed, anything else (a fraction, an exponent, an integer beyond
 // 64 bits) a float.
