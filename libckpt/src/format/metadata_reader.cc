@@ -375,13 +375,13 @@ EntryMeta CheckEntry(const Ctx& ctx, const Json& e, const DocContext& doc) {
   EntryMeta m;
   const std::string& type = Str(ctx, e, n::kType);
   if (doc.version >= 2 && e.contains(n::kChunks)) ctx.Fail("a version 2 entry has a 'layout', not 'chunks'");
-  if (type == "tensor") {
+  if (type == EntryKindName(EntryKind::kTensor)) {
     CheckTensor(ctx, e, doc, m);
-  } else if (type == "scalar") {
+  } else if (type == EntryKindName(EntryKind::kScalar)) {
     CheckScalar(ctx, e, m);
-  } else if (type == "bytes") {
+  } else if (type == EntryKindName(EntryKind::kBytes)) {
     CheckBytes(ctx, e, doc, m);
-  } else if (type == "json") {
+  } else if (type == EntryKindName(EntryKind::kJson)) {
     m.kind = EntryKind::kJson;
     const Json* v = Get(e, n::kValue);
     if (!v) ctx.Fail("missing field 'value'");
@@ -423,11 +423,11 @@ PhaseTiming ParsePhase(const Ctx& ctx, const Json& j, const std::string& name, i
 SaveTimings ParseTimings(const Ctx& ctx, const Json& j, int world_size) {
   if (!j.is_object()) TimingsProblem(ctx, "must be an object");
   const auto mode = j.find(n::kMode);
-  if (mode == j.end() || !mode->is_string() || (*mode != "sync" && *mode != "async")) {
+  if (mode == j.end() || !mode->is_string() || (*mode != n::kSync && *mode != n::kAsync)) {
     TimingsProblem(ctx, "'mode' must be \"sync\" or \"async\"");
   }
   SaveTimings t;
-  t.async = *mode == "async";
+  t.async = *mode == n::kAsync;
   for (std::size_t i = 0; i < std::size(kSavePhaseNames); ++i) {
     SavePhase(t, i) = ParsePhase(ctx, j, kSavePhaseNames[i], world_size);
   }

@@ -30,7 +30,7 @@ double Microseconds(double s) { return std::round(s * 1e6) / 1e6; }
 
 OrderedJson TimingsJson(const SaveTimings& t) {
   OrderedJson j;
-  j[n::kMode] = t.async ? "async" : "sync";
+  j[n::kMode] = t.async ? n::kAsync : n::kSync;
   for (std::size_t i = 0; i < std::size(kSavePhaseNames); ++i) {
     const PhaseTiming& p = SavePhase(t, i);
     j[kSavePhaseNames[i]] = {{n::kMin, Microseconds(p.min)},
