@@ -58,4 +58,10 @@ inline bool IsNonNegativeInt64(const Json& v) {
   return v.is_number_unsigned() && v.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX);
 }
 
+// Member `key` of object `o`, or nullptr.
+inline const Json* Member(const Json& o, const char* key) {
+  const auto it = o.find(key);
+  return it == o.end() ? nullptr : &*it;
+}
+
 }  // namespace ckpt::format

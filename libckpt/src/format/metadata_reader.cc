@@ -18,58 +18,34 @@
 #include "format/checked.h"
 #include "format/checksum.h"
 #include "format/compression.h"
-#include "format/grid.h"
 #include "format/json_value.h"
+#include "format/layout_record.h"
 #include "format/metadata_model.h"
 #include "format/names.h"
+#include "format/save_timings.h"
 #include "format/stats.h"
 
 namespace ckpt {
 namespace {
 
+using format::Ctx;
 using format::FileIndex;
 using format::Json;
+using format::Member;
 namespace n = names;
 
 [[noreturn]] void Corrupt(std::string_view source, const std::string& what) {
   throw Error(ErrorCode::kCorrupt, std::string(source) + ": " + what);
 }
 
-// Where a problem is: the file, and the entry's key when in an entry.
-struct Ctx {
-  std::string_view source;
-  const std::string* key = nullptr;
-
-  std::string Where() const { return key ? "entry '" + *key + "'" : std::string(); }
-  Error Problem(const std::string& what) const {
-    const std::string where = Where();
-    return Error(ErrorCode::kCorrupt, std::string(source) + ": " + (where.empty() ? what : where + ": " + what));
-  }
-  [[noreturn]] void Fail(const std::string& what) const { throw Problem(what); }
-  [[noreturn]] void Unsupported(const std::string& what) const {
-    throw Error(ErrorCode::kUnsupported, std::string(source) + ": " + Where() + ": " + what);
-  }
-};
-
 // --- fields of an object (a tree) -------------------------------------------------------
-
-const Json* Get(const Json& o, const char* key) {
-  const auto it = o.find(key);
-  return it == o.end() ? nullptr : &*it;
-}
-
-std::string FormatDims(const Shape& s) {
-  std::string r = "[";
-  for (std::size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + "]";
-}
 
 const std::string& Str(const Ctx& ctx, const Json* v, const char* key) {
   if (!v) ctx.Fail(std::string("missing field '") + key + "'");
   if (!v->is_string()) ctx.Fail(std::string("field '") + key + "' must be a string");
   return v->get_ref<const std::string&>();
 }
-const std::string& Str(const Ctx& ctx, const Json& o, const char* key) { return Str(ctx, Get(o, key), key); }
+const std::string& Str(const Ctx& ctx, const Json& o, const char* key) { return Str(ctx, Member(o, key), key); }
 
 int64_t NonNeg(const Ctx& ctx, const Json& v, const std::string& what) {
   if (v.is_number_unsigned()) {
@@ -86,7 +62,7 @@ int64_t NonNeg(const Ctx& ctx, const Json* v, const char* key) {
 }
 
 Shape Dims(const Ctx& ctx, const Json& o, const char* key, int max_rank) {
-  const Json* v = Get(o, key);
+  const Json* v = Member(o, key);
   if (!v) ctx.Fail(std::string("missing field '") + key + "'");
   if (!v->is_array()) ctx.Fail(std::string("field '") + key + "' must be an array");
   if (v->size() > static_cast<std::size_t>(max_rank)) {
@@ -101,7 +77,7 @@ Shape Dims(const Ctx& ctx, const Json& o, const char* key, int max_rank) {
 
 // stats: absent or null for none (FORMAT.md §7.3); a real that is not a number reads as NaN.
 std::optional<ChunkStats> CheckStats(const Ctx& ctx, const Json& o) {
-  const Json* v = Get(o, n::kStats);
+  const Json* v = Member(o, n::kStats);
   if (!v || v->is_null()) return std::nullopt;
   if (!v->is_object()) ctx.Fail("'stats' must be an object");
   return format::ReadStats(*v, /*strict=*/false, [&](const char* name, const Json* x) { NonNeg(ctx, x, name); });
@@ -110,7 +86,7 @@ std::optional<ChunkStats> CheckStats(const Ctx& ctx, const Json& o) {
 // compression: absent or null for none (FORMAT.md §6).
 Compression CheckCompression(const Ctx& ctx, const Json& o, format::LevelRule rule) {
   using format::CompressionFault;
-  const Json* v = Get(o, n::kCompression);
+  const Json* v = Member(o, n::kCompression);
   if (!v || v->is_null()) return {};
   return format::ReadCompression(*v, rule, [&](CompressionFault f, const Json& x) {
     switch (f) {
@@ -138,119 +114,10 @@ ChunkMeta CheckChunk(const Ctx& ctx, const Json& c, bool tensor_chunk, int max_r
   if (!format::IsChecksum(m.checksum)) {
     ctx.Fail("checksum '" + m.checksum + "' is not of the form xxh3-64:<16 hex digits>");
   }
-  if (const Json* stored = Get(c, n::kStoredBytes)) m.stored_bytes = NonNeg(ctx, *stored, n::kStoredBytes);
+  if (const Json* stored = Member(c, n::kStoredBytes)) m.stored_bytes = NonNeg(ctx, *stored, n::kStoredBytes);
   m.compression = CheckCompression(ctx, c, format::LevelRule::kInRange);
   m.stats = CheckStats(ctx, c);
   return m;
-}
-
-// --- v2 layouts (FORMAT.md §3.3) -------------------------------------------------------
-
-int64_t LayoutInt(const Ctx& ctx, const Json& v, const char* what) {
-  if (!v.is_number_integer()) ctx.Fail(std::string("layout: '") + what + "' must be an integer");
-  if (v.is_number_unsigned() && !format::IsNonNegativeInt64(v)) {
-    ctx.Fail(std::string("layout: '") + what + "' is too large");
-  }
-  return v.get<int64_t>();
-}
-
-int32_t FileNumber(const Ctx& ctx, const Json& v, std::size_t num_files) {
-  const int64_t f = LayoutInt(ctx, v, n::kFile);
-  if (f < 0 || static_cast<uint64_t>(f) >= num_files) {
-    ctx.Fail("file " + std::to_string(f) + " is not one of the " + std::to_string(num_files) + " in 'files'");
-  }
-  return static_cast<int32_t>(f);
-}
-
-std::vector<int64_t> LayoutDims(const Ctx& ctx, const Json& v, const char* what, int max_rank) {
-  if (!v.is_array()) ctx.Fail(std::string("layout: '") + what + "' must be an array");
-  if (v.size() > static_cast<std::size_t>(max_rank)) ctx.Fail(std::string("layout: '") + what + "' has too many dimensions");
-  std::vector<int64_t> out;
-  out.reserve(v.size());
-  for (const Json& x : v) {
-    const int64_t i = LayoutInt(ctx, x, what);
-    if (i < 0) ctx.Fail(std::string("layout: an element of '") + what + "' is negative");
-    out.push_back(i);
-  }
-  return out;
-}
-
-// An explicit layout: its pieces, each inside `shape`.
-void LayoutChunks(const Ctx& ctx, const Json& chunks, const Shape& shape, std::size_t num_files, int max_rank,
-                  TensorLayout& l) {
-  l.kind = TensorLayout::Kind::kChunks;
-  if (!chunks.is_array()) ctx.Fail("layout: 'chunks' must be an array");
-  for (const Json& c : chunks) {
-    if (!c.is_object() || !c.contains(n::kOffsets) || !c.contains(n::kSizes) || !c.contains(n::kFile)) {
-      ctx.Fail("layout: a chunk must be an object with 'offsets', 'sizes' and 'file'");
-    }
-    TensorLayout::Piece p;
-    p.box.offsets = LayoutDims(ctx, c.at(n::kOffsets), n::kOffsets, max_rank);
-    p.box.sizes = LayoutDims(ctx, c.at(n::kSizes), n::kSizes, max_rank);
-    p.file = FileNumber(ctx, c.at(n::kFile), num_files);
-    if (p.box.offsets.size() != shape.size() || p.box.sizes.size() != shape.size()) {
-      ctx.Fail("chunk " + p.box.ToString() + " has a different rank than shape " + FormatDims(shape));
-    }
-    for (std::size_t d = 0; d < shape.size(); ++d) {
-      int64_t end;
-      if (__builtin_add_overflow(p.box.offsets[d], p.box.sizes[d], &end) || end > shape[d]) {
-        ctx.Fail("chunk " + p.box.ToString() + " lies outside shape " + FormatDims(shape));
-      }
-    }
-    l.pieces.push_back(std::move(p));
-  }
-}
-
-// A grid layout: one split per dimension, and the files of its cells.
-void LayoutGrid(const Ctx& ctx, const Json& j, const Shape& shape, std::size_t num_files, TensorLayout& l) {
-  l.kind = TensorLayout::Kind::kGrid;
-  const Json& grid = j.at(n::kGrid);
-  if (!grid.is_array() || grid.size() != shape.size()) {
-    ctx.Fail("layout: 'grid' must have one split per dimension of shape " + FormatDims(shape));
-  }
-  for (const Json& d : grid) {
-    DimSplit split;
-    if (!d.is_object() || d.contains(n::kStep) == d.contains(n::kSizes)) {
-      ctx.Fail("layout: a split must be an object with either 'step' or 'sizes'");
-    }
-    if (d.contains(n::kStep)) split.step = LayoutInt(ctx, d.at(n::kStep), n::kStep);
-    else split.sizes = LayoutDims(ctx, d.at(n::kSizes), n::kSizes, std::numeric_limits<int>::max());
-    l.grid.push_back(std::move(split));
-  }
-  const Json* files = Get(j, n::kFiles);
-  if (files && files->is_array()) {
-    l.cell_files.reserve(files->size());
-    for (const Json& f : *files) l.cell_files.push_back(FileNumber(ctx, f, num_files));
-  } else if (files && files->is_object() && files->contains(n::kBase) && files->contains(n::kStrides)) {
-    l.file_base = LayoutInt(ctx, files->at(n::kBase), n::kBase);
-    const Json& strides = files->at(n::kStrides);
-    if (!strides.is_array()) ctx.Fail("layout: 'strides' must be an array");
-    for (const Json& t : strides) l.file_strides.push_back(LayoutInt(ctx, t, n::kStrides));
-  } else {
-    ctx.Fail("layout: 'files' must be an array of file numbers or {\"base\", \"strides\"}");
-  }
-}
-
-TensorLayout ParseLayout(const Ctx& ctx, const Json& e, const Shape& shape, std::size_t num_files, int max_rank) {
-  const Json* j = Get(e, n::kLayout);
-  if (!j) ctx.Fail("missing field 'layout'");
-  if (!j->is_object()) ctx.Fail("'layout' must be an object");
-  TensorLayout l;
-  try {
-    if (j->contains(n::kGrid) == j->contains(n::kChunks)) ctx.Fail("'layout' must hold either 'grid' or 'chunks'");
-    if (j->contains(n::kChunks)) {
-      LayoutChunks(ctx, j->at(n::kChunks), shape, num_files, max_rank, l);
-    } else {
-      LayoutGrid(ctx, *j, shape, num_files, l);
-    }
-  } catch (const Json::exception& ex) {
-    ctx.Fail(std::string("layout: ") + ex.what());
-  }
-  if (const auto problems = grid::CheckLayout(ctx.key ? *ctx.key : std::string(), l, shape, num_files);
-      !problems.empty()) {
-    Corrupt(ctx.source, problems.front());
-  }
-  return l;
 }
 
 // --- entries (FORMAT.md §3.2) ----------------------------------------------------------
@@ -278,7 +145,7 @@ void CheckFile(const Ctx& ctx, const ChunkMeta& c, const FileIndex& files) {
 // A v1 tensor's chunks: each checked alone, then, those before the first that failed,
 // against the shape and the files; the failure after them.
 void CheckTensorChunks(const Ctx& ctx, const Json& e, const DocContext& doc, EntryMeta& m) {
-  const Json* chunks = Get(e, n::kChunks);
+  const Json* chunks = Member(e, n::kChunks);
   if (!chunks) ctx.Fail("missing field 'chunks'");
   if (!chunks->is_array()) ctx.Fail("'chunks' must be an array");
   std::exception_ptr problem;
@@ -293,7 +160,7 @@ void CheckTensorChunks(const Ctx& ctx, const Json& e, const DocContext& doc, Ent
   }
   for (const ChunkMeta& chunk : m.chunks) {
     if (chunk.box.offsets.size() != m.shape.size() || chunk.box.sizes.size() != m.shape.size()) {
-      ctx.Fail("chunk " + chunk.box.ToString() + " has a different rank than shape " + FormatDims(m.shape));
+      ctx.Fail("chunk " + chunk.box.ToString() + " has a different rank than shape " + format::DimsText(m.shape));
     }
     for (std::size_t d = 0; d < m.shape.size(); ++d) {
       int64_t end;
@@ -301,7 +168,7 @@ void CheckTensorChunks(const Ctx& ctx, const Json& e, const DocContext& doc, Ent
         internal::CheckedAdd(chunk.box.offsets[d], chunk.box.sizes[d],
                              std::string(ctx.source) + ": " + ctx.Where());  // throws
       }
-      if (end > m.shape[d]) ctx.Fail("chunk " + chunk.box.ToString() + " lies outside shape " + FormatDims(m.shape));
+      if (end > m.shape[d]) ctx.Fail("chunk " + chunk.box.ToString() + " lies outside shape " + format::DimsText(m.shape));
     }
     CheckFile(ctx, chunk, *doc.files);
   }
@@ -317,7 +184,7 @@ void CheckTensor(const Ctx& ctx, const Json& e, const DocContext& doc, EntryMeta
     try {
       return NumElements(m.shape);
     } catch (const Error&) {
-      ctx.Fail("shape " + FormatDims(m.shape) + " has more elements than fit in 64 bits");
+      ctx.Fail("shape " + format::DimsText(m.shape) + " has more elements than fit in 64 bits");
     }
   }();
   int64_t bytes;
@@ -326,16 +193,16 @@ void CheckTensor(const Ctx& ctx, const Json& e, const DocContext& doc, EntryMeta
                          std::string(ctx.source) + ": " + ctx.Where());  // throws, worded as ever
   }
   if (doc.version < 2) return CheckTensorChunks(ctx, e, doc, m);
-  m.layout = ParseLayout(ctx, e, m.shape, doc.num_files, doc.limits->max_rank);
+  m.layout = format::ReadLayout(ctx, e, m.shape, doc.num_files, doc.limits->max_rank);
   m.stats = CheckStats(ctx, e);
-  if (const Json* stored = Get(e, n::kStoredBytes)) m.stored_bytes = static_cast<uint64_t>(NonNeg(ctx, stored, n::kStoredBytes));
+  if (const Json* stored = Member(e, n::kStoredBytes)) m.stored_bytes = static_cast<uint64_t>(NonNeg(ctx, stored, n::kStoredBytes));
   m.compression = CheckCompression(ctx, e, format::LevelRule::kClamped);
 }
 
 void CheckScalar(const Ctx& ctx, const Json& e, EntryMeta& m) {
   m.kind = EntryKind::kScalar;
   m.dtype = CheckDType(ctx, e);
-  const Json* v = Get(e, n::kValue);
+  const Json* v = Member(e, n::kValue);
   if (!v) ctx.Fail("missing field 'value'");
   if (!v->is_number() && !v->is_boolean()) ctx.Fail("a scalar value must be a number or boolean");
   // Readers convert an integer or bool scalar to int64_t (FORMAT.md §9.5): a value
@@ -350,10 +217,10 @@ void CheckScalar(const Ctx& ctx, const Json& e, EntryMeta& m) {
 void CheckBytes(const Ctx& ctx, const Json& e, const DocContext& doc, EntryMeta& m) {
   m.kind = EntryKind::kBytes;
   m.dtype = DType::kUInt8;
-  m.size = static_cast<uint64_t>(NonNeg(ctx, Get(e, n::kSize), n::kSize));
+  m.size = static_cast<uint64_t>(NonNeg(ctx, Member(e, n::kSize), n::kSize));
   if (m.size > (uint64_t{1} << 62)) ctx.Fail("size " + std::to_string(m.size) + " is absurd");
   if (doc.version >= 2) {
-    const Json* file = Get(e, n::kFile);
+    const Json* file = Member(e, n::kFile);
     if (!file) ctx.Fail("missing field 'file'");
     if (!file->is_number_unsigned() || file->get<uint64_t>() >= doc.num_files) {
       ctx.Fail("'file' must be the number of one of the " + std::to_string(doc.num_files) + " in 'files', found " +
@@ -361,7 +228,7 @@ void CheckBytes(const Ctx& ctx, const Json& e, const DocContext& doc, EntryMeta&
     }
     m.layout.kind = TensorLayout::Kind::kChunks;
     m.layout.pieces.push_back({Box{{0}, {static_cast<int64_t>(m.size)}}, static_cast<int32_t>(file->get<uint64_t>())});
-    if (const Json* stored = Get(e, n::kStoredBytes)) m.stored_bytes = static_cast<uint64_t>(NonNeg(ctx, stored, n::kStoredBytes));
+    if (const Json* stored = Member(e, n::kStoredBytes)) m.stored_bytes = static_cast<uint64_t>(NonNeg(ctx, stored, n::kStoredBytes));
     return;
   }
   ChunkMeta chunk = CheckChunk(ctx, e, /*tensor_chunk=*/false, doc.limits->max_rank);
@@ -383,55 +250,13 @@ EntryMeta CheckEntry(const Ctx& ctx, const Json& e, const DocContext& doc) {
     CheckBytes(ctx, e, doc, m);
   } else if (type == EntryKindName(EntryKind::kJson)) {
     m.kind = EntryKind::kJson;
-    const Json* v = Get(e, n::kValue);
+    const Json* v = Member(e, n::kValue);
     if (!v) ctx.Fail("missing field 'value'");
     m.value = v->dump();
   } else {
     ctx.Fail("unknown entry type '" + type + "'");
   }
   return m;
-}
-
-// --- §3.8 save timings: members it does not know are ignored (§1.5) --------------------
-
-[[noreturn]] void TimingsProblem(const Ctx& ctx, const std::string& what) {
-  ctx.Fail(std::string(n::kSaveTimings) + ": " + what);
-}
-
-PhaseTiming ParsePhase(const Ctx& ctx, const Json& j, const std::string& name, int world_size) {
-  const auto p = j.find(name);
-  if (p == j.end() || !p->is_object()) TimingsProblem(ctx, "'" + name + "' must be an object");
-  PhaseTiming out;
-  double* values[] = {&out.min, &out.median, &out.max};
-  const char* keys[] = {n::kMin, n::kMedian, n::kMax};
-  for (int k = 0; k < 3; ++k) {
-    const auto x = p->find(keys[k]);
-    if (x == p->end() || !x->is_number() || !(x->get<double>() >= 0) || !std::isfinite(x->get<double>())) {
-      TimingsProblem(ctx, "'" + name + "." + keys[k] + "' must be a non-negative number of seconds");
-    }
-    *values[k] = x->get<double>();
-  }
-  if (!(out.min <= out.median && out.median <= out.max)) TimingsProblem(ctx, "'" + name + "': min <= median <= max does not hold");
-  const auto r = p->find(n::kSlowestRank);
-  if (r == p->end() || !r->is_number_integer() || r->get<int64_t>() < 0 || r->get<int64_t>() >= world_size) {
-    TimingsProblem(ctx, "'" + name + ".slowest_rank' must be a rank below world_size " + std::to_string(world_size));
-  }
-  out.slowest_rank = static_cast<int>(r->get<int64_t>());
-  return out;
-}
-
-SaveTimings ParseTimings(const Ctx& ctx, const Json& j, int world_size) {
-  if (!j.is_object()) TimingsProblem(ctx, "must be an object");
-  const auto mode = j.find(n::kMode);
-  if (mode == j.end() || !mode->is_string() || (*mode != n::kSync && *mode != n::kAsync)) {
-    TimingsProblem(ctx, "'mode' must be \"sync\" or \"async\"");
-  }
-  SaveTimings t;
-  t.async = *mode == n::kAsync;
-  for (std::size_t i = 0; i < std::size(kSavePhaseNames); ++i) {
-    SavePhase(t, i) = ParsePhase(ctx, j, kSavePhaseNames[i], world_size);
-  }
-  return t;
 }
 
 // --- the document ------------------------------------------------------------------------
@@ -509,14 +334,14 @@ void MetadataReader::ReadFile(const Json& f) {
     if (!file_index_.emplace(fm.name, static_cast<int32_t>(m_.files.size())).second) {
       ctx_.Fail("file '" + fm.name + "' is listed twice");
     }
-    const int64_t rank = NonNeg(ctx_, Get(f, n::kRank), n::kRank);
+    const int64_t rank = NonNeg(ctx_, Member(f, n::kRank), n::kRank);
     if (rank > format::kMaxRanks) {
       ctx_.Fail("file '" + fm.name + "' has rank " + std::to_string(rank) + " (limit " +
                 std::to_string(format::kMaxRanks) + ")");
     }
     fm.rank = static_cast<int>(rank);
-    fm.bytes = static_cast<uint64_t>(NonNeg(ctx_, Get(f, n::kBytes), n::kBytes));
-    if (const Json* index = Get(f, n::kIndex)) {
+    fm.bytes = static_cast<uint64_t>(NonNeg(ctx_, Member(f, n::kBytes), n::kBytes));
+    if (const Json* index = Member(f, n::kIndex)) {
       fm.index = Str(ctx_, index, n::kIndex);
       if (!format::IsChecksum(fm.index)) {
         ctx_.Fail("file '" + fm.name + "': index digest '" + fm.index + "' is not of the form xxh3-64:<16 hex digits>");
@@ -575,7 +400,7 @@ void MetadataReader::CheckHead() {
   const Json* user = Top(n::kUser);
   m.mesh = mesh ? mesh->dump() : "null";
   m.user = user ? user->dump() : "{}";
-  if (const Json* t = Top(n::kSaveTimings)) m.save_timings = ParseTimings(ctx_, *t, m.world_size);
+  if (const Json* t = Top(n::kSaveTimings)) m.save_timings = format::ReadTimings(ctx_, *t, m.world_size);
 }
 
 Metadata MetadataReader::Finish() {

@@ -13,8 +13,10 @@
 #include "format/compression.h"
 #include "format/json_text.h"
 #include "format/json_value.h"
+#include "format/layout_record.h"
 #include "format/metadata_model.h"
 #include "format/names.h"
+#include "format/save_timings.h"
 #include "format/stats.h"
 
 namespace ckpt {
@@ -25,21 +27,6 @@ using format::OrderedJson;
 using internal::JsonObjectText;
 namespace n = names;
 
-// Seconds to the microsecond: what a clock read twice tells, without digits of noise.
-double Microseconds(double s) { return std::round(s * 1e6) / 1e6; }
-
-OrderedJson TimingsJson(const SaveTimings& t) {
-  OrderedJson j;
-  j[n::kMode] = t.async ? n::kAsync : n::kSync;
-  for (std::size_t i = 0; i < std::size(kSavePhaseNames); ++i) {
-    const PhaseTiming& p = SavePhase(t, i);
-    j[kSavePhaseNames[i]] = {{n::kMin, Microseconds(p.min)},
-                             {n::kMedian, Microseconds(p.median)},
-                             {n::kMax, Microseconds(p.max)},
-                             {n::kSlowestRank, p.slowest_rank}};
-  }
-  return j;
-}
 
 void Field(std::string& out, const char* key, const OrderedJson& value) {
   out += "  " + OrderedJson(key).dump() + ": " + value.dump() + ",\n";
@@ -56,66 +43,8 @@ std::string Head(const Metadata& m) {
   Field(out, n::kCreated, m.created);
   Field(out, n::kMesh, OrderedJson::parse(m.mesh.empty() ? "null" : m.mesh));
   Field(out, n::kUser, OrderedJson::parse(m.user.empty() ? "{}" : m.user));
-  if (m.save_timings && m.format_version >= 2) Field(out, n::kSaveTimings, TimingsJson(*m.save_timings));
+  if (m.save_timings && m.format_version >= 2) Field(out, n::kSaveTimings, format::TimingsJson(*m.save_timings));
   return out;
-}
-
-// A layout's JSON (FORMAT.md §3.3), its members in sorted order (as nlohmann::json, a
-// std::map, wrote them before), without a tree: a checkpoint of many small tensors has one
-// per tensor.
-void LayoutText(const TensorLayout& l, std::string& out) {
-  using internal::JsonObjectText;
-  JsonObjectText j(out);
-  if (l.kind == TensorLayout::Kind::kChunks) {
-    j.Name(n::kChunks);
-    out += '[';
-    for (std::size_t i = 0; i < l.pieces.size(); ++i) {
-      if (i) out += ',';
-      JsonObjectText c(out);
-      c.Name(n::kFile);
-      c.Integer(l.pieces[i].file);
-      c.Name(n::kOffsets);
-      c.Integers(l.pieces[i].box.offsets);
-      c.Name(n::kSizes);
-      c.Integers(l.pieces[i].box.sizes);
-      c.Close();
-    }
-    out += ']';
-    j.Close();
-    return;
-  }
-  j.Name(n::kFiles);
-  if (!l.cell_files.empty()) {
-    out += '[';
-    for (std::size_t i = 0; i < l.cell_files.size(); ++i) {
-      if (i) out += ',';
-      JsonObjectText::Integer(out, l.cell_files[i]);
-    }
-    out += ']';
-  } else {
-    JsonObjectText f(out);
-    f.Name(n::kBase);
-    f.Integer(l.file_base);
-    f.Name(n::kStrides);
-    f.Integers(l.file_strides);
-    f.Close();
-  }
-  j.Name(n::kGrid);
-  out += '[';
-  for (std::size_t i = 0; i < l.grid.size(); ++i) {
-    if (i) out += ',';
-    JsonObjectText d(out);
-    if (l.grid[i].sizes.empty()) {
-      d.Name(n::kStep);
-      d.Integer(l.grid[i].step);
-    } else {
-      d.Name(n::kSizes);
-      d.Integers(l.grid[i].sizes);
-    }
-    d.Close();
-  }
-  out += ']';
-  j.Close();
 }
 
 // A tensor entry's layout, stored bytes, compression and stats (version 2): resolved
@@ -131,7 +60,7 @@ void TensorMembersV2(JsonObjectText& j, const EntryMeta& e, const FileIndex& fil
     from = &derived;
   }
   j.Name(n::kLayout);
-  LayoutText(from->layout, j.out());
+  format::WriteLayout(from->layout, j.out());
   j.Name(n::kStoredBytes);
   j.Integer(from->stored_bytes);
   format::WriteCompression(j, from->compression);

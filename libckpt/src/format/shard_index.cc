@@ -10,6 +10,7 @@
 #include "format/compression.h"
 #include "format/json_text.h"
 #include "format/json_value.h"
+#include "format/metadata_model.h"
 #include "format/names.h"
 #include "format/stats.h"
 
@@ -53,18 +54,6 @@ std::string IndexDigest(std::string_view text) { return DigestOf(text); }
 namespace {
 
 [[noreturn]] void Corrupt(const std::string& what) { throw Error(ErrorCode::kCorrupt, what); }
-
-std::string ShapeText(const Shape& shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
-// A record's member, or nullptr.
-const Json* Member(const Json& rec, const char* key) {
-  const auto it = rec.find(key);
-  return it == rec.end() ? nullptr : &*it;
-}
 
 // A string member into `out`: false when it is missing or not a string.
 bool String(const Json& rec, const char* key, std::string& out) {
@@ -164,7 +153,7 @@ void ReadTensorRecord(const Json& rec, const std::string& dtype, ShardIndexEntry
   CheckExtent(shape, DTypeSize(e.dtype), where + ": tensor '" + e.key + "'");
   for (std::size_t d = 0; d < shape.size(); ++d)
     if (m.box.offsets[d] < 0 || m.box.sizes[d] < 0 || m.box.offsets[d] > shape[d] - m.box.sizes[d])
-      Corrupt(where + ": tensor '" + e.key + "' chunk " + m.box.ToString() + " lies outside shape " + ShapeText(shape));
+      Corrupt(where + ": tensor '" + e.key + "' chunk " + m.box.ToString() + " lies outside shape " + DimsText(shape));
   if (v2) {
     const uint64_t bytes = static_cast<uint64_t>(m.box.NumElements()) * DTypeSize(e.dtype);
     CheckV2Members(rec, bytes, m, where + ": tensor '" + e.key + "' chunk " + m.box.ToString());
@@ -317,9 +306,9 @@ class IndexReader final : public JsonVisitor {
 void CheckExtent(const Shape& shape, std::size_t itemsize, const std::string& what) {
   uint64_t bytes = itemsize;
   for (int64_t s : shape) {
-    if (s < 0) Corrupt(what + ": negative extent in shape " + ShapeText(shape));
+    if (s < 0) Corrupt(what + ": negative extent in shape " + DimsText(shape));
     if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(s), &bytes) || bytes > (uint64_t{1} << 62))
-      Corrupt(what + ": shape " + ShapeText(shape) + " is absurd: its byte size overflows 64 bits");
+      Corrupt(what + ": shape " + DimsText(shape) + " is absurd: its byte size overflows 64 bits");
   }
 }
 
