@@ -15,12 +15,12 @@ class Router final : public nlohmann::json_sax<Json> {
   Router(int max_depth, JsonVisitor& visitor) : max_depth_(max_depth), visitor_(visitor) {}
   std::optional<JsonProblem> problem;
 
-  bool null() override { return Put(Json(nullptr)); }
-  bool boolean(bool v) override { return Put(Json(v)); }
-  bool number_integer(number_integer_t v) override { return Put(Json(v)); }
-  bool number_unsigned(number_unsigned_t v) override { return Put(Json(v)); }
-  bool number_float(number_float_t v, const string_t&) override { return Put(Json(v)); }
-  bool string(string_t& v) override { return Put(Json(std::move(v))); }
+  bool null() override { return Put(nullptr); }
+  bool boolean(bool v) override { return Put(v); }
+  bool number_integer(number_integer_t v) override { return Put(v); }
+  bool number_unsigned(number_unsigned_t v) override { return Put(v); }
+  bool number_float(number_float_t v, const string_t&) override { return Put(v); }
+  bool string(string_t& v) override { return Put(std::move(v)); }
   bool binary(binary_t&) override { return Fail(true, "binary values are not JSON"); }
   bool start_object(std::size_t) override { return Open(true); }
   bool start_array(std::size_t) override { return Open(false); }
@@ -29,7 +29,8 @@ class Router final : public nlohmann::json_sax<Json> {
 
   bool key(string_t& k) override {
     if (!tree_.empty()) {
-      auto [it, inserted] = tree_.back()->get_ref<Json::object_t&>().emplace(k, nullptr);
+      // try_emplace leaves `k` as it is when the key is there already.
+      auto [it, inserted] = tree_.back()->get_ref<Json::object_t&>().try_emplace(std::move(k), nullptr);
       if (!inserted) return Fail(false, "duplicate key '" + k + "'");
       slot_ = &it->second;
       return true;
@@ -55,11 +56,15 @@ class Router final : public nlohmann::json_sax<Json> {
     return parent.is_array() ? &parent.get_ref<Json::array_t&>().emplace_back() : slot_;
   }
 
-  bool Put(Json&& v) {
+  // A scalar: built in its place in the tree (no temporary to destroy), or handed over.
+  template <class T>
+  bool Put(T&& v) {
     if (tree_.empty()) {
-      visitor_.Value(path_, std::move(v));
+      visitor_.Value(path_, Json(std::forward<T>(v)));
+    } else if (tree_.back()->is_array()) {
+      tree_.back()->get_ref<Json::array_t&>().emplace_back(std::forward<T>(v));
     } else {
-      *Slot() = std::move(v);
+      *slot_ = std::forward<T>(v);
     }
     return true;
   }

@@ -46,6 +46,11 @@ const std::string& Str(const Ctx& ctx, const Json* v, const char* key) {
   return v->get_ref<const std::string&>();
 }
 const std::string& Str(const Ctx& ctx, const Json& o, const char* key) { return Str(ctx, Member(o, key), key); }
+// The same, moved out of a tree the caller owns.
+std::string TakeStr(const Ctx& ctx, Json& o, const char* key) {
+  Str(ctx, o, key);
+  return std::move(o.find(key)->get_ref<std::string&>());
+}
 
 int64_t NonNeg(const Ctx& ctx, const Json& v, const std::string& what) {
   if (v.is_number_unsigned()) {
@@ -287,7 +292,7 @@ class MetadataReader final : public format::JsonVisitor {
     } else if (path.size() == 1) {
       top_[path[0]] = std::move(v);
     } else if (path[0] == n::kFiles) {
-      if (!files_problem_) ReadFile(v);
+      if (!files_problem_) ReadFile(std::move(v));
     } else if (entries_now_) {
       ReadEntry(path[1], v);
     } else {
@@ -303,7 +308,7 @@ class MetadataReader final : public format::JsonVisitor {
     return it == top_.end() ? nullptr : &it->second;
   }
   void CheckHead();
-  void ReadFile(const Json& f);
+  void ReadFile(Json&& f);
   void ReadEntry(const std::string& key, const Json& e);
   // The document's version as far as it reads (its checks come first, when it ends).
   int Version() const {
@@ -325,11 +330,11 @@ class MetadataReader final : public format::JsonVisitor {
   std::exception_ptr files_problem_, entries_problem_;
 };
 
-void MetadataReader::ReadFile(const Json& f) {
+void MetadataReader::ReadFile(Json&& f) {
   try {
     if (!f.is_object()) ctx_.Fail("an element of 'files' must be an object");
     FileMeta fm;
-    fm.name = Str(ctx_, f, n::kName);
+    fm.name = TakeStr(ctx_, f, n::kName);
     if (!IsSafeFileName(fm.name)) ctx_.Fail("file name '" + fm.name + "' is not a plain file name");
     if (!file_index_.emplace(fm.name, static_cast<int32_t>(m_.files.size())).second) {
       ctx_.Fail("file '" + fm.name + "' is listed twice");
@@ -341,8 +346,8 @@ void MetadataReader::ReadFile(const Json& f) {
     }
     fm.rank = static_cast<int>(rank);
     fm.bytes = static_cast<uint64_t>(NonNeg(ctx_, Member(f, n::kBytes), n::kBytes));
-    if (const Json* index = Member(f, n::kIndex)) {
-      fm.index = Str(ctx_, index, n::kIndex);
+    if (Member(f, n::kIndex)) {
+      fm.index = TakeStr(ctx_, f, n::kIndex);
       if (!format::IsChecksum(fm.index)) {
         ctx_.Fail("file '" + fm.name + "': index digest '" + fm.index + "' is not of the form xxh3-64:<16 hex digits>");
       }
