@@ -268,15 +268,18 @@ EntryMeta CheckEntry(const Ctx& ctx, const Json& e, const DocContext& doc) {
 
 // Top-level members are kept, then checked in the fixed order when the text ends; the
 // elements of 'files' and the entries are checked one by one as they come (the entries
-// kept for the end when they come before 'files' or 'format_version'), the first problem
-// of each list kept for its turn.
+// read again, in a second pass over the text, when they come before 'files' or
+// 'format_version': nothing of them is kept meanwhile), the first problem of each list kept
+// for its turn.
 class MetadataReader final : public format::JsonVisitor {
  public:
-  MetadataReader(std::string_view source, const ParseLimits& limits) : ctx_{source, nullptr}, limits_(limits) {}
+  MetadataReader(std::string_view text, std::string_view source, const ParseLimits& limits)
+      : text_(text), ctx_{source, nullptr}, limits_(limits) {}
 
   bool Descend(const format::JsonPath& path, bool object) override {
     if (path.empty()) return object;
     if (path.size() != 1) return false;
+    if (again_) return path[0] == n::kEntries || path[0] == n::kFiles;  // the entries; files streamed past
     if (path[0] == n::kFiles && !object) return files_given_ = true;
     if (path[0] == n::kEntries && object) {
       entries_given_ = true;
@@ -287,7 +290,9 @@ class MetadataReader final : public format::JsonVisitor {
   }
 
   void Value(const format::JsonPath& path, Json&& v) override {
-    if (path.empty()) {
+    if (again_) {
+      if (path.size() == 2 && path[0] == n::kEntries) ReadEntry(path[1], v);
+    } else if (path.empty()) {
       not_object_ = true;
     } else if (path.size() == 1) {
       top_[path[0]] = std::move(v);
@@ -295,8 +300,6 @@ class MetadataReader final : public format::JsonVisitor {
       if (!files_problem_) ReadFile(std::move(v));
     } else if (entries_now_) {
       ReadEntry(path[1], v);
-    } else {
-      later_.emplace_back(path[1], std::move(v));
     }
   }
 
@@ -320,13 +323,14 @@ class MetadataReader final : public format::JsonVisitor {
     return 1;
   }
 
+  std::string_view text_;
+  bool again_ = false;  // the second pass, for the entries alone
   Ctx ctx_;
   const ParseLimits& limits_;
   Metadata m_;
   std::unordered_map<std::string, Json> top_;  // the top-level members but files and entries
   bool not_object_ = false, files_given_ = false, entries_given_ = false, entries_now_ = false;
   FileIndex file_index_;
-  std::vector<std::pair<std::string, Json>> later_;  // entries before 'files' or the version
   std::exception_ptr files_problem_, entries_problem_;
 };
 
@@ -420,7 +424,10 @@ Metadata MetadataReader::Finish() {
     if (!Top(n::kEntries)) ctx_.Fail("missing field 'entries'");
     ctx_.Fail("'entries' must be an object");
   }
-  for (auto& [key, e] : later_) ReadEntry(key, e);
+  if (!entries_now_) {  // the entries came before 'files' or the version: read them again
+    again_ = entries_now_ = true;
+    format::ReadJson(text_, limits_.max_depth, *this);  // the first pass found no JSON problem
+  }
   if (entries_problem_) std::rethrow_exception(entries_problem_);
   Metadata& m = m_;
   if (m.format_version >= 2) {
@@ -482,7 +489,7 @@ Metadata ParseMetadata(std::string_view text, std::string_view source, const Par
                           " (it was changed or damaged after it was written)");
     }
   }
-  MetadataReader reader(source, limits);
+  MetadataReader reader(text, source, limits);
   if (const auto problem = format::ReadJson(text, limits.max_depth, reader)) {
     Corrupt(source, (problem->syntax ? "invalid JSON: " : "") + problem->what);
   }
