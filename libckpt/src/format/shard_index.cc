@@ -229,30 +229,31 @@ void CheckPackedRecords(const ShardIndex& index, const std::string& where) {
 }
 
 // The index document: its header checked as it comes, its records read one at a time and
-// checked at once when the header is known (the writer puts it first), else kept until
-// the end. A problem of meaning stops the reading where it is met.
+// checked at once when the header is known (the writer puts it first); "chunks" met before
+// the header is passed over and read in a second pass over the text (nothing of it kept
+// meanwhile). A problem of meaning stops the reading where it is met.
 class IndexReader final : public JsonVisitor {
  public:
-  explicit IndexReader(const std::string& where) : where_(where) {}
+  IndexReader(std::string_view text, const std::string& where) : text_(text), where_(where) {}
 
   bool Descend(const JsonPath& path, bool object) override {
     if (path.empty()) {
       if (!object) Corrupt(where_ + ": not a ckpt-shard index");
       return true;
     }
-    if (path.size() == 1 && path[0] == n::kChunks) {
-      chunks_ = true;
-      if (!Known()) return false;
-      if (object) Corrupt(where_ + ": \"chunks\" is not an array");
-      return true;
-    }
-    return false;
+    if (path.size() != 1 || path[0] != n::kChunks) return false;
+    chunks_ = true;
+    if (!Known()) return later_ = true;  // streamed past, its elements ignored
+    if (object) Corrupt(where_ + ": \"chunks\" is not an array");
+    return true;
   }
 
   void Value(const JsonPath& path, Json&& v) override {
     if (path.empty()) Corrupt(where_ + ": not a ckpt-shard index");
     if (path.size() == 2) {
-      out.entries.push_back(ReadRecord(v, out.format_version >= 2, where_));
+      if (Known() && !(later_ && !again_)) out.entries.push_back(ReadRecord(v, out.format_version >= 2, where_));
+    } else if (again_) {
+      if (path[0] == n::kChunks) Corrupt(where_ + ": \"chunks\" is not an array");
     } else if (path[0] == n::kFormat) {
       if (!v.is_string() || v.get_ref<const std::string&>() != n::kShardIndexFormat)
         Corrupt(where_ + ": not a ckpt-shard index");
@@ -262,19 +263,18 @@ class IndexReader final : public JsonVisitor {
     } else if (path[0] == n::kChunks) {
       chunks_ = true;
       if (Known()) Corrupt(where_ + ": \"chunks\" is not an array");
-      later_ = std::move(v);
-      later_given_ = true;
+      later_ = true;
     }
   }
 
-  // After the text: what must have been there, and the records kept for the end.
+  // After the text: what must have been there, and the records met before the header.
   void Finish() {
     if (!format_) Corrupt(where_ + ": not a ckpt-shard index");
     if (!version_) Corrupt(where_ + ": no format_version");
     if (!chunks_) Corrupt(where_ + ": no \"chunks\"");
-    if (!later_given_) return;
-    if (!later_.is_array()) Corrupt(where_ + ": \"chunks\" is not an array");
-    for (const Json& rec : later_) out.entries.push_back(ReadRecord(rec, out.format_version >= 2, where_));
+    if (!later_) return;
+    again_ = true;
+    ReadJson(text_, ParseLimits{}.max_depth, *this);  // the first pass found no JSON problem
   }
 
   ShardIndex out;
@@ -295,10 +295,11 @@ class IndexReader final : public JsonVisitor {
     version_ = true;
   }
 
+  std::string_view text_;
   const std::string& where_;
   bool format_ = false, version_ = false, chunks_ = false;
-  Json later_;  // "chunks", met before the header
-  bool later_given_ = false;
+  bool later_ = false;  // "chunks" came before the header
+  bool again_ = false;  // the second pass
 };
 
 }  // namespace
@@ -313,7 +314,7 @@ void CheckExtent(const Shape& shape, std::size_t itemsize, const std::string& wh
 }
 
 ShardIndex ParseShardIndex(std::string_view text, const std::string& where) {
-  IndexReader reader(where);
+  IndexReader reader(text, where);
   if (const auto problem = ReadJson(text, ParseLimits{}.max_depth, reader)) Corrupt(where + ": " + problem->what);
   reader.Finish();
   CheckPackedRecords(reader.out, where);
