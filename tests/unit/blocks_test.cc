@@ -266,6 +266,14 @@ TEST_CASE("shard index: read in one pass, members in any order; repeats, bad val
     CHECK(c.stats->mean == 0.25);
     CHECK(c.stats->finite_count == 8);
   }
+  // "chunks" before the header is read in a second pass: its problems worded as ever.
+  std::string bad_first = reordered;
+  bad_first.replace(bad_first.find("\"offset\":2048"), 13, "\"offset\":-1");
+  CHECK(Has(ErrorOf([&] { storage::ParseShardIndex(bad_first, "f.h5"); }), "f.h5: key 'w': \"offset\" is not a byte offset"));
+  for (const std::string chunks : {"{}", "7"}) {
+    const std::string s = R"({"chunks":)" + chunks + R"(,"format":"ckpt-shard","format_version":2})";
+    CHECK(Has(ErrorOf([&] { storage::ParseShardIndex(s, "f.h5"); }), "f.h5: \"chunks\" is not an array"));
+  }
   auto refused = [&](const std::string& from, const std::string& to, ErrorCode want = ErrorCode::kCorrupt) {
     std::string s = text;
     const auto pos = s.find(from);

@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ckpt/ckpt.h"
-#include "format/json_reader.h"
+#include "format/json_value.h"
 #include "format/names.h"
 
 using namespace ckpt;
@@ -173,7 +173,7 @@ TEST_CASE("absurd world sizes, ranks and compression levels are corruption, not 
       doctest::Contains("out of range"), Error);
 }
 
-// --- the one-pass reader of metadata.json (format/json_reader.h, ParseMetadata) ---------
+// --- the one-pass reader of metadata.json (format/json_value.h, ParseMetadata) ----------
 
 namespace {
 
@@ -197,14 +197,11 @@ std::string ParseError(const std::string& text, const ParseLimits& limits = {}) 
 
 // Whether the reader walks `text` as one JSON document without a problem.
 bool ReaderAccepts(std::string_view text) {
-  try {
-    internal::JsonReader r(text, 64);
-    r.Skip();
-    r.Finish();
-    return true;
-  } catch (const internal::JsonError&) {
-    return false;
-  }
+  struct Walk final : format::JsonVisitor {
+    bool Descend(const format::JsonPath&, bool) override { return true; }
+    void Value(const format::JsonPath&, format::Json&&) override {}
+  } walk;
+  return !format::ReadJson(text, 64, walk);
 }
 
 }  // namespace

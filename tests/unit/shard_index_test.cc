@@ -1,5 +1,5 @@
 // The shard index's records and metadata.json's tensor entries are written by hand
-// (storage/shard_index.cc, format/metadata.cc, format/json_text.h): the text must be byte
+// (format/chunk_record.cc, format/metadata_writer.cc, format/json_text.h): the text must be byte
 // for byte what nlohmann's dump() makes of the same members, which the references below
 // build as the writers did before, over random records and entries (keys that need escaping
 // or are not ASCII, every dtype, every layout form, optional members, doubles of every

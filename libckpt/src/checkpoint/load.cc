@@ -8,7 +8,6 @@
 #include <atomic>
 #include <cstring>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <thread>
 #include <tuple>
 #include <unordered_set>
@@ -19,6 +18,7 @@
 #include "checkpoint/reader.h"
 #include "ckpt/checkpoint.h"
 #include "format/grid.h"
+#include "format/scalar.h"
 #include "storage/fs.h"
 #include "storage/pool.h"
 
@@ -121,14 +121,6 @@ std::string Summarize(const std::filesystem::path& dir, const LoadReport& r) {
   list("unexpected keys", r.unexpected_keys);
   list("mismatched", r.mismatched);
   return msg;
-}
-
-Scalar ScalarFromJson(DType dtype, const std::string& text) {
-  const auto v = nlohmann::json::parse(text);
-  if (v.is_boolean()) return Scalar::Int(v.get<bool>() ? 1 : 0, dtype);
-  if (IsFloating(dtype)) return Scalar::Float(v.get<double>(), dtype);
-  if (v.is_number_integer()) return Scalar::Int(v.get<int64_t>(), dtype);
-  return Scalar::Int(static_cast<int64_t>(v.get<double>()), dtype);
 }
 
 // Reads every tensor chunk of `target` with up to `threads` readers, each with its own
@@ -275,7 +267,7 @@ LoadReport Load(const std::filesystem::path& dir, StateDict& target, Comm& comm,
       const EntryMeta* e = m.Find(key);
       if (!e || skip.count(key) || KindOf(entry) != e->kind) continue;
       if (auto* s = std::get_if<Scalar>(&entry)) {
-        *s = ScalarFromJson(e->dtype, e->value);
+        *s = format::ScalarFromText(e->dtype, e->value);
       } else if (auto* b = std::get_if<Bytes>(&entry)) {
         b->data = reader.ReadBytes(key, options.verify_checksums);
       } else if (auto* j = std::get_if<Json>(&entry)) {

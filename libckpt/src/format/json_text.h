@@ -2,7 +2,11 @@
 // nlohmann's dump() (compact) writes the same values in the same order: doubles by its own
 // shortest round-trip formatting (its to_chars), strings as they are when they are plain
 // printable ASCII and escaped by nlohmann otherwise (which also refuses invalid UTF-8, as
-// dump() does). For the hot records (a shard index's, metadata.json's tensor entries);
+// dump() does). The writer of the records written once per chunk or entry (a shard index's
+// records, metadata.json's files and entries): building each as an nlohmann::ordered_json
+// and dump()ing it took 1.8-3.3x as long for the same text (a shard index record with 32
+// block digests and stats: 13.5-16.6 us against 5.1-7.6 us on the shared 2-core VM,
+// 2026-12-07, two runs of 200,000 records, g++ -O2), and a save writes one per chunk.
 // tests/unit/shard_index_test.cc compares the text with nlohmann's.
 #pragma once
 
@@ -29,6 +33,9 @@ class JsonObjectText {
     out_ += ':';
   }
   void Close() { out_ += first_ ? "{}" : "}"; }
+  // An object as the value of the member just named.
+  JsonObjectText Child() { return JsonObjectText(out_); }
+  std::string& out() { return out_; }
 
   static void String(std::string& out, std::string_view v) {
     bool plain = true;

@@ -25,6 +25,8 @@ inline constexpr const char* kMesh = "mesh";
 inline constexpr const char* kUser = "user";
 inline constexpr const char* kSaveTimings = "save_timings";  // §3.8
 inline constexpr const char* kMode = "mode";
+inline constexpr const char* kSync = "sync";    // the values of "mode"
+inline constexpr const char* kAsync = "async";
 inline constexpr const char* kSlowestRank = "slowest_rank";
 inline constexpr const char* kFiles = "files";
 inline constexpr const char* kName = "name";
@@ -48,6 +50,16 @@ inline constexpr const char* kShuffle = "shuffle";
 inline constexpr const char* kStats = "stats";
 inline constexpr const char* kValue = "value";
 inline constexpr const char* kSize = "size";
+// §7.3 statistics
+inline constexpr const char* kMin = "min";
+inline constexpr const char* kMax = "max";
+inline constexpr const char* kMean = "mean";
+inline constexpr const char* kL2 = "l2";
+inline constexpr const char* kNanCount = "nan_count";
+inline constexpr const char* kInfCount = "inf_count";
+inline constexpr const char* kFiniteCount = "finite_count";
+// §3.8 save timings: each phase's figures
+inline constexpr const char* kMedian = "median";
 // §3 v2: layouts, shard-index digests, the document's own digest
 inline constexpr const char* kLayout = "layout";
 inline constexpr const char* kGrid = "grid";
@@ -95,6 +107,10 @@ inline std::string DatasetName(std::string_view key, const std::vector<int64_t>&
   return name;
 }
 inline constexpr const char* kShardIndexFormat = "ckpt-shard";
+// §5.5 a shard index record's own members
+inline constexpr const char* kKey = "key";
+inline constexpr const char* kOffset = "offset";       // the data's byte offset in the file
+inline constexpr const char* kBytesDType = "bytes";    // the dtype of a bytes entry's record
 // §5.7 packs: small chunks stored back to back in 1-D uint8 datasets ".ckpt_pack.<n>" (a
 // name no escaped key can take: a key's leading `.` is escaped), each record naming its
 // pack in `dataset` and its first byte in it in `pack_offset`.

@@ -5,37 +5,20 @@
 #include <cmath>
 #include <functional>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <numeric>
 #include <unordered_map>
 
 #include "format/checked.h"
 #include "format/flat_index.h"
 #include "format/grid.h"
+#include "format/scalar.h"
 #include "layout/box.h"
 
 namespace ckpt::layout {
 namespace {
 
-using json = nlohmann::json;
-
 [[noreturn]] void Invalid(const std::string& key, const std::string& what) {
   throw Error(ErrorCode::kInvalidArgument, "key '" + key + "': " + what);
-}
-
-// A scalar's value as the JSON text metadata.json holds.
-std::string ScalarJson(const Scalar& s) {
-  if (s.dtype == DType::kBool) return s.AsInt() ? "true" : "false";
-  if (const auto* i = std::get_if<int64_t>(&s.value)) {
-    if (IsFloating(s.dtype)) return json(static_cast<double>(*i)).dump();
-    return json(*i).dump();
-  }
-  const double d = std::get<double>(s.value);
-  if (!IsFloating(s.dtype)) return json(static_cast<int64_t>(d)).dump();
-  if (!std::isfinite(d)) {
-    throw Error(ErrorCode::kInvalidArgument, "scalar value " + std::to_string(d) + " is not finite; JSON cannot hold it");
-  }
-  return json(d).dump();
 }
 
 void DescribeTensor(const std::string& key, const Tensor& t, EntryClaim& c) {
@@ -76,15 +59,11 @@ RankDescription Describe(const StateDict& state) {
       DescribeTensor(key, *t, c);
     } else if (const auto* s = std::get_if<Scalar>(&entry)) {
       c.dtype = s->dtype;
-      c.value = ScalarJson(*s);
+      c.value = format::ScalarText(*s);
     } else if (const auto* b = std::get_if<Bytes>(&entry)) {
       c.size = b->data.size();
     } else {
-      try {
-        c.value = json::parse(std::get<Json>(entry).text).dump();
-      } catch (const json::exception& ex) {
-        Invalid(key, std::string("invalid JSON value: ") + ex.what());
-      }
+      c.value = format::JsonEntryText(key, std::get<Json>(entry).text);
     }
   }
   return out;

@@ -469,11 +469,7 @@ void Digest::AdoptBlocks(const uint64_t* digests, std::size_t count) {
   state_->blocks.insert(state_->blocks.end(), digests, digests + count);
 }
 
-std::string FormatChecksum(uint64_t hash) {
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash));
-  return std::string(names::kChecksumPrefix) + hex;
-}
+std::string FormatChecksum(uint64_t hash) { return format::ChecksumText(hash); }
 
 std::string Digest::Checksum() const {
   if (state_->block_bytes) return ChecksumOfBlocks(BlockDigests());

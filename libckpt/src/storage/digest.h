@@ -18,6 +18,7 @@
 #include "ckpt/dtype.h"
 #include "ckpt/error.h"
 #include "ckpt/metadata.h"
+#include "format/checksum.h"
 
 namespace ckpt::storage {
 
@@ -36,8 +37,8 @@ namespace ckpt::storage {
 //   at every block size (column slices with rows under a block read every block anyway).
 // 64 KiB is the smallest size whose index stays well under a thousandth of the data.
 inline constexpr uint64_t kDefaultBlockBytes = uint64_t{64} << 10;
-inline constexpr uint64_t kMinBlockBytes = uint64_t{4} << 10;   // FORMAT.md §7: 4 KiB..64 MiB
-inline constexpr uint64_t kMaxBlockBytes = uint64_t{64} << 20;
+using format::kMaxBlockBytes;  // FORMAT.md §7: 4 KiB..64 MiB (format/checksum.h)
+using format::kMinBlockBytes;
 
 class Digest {
  public:
@@ -104,7 +105,6 @@ void CheckDigest(const Digest& got, const ChunkMeta& expected, uint64_t n, std::
 // where the index says `want`.
 Error BlockMismatch(std::string_view what, uint64_t i, uint64_t block_bytes, uint64_t n, uint64_t want, uint64_t got);
 
-// Number of blocks of a chunk of `n` bytes: ceil(n / block_bytes) (0 for n == 0).
-inline uint64_t BlockCount(uint64_t n, uint64_t block_bytes) { return n == 0 ? 0 : (n - 1) / block_bytes + 1; }
+using format::BlockCount;  // ceil(n / block_bytes) (format/checksum.h)
 
 }  // namespace ckpt::storage
