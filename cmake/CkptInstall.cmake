@@ -32,7 +32,15 @@ file(RELATIVE_PATH CKPT_PC_TO_PREFIX /x/${CMAKE_INSTALL_LIBDIR}/pkgconfig /x)
 # A static libckpt: `pkg-config --static --libs ckpt` brings what it links.
 set(CKPT_PC_PRIVATE "")
 if(NOT BUILD_SHARED_LIBS)
-  set(CKPT_PC_PRIVATE "Requires.private: hdf5 libzstd libxxhash\nLibs.private: -pthread")
+  # libcurl by -lcurl: its .pc's --static list names the static libraries of curl's own
+  # dependencies, which a shared libcurl does not need (and Debian does not install).
+  set(_ckpt_pc_requires "hdf5 libzstd libxxhash")
+  set(_ckpt_pc_libs "-pthread")
+  if(CKPT_HAVE_S3)
+    string(APPEND _ckpt_pc_requires " libcrypto")
+    set(_ckpt_pc_libs "-lcurl -pthread")
+  endif()
+  set(CKPT_PC_PRIVATE "Requires.private: ${_ckpt_pc_requires}\nLibs.private: ${_ckpt_pc_libs}")
 endif()
 configure_file(${PROJECT_SOURCE_DIR}/cmake/ckpt.pc.in ${PROJECT_BINARY_DIR}/ckpt.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/ckpt.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

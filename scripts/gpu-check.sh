@@ -30,7 +30,7 @@
 # On the lent device machine, one call of the device tool's `run`:
 #   command: bash build/gpu-bundle/run.sh    carry: ["build/gpu-bundle"]    timeout_s: 300
 # The log is written to $OUT/gpu-check.log (and printed). cuFile is not a data path of ckpt
-# (README, GPU section): nothing to compare.
+# (docs/training.md, GPU): nothing to compare.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 max_bytes=$((40 << 20))

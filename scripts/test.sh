@@ -80,6 +80,21 @@ run_static() {
     -P tests/consumer/consumer_test.cmake
 }
 
+# The S3 gateway of the object-store tests (scripts/s3-gateway.sh: a one-node Ceph with radosgw
+# on 127.0.0.1), started once for both passes and stopped on exit; its endpoint and keys reach
+# the tests as CKPT_TEST_S3_ENDPOINT_URL, _ACCESS_KEY_ID, _SECRET_ACCESS_KEY and _REGION. If
+# it cannot start, its tests fail where CI=true and are skipped elsewhere.
+export CKPT_S3_GATEWAY_DIR=${CKPT_S3_GATEWAY_DIR:-$PWD/build/s3-gateway}
+trap 'scripts/s3-gateway.sh stop || true' EXIT
+echo "== S3 gateway (scripts/s3-gateway.sh start)"
+if s3_env=$(scripts/s3-gateway.sh start); then
+  while IFS='=' read -r name value; do
+    [ -n "$name" ] && export "CKPT_TEST_S3_${name#AWS_}=$value"
+  done <<<"$s3_env"
+else
+  echo "== the S3 gateway did not start: its tests fail under CI=true and are skipped otherwise" >&2
+fi
+
 echo "== build and test (RelWithDebInfo, -Werror)"
 run_suite build/test -DCMAKE_BUILD_TYPE=RelWithDebInfo "${python_args[@]}"
 if [ "${CKPT_SKIP_STATIC:-0}" != 1 ]; then

@@ -474,7 +474,7 @@ double TouchRate(std::size_t n) {
 // Whether the host takes back this guest's free memory, and what a page costs then. On a VM
 // with free page reporting (Firecracker's balloon, for one), the kernel hands freed pages to
 // the host, and the next use of a page the host has taken faults in the host. On the 2-core
-// VM of the README, touching 6 GiB of memory free for a while ran at 0.72-0.88 GB/s, and
+// VM of docs/benchmarks.md, touching 6 GiB of memory free for a while ran at 0.72-0.88 GB/s, and
 // at 3.0-3.8 GB/s when touched again at once: a cold phase whose page cache needs more
 // pages than the phase before it freed pays those faults, in its copies into the cache.
 // The probe touches 4 GiB (1 GiB where less is available), frees it, and touches it again.

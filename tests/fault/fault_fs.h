@@ -1,6 +1,7 @@
 // tests/fault/fault_fs.h: a FileSystem (storage/fs.h) for tests: counts the operations
 // ckpt performs (open, pwrite, copy_file_range, fsync, close, rename, mkdir, remove, lstat,
-// directory listings and the flock calls on a commit's parent directory) and makes the N-th one fail with a chosen
+// directory listings, the flock calls on a commit's parent directory, and the statfs and
+// mount-table look-ups of its file-system check) and makes the N-th one fail with a chosen
 // errno (EIO, ENOSPC, ...), as a disk would. A failing close still closes (as close(2) does); a failing write writes
 // nothing.
 #pragma once
@@ -95,6 +96,14 @@ class FaultFs : public ckpt::storage::FileSystem {
   int ListDir(const fs::path& path, std::vector<std::string>& names) override {
     if (Hit("listdir", path)) return -1;
     return FileSystem::ListDir(path, names);
+  }
+  int Statfs(const fs::path& path, struct statfs* st) override {
+    if (Hit("statfs", path)) return -1;
+    return FileSystem::Statfs(path, st);
+  }
+  int MountOf(const fs::path& path, ckpt::storage::MountEntry* entry) override {
+    if (Hit("mountinfo", path)) return -1;
+    return FileSystem::MountOf(path, entry);
   }
 
  private:

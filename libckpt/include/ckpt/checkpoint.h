@@ -167,12 +167,9 @@ struct LoadOptions {
   // when only part of it is wanted. Off only when asked: nothing read is then checked.
   bool verify_checksums = true;
   // Threads per rank reading chunks in parallel (more requests in flight for the disk,
-  // hashing on more cores). 1 reads serially. Contiguous chunks are read in file order, and
-  // there fewer readers are fewer streams for the disk: on the benchmark's VM, with its host
-  // quiet, a cold 1-rank load of 1.49 GB took a median 0.66 s with 1 reader, 0.68 s with 2,
-  // 0.90 s with 4; while the host took back freed memory, 1.57, 1.28 and 0.82 s (more
-  // readers wait out the host's faults side by side). 4 is the steady choice; try 1-2 on a
-  // disk that serves one stream best (bench/core's ckpt-bench-readers measures it).
+  // hashing on more cores). 1 reads serially. Contiguous chunks are read in file order, so
+  // fewer readers are fewer streams for the disk: 1-2 can suit a disk that serves one stream
+  // best (bench/core's ckpt-bench-readers measures it; figures in docs/benchmarks.md).
   int io_threads = 4;
   // How the bulk of contiguous chunks is read: through the page cache (kOff, the default),
   // or with O_DIRECT, the disk writing straight into this process's memory with no
@@ -181,13 +178,11 @@ struct LoadOptions {
   // on a local disk's file system (ext2/3/4, XFS, btrfs, f2fs, ZFS; not tmpfs, overlayfs,
   // NFS, Lustre, GPFS, CephFS or FUSE), unless the page cache already holds most of a shard
   // (a load just after a save stays a memcpy); kOn: direct wherever the file system allows it.
-  // Compressed chunks, and small reads, are buffered whatever the mode. On the
-  // benchmark's VM a cold 1-rank load of 1.49 GB took 1.12-1.20 s direct in every state of
-  // the host, buffered 1.04 s while the host's memory was quiet and 1.62 s (2.06 s of CPU
-  // against 0.60 s) while it took freed memory back: direct is steadier and far cheaper in
-  // CPU, not always faster. Try kAuto for loads much larger than the page cache, on hosts
-  // whose page cache is costly, or to keep a load from evicting others' cached files; on
-  // network file systems direct reads may skip the client's read-ahead.
+  // Compressed chunks, and small reads, are buffered whatever the mode. Direct reads cost
+  // less CPU, not always less time (docs/benchmarks.md). Try kAuto for loads much larger
+  // than the page cache, on hosts whose page cache is costly, or to keep a load from
+  // evicting others' cached files; on network file systems direct reads may skip the
+  // client's read-ahead.
   // LoadReport::bytes_read_direct says how much was read direct.
   enum class DirectIo { kAuto, kOn, kOff };
   DirectIo direct_io = DirectIo::kOff;
@@ -265,8 +260,8 @@ class CKPT_API CheckpointReader {
 // file position per cell; a key that is no grid keeps its boxes) and running statistics;
 // per shard at most 1 MiB of its index, the rest spilled to an unnamed temporary file
 // beside it until Commit; and what HDF5 keeps per dataset (its metadata cache is fixed at
-// 1 MiB a shard). Measured: 65-85 B a chunk in all, against the 375 B index record each
-// chunk adds (tests/unit/writer_memory_test.cc). Commit reads each shard's index back
+// 1 MiB a shard): tests/unit/writer_memory_test.cc holds the heap's growth under 32 B a
+// chunk. Commit reads each shard's index back
 // once to store it, and returns the Metadata as written: format v2, unresolved (each
 // entry's layout and aggregates; the chunk records are in the shard indexes).
 // Nothing is visible at `dir` until Commit(); destroying an uncommitted writer removes

@@ -45,7 +45,7 @@ CKPT_API PoolStats Stats(const DeviceBackend& backend);
 CKPT_API int DeviceCount();
 // Whether cuFile (GPUDirect Storage) was found when ckpt was built. ckpt hashes every byte
 // it writes or reads on the host, so device chunks go through the pinned staging buffers
-// either way; see the README (GPU section).
+// either way; see docs/training.md (GPU).
 CKPT_API bool HaveCuFile();
 
 // Statistics (FORMAT.md §7: min, max, mean and l2 over the finite elements, NaN and Inf

@@ -3,12 +3,15 @@
 
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <span>
 
 #include "ckpt/error.h"
 #include "format/names.h"
@@ -167,7 +170,52 @@ void RenameNew(const fs::path& from, const fs::path& to) {
   Fail(to, "rename from " + from.string(), err);
 }
 
+// FUSE's statfs magic (linux/magic.h FUSE_SUPER_MAGIC), for "fuse" and "fuseblk" mounts.
+constexpr uint64_t kFuseMagic = 0x65735546;
+
+// FUSE servers that keep each file as an object of an object store: a directory rename is
+// a copy (and a delete) of each object in turn.
+constexpr std::string_view kObjectStoreFuse[] = {"s3fs",          "goofys",   "geesefs",   "rclone", "gcsfuse",
+                                                 "mountpoint-s3", "blobfuse", "blobfuse2", "ossfs"};
+// FUSE servers whose rename is one rename(2) of a POSIX file system (a pass-through to a
+// local one, or a cluster file system's own atomic rename).
+constexpr std::string_view kAtomicFuse[] = {"fuse-overlayfs", "bindfs",    "sshfs",  "gocryptfs",
+                                            "ceph-fuse",      "glusterfs", "juicefs"};
+
+bool OneOf(std::string_view name, std::span<const std::string_view> names) {
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
 }  // namespace
+
+void CheckAtomicRename(const fs::path& target) {
+  const fs::path dir = ParentOf(target);
+  struct statfs st {};
+  if (Fs().Statfs(dir, &st) != 0) Fail(dir, "statfs", errno);
+  if (static_cast<uint64_t>(st.f_type) != kFuseMagic) return;
+  MountEntry m;
+  const bool listed = Fs().MountOf(dir, &m) == 0;
+  // "fuse.s3fs" -> "s3fs"; a server that sets no subtype may still name itself as source.
+  const std::size_t dot = m.type.find('.');
+  const std::string subtype = dot == std::string::npos ? "" : m.type.substr(dot + 1);
+  const std::string what = listed ? "type " + m.type + ", source " + m.source : "not in /proc/self/mountinfo";
+  for (const std::string_view name : {std::string_view(subtype), std::string_view(m.source)}) {
+    if (!name.empty() && OneOf(name, kObjectStoreFuse)) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  target.string() + ": on " + std::string(name) + " (FUSE, " + what +
+                      "), an object store mounted as files, whose rename is not atomic (a directory is copied file "
+                      "by file, if at all): a checkpoint committed there could show before all its files do, and "
+                      "stay so after a crash; ckpt does not commit there: use an s3:// path");
+    }
+  }
+  if (OneOf(subtype, kAtomicFuse)) return;
+  const char* allow = std::getenv("CKPT_ALLOW_FUSE");
+  if (allow && std::string_view(allow) == "1") return;
+  throw Error(ErrorCode::kInvalidArgument,
+              target.string() + ": on a FUSE file system (" + what +
+                  ") that ckpt does not know to rename atomically: if it is an object store, use an s3:// path; if "
+                  "its rename is atomic (such as a pass-through to a local disk), set CKPT_ALLOW_FUSE=1");
+}
 
 bool IsSiblingName(std::string_view name, std::string_view target) {
   bool aside = false;
@@ -186,6 +234,7 @@ fs::path BeginStaging(const fs::path& target, bool directory) {
   const std::string name = fs::path(target).filename().empty() ? target.parent_path().filename().string()
                                                                : target.filename().string();
   MakeDirs(parent);
+  CheckAtomicRename(target);
   Staged s;
   bool exclusive = false;
   s.parent_lock = LockParent(parent, exclusive);

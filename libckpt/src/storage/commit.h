@@ -37,10 +37,25 @@ enum class Replace {
               // must be empty or a committed checkpoint (holding metadata.json)
 };
 
+// Throws kInvalidArgument, naming `target` and the file system, where `target`'s directory is
+// on a FUSE file system (statfs magic 0x65735546) whose rename may not be atomic, so that
+// a commit there could show a checkpoint before all its files (issue 30: s3fs renames a
+// directory as one copy per object, in name order, metadata.json first):
+// - a FUSE mount of an object store (s3fs, goofys, geesefs, rclone, gcsfuse, mountpoint-s3,
+//   blobfuse, ossfs, told by mountinfo's type "fuse.<name>" or source "<name>") is refused,
+//   pointing to an s3:// path;
+// - a FUSE file system whose rename is the rename of a POSIX file system under it
+//   (fuse-overlayfs, bindfs, sshfs, gocryptfs, ceph-fuse, glusterfs, juicefs) is accepted;
+// - any other FUSE file system is refused unless the environment has CKPT_ALLOW_FUSE=1
+//   (the user's word that its rename is atomic).
+// Every other file system is accepted. kIO naming the directory if statfs fails.
+void CheckAtomicRename(const fs::path& target);
+
 // Reserves a fresh staging path beside `target` and registers it until it is committed
 // or discarded; with `directory`, creates it as a directory. First removes the leftovers
 // of killed writers for `target` (when no other writer works in the same directory).
-// Creates the parent directory if needed.
+// Creates the parent directory if needed, then checks it (CheckAtomicRename) before
+// anything is staged.
 fs::path BeginStaging(const fs::path& target, bool directory);
 
 // Commits `staging` (a file or directory fully written and fsynced) at `target` as the

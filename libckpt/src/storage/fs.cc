@@ -6,6 +6,7 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/vfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -21,7 +22,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <future>
+#include <iterator>
 #include <random>
 #include <vector>
 
@@ -88,6 +91,60 @@ int FileSystem::ListDir(const fs::path& path, std::vector<std::string>& names) {
   ::closedir(d);
   errno = err;
   return err ? -1 : 0;
+}
+
+int FileSystem::Statfs(const fs::path& path, struct statfs* st) { return ::statfs(path.c_str(), st); }
+int FileSystem::MountOf(const fs::path& path, MountEntry* entry) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return -1;
+  std::ifstream in("/proc/self/mountinfo");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (FindMount(text, st.st_dev, entry)) return 0;
+  errno = ENOENT;
+  return -1;
+}
+
+namespace {
+
+// A mountinfo field with its octal escapes ("\040" for a space) decoded.
+std::string Unescape(std::string_view field) {
+  std::string out;
+  for (std::size_t i = 0; i < field.size(); ++i) {
+    const auto octal = [&](std::size_t k) { return field[k] >= '0' && field[k] <= '7'; };
+    if (field[i] == '\\' && i + 3 < field.size() && octal(i + 1) && octal(i + 2) && octal(i + 3)) {
+      out += static_cast<char>((field[i + 1] - '0') * 64 + (field[i + 2] - '0') * 8 + (field[i + 3] - '0'));
+      i += 3;
+    } else {
+      out += field[i];
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+bool FindMount(std::string_view mountinfo, dev_t dev, MountEntry* entry) {
+  // "36 35 98:0 /root /mnt rw,noatime master:1 - ext3 /dev/root rw": ID, parent ID,
+  // major:minor, root, mount point, options, optional fields, "-", type, source, options.
+  const std::string want = std::to_string(major(dev)) + ":" + std::to_string(minor(dev));
+  while (!mountinfo.empty()) {
+    const std::size_t eol = mountinfo.find('\n');
+    const std::string_view line = mountinfo.substr(0, eol);
+    mountinfo = eol == std::string_view::npos ? std::string_view() : mountinfo.substr(eol + 1);
+    std::vector<std::string_view> f;
+    for (std::size_t at = 0; at <= line.size();) {
+      const std::size_t sp = std::min(line.find(' ', at), line.size());
+      if (sp > at) f.push_back(line.substr(at, sp - at));
+      at = sp + 1;
+    }
+    if (f.size() < 3 || f[2] != want) continue;
+    const auto dash = std::find(f.begin() + std::min<std::ptrdiff_t>(6, static_cast<std::ptrdiff_t>(f.size())), f.end(), "-");
+    if (f.end() - dash < 3) continue;
+    entry->type = Unescape(dash[1]);
+    entry->source = Unescape(dash[2]);
+    return true;
+  }
+  return false;
 }
 
 FileSystem& Fs() {

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <sys/vfs.h>
 
 #include <cstdint>
 #include <filesystem>
@@ -24,6 +25,15 @@ enum class RenameMode {
   kReplace,    // rename(2): an existing target is replaced
   kNoReplace,  // renameat2(RENAME_NOREPLACE): fails with EEXIST if the target exists
   kExchange,   // renameat2(RENAME_EXCHANGE): the two swap atomically; both must exist
+};
+
+// What /proc/self/mountinfo says of one mount: the file-system type as the kernel names it
+// ("ext4", "nfs4", "fuse", or "fuse.<subtype>" where the FUSE server names itself, such as
+// "fuse.s3fs") and the mount's source ("/dev/vda", "s3fs", "remote:bucket"), octal escapes
+// decoded.
+struct MountEntry {
+  std::string type;
+  std::string source;
 };
 
 // The seam: every file operation ckpt performs on its own files (not HDF5's internal I/O;
@@ -51,7 +61,15 @@ class FileSystem {
   virtual int Lstat(const fs::path& path, struct stat* st);  // lstat(2)
   // The names in the directory `path` ("." and ".." left out): opendir(3) and readdir(3).
   virtual int ListDir(const fs::path& path, std::vector<std::string>& names);
+  // statfs(2): which file system holds `path` (f_type), asked before a commit there.
+  virtual int Statfs(const fs::path& path, struct statfs* st);
+  // The mount holding `path`: the line of /proc/self/mountinfo whose device is stat(2)'s
+  // st_dev of `path` (FindMount); -1 with errno ENOENT where there is none.
+  virtual int MountOf(const fs::path& path, MountEntry* entry);
 };
+
+// The entry for device `dev` in the text of a mountinfo file (proc(5)); false if none.
+bool FindMount(std::string_view mountinfo, dev_t dev, MountEntry* entry);
 
 // The installed file system (POSIX unless a test installed another).
 FileSystem& Fs();

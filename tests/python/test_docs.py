@@ -1,7 +1,8 @@
-"""The README's Python blocks (between <!-- python:begin --> and <!-- python:end -->) run as
-written: each in a fresh interpreter in a scratch directory; a block that starts with
+"""The Python blocks of README.md and docs/*.md (every ```python block) run as written: each in
+a fresh interpreter in a scratch directory; a block that starts with
 `# torchrun --nproc-per-node N` runs as N gloo processes on the loopback, as torchrun would
-start it."""
+start it. Each test is named by the file and the line where its block starts."""
+import glob
 import os
 import re
 import socket
@@ -10,14 +11,25 @@ import sys
 
 import pytest
 
-README = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+DOCS = [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
 
 
 def blocks():
-    text = open(README, encoding="utf-8").read()
-    out = []
-    for part in re.findall(r"<!-- python:begin -->(.*?)<!-- python:end -->", text, re.S):
-        out += re.findall(r"```python\n(.*?)```", part, re.S)
+    """{"<file>:<line>": code} for every ```python block; line: the block's first line."""
+    out = {}
+    for path in DOCS:
+        lines = open(path, encoding="utf-8").read().split("\n")
+        name = os.path.relpath(path, ROOT)
+        i = 0
+        while i < len(lines):
+            if lines[i].strip() == "```python":
+                j = i + 1
+                while j < len(lines) and lines[j].strip() != "```":
+                    j += 1
+                out[f"{name}:{i + 2}"] = "\n".join(lines[i + 1:j]) + "\n"
+                i = j
+            i += 1
     return out
 
 
@@ -27,18 +39,18 @@ def free_port():
         return s.getsockname()[1]
 
 
-def test_readme_has_python_blocks():
+def test_docs_have_python_blocks():
     assert len(blocks()) >= 1
 
 
-@pytest.mark.parametrize("index", range(len(blocks())))
-def test_readme_python_block_runs(index, tmp):
-    code = blocks()[index]
+@pytest.mark.parametrize("where", list(blocks()), ids=lambda where: where.replace("/", "_"))  # ids name folders
+def test_docs_python_block_runs(where, tmp):
+    code = blocks()[where]
     if not os.environ.get("CKPT_REQUIRE_TORCH"):  # scripts/test.sh's venv has both: no skip there
         for module in ("torch", "accelerate"):
             if f"import {module}" in code or f"from {module} " in code:
                 pytest.importorskip(module)
-    script = os.path.join(tmp, f"block_{index}.py")
+    script = os.path.join(tmp, re.sub(r"[^A-Za-z0-9_]", "_", where) + ".py")
     with open(script, "w") as f:
         f.write(code)
     launch = re.match(r"# torchrun --nproc-per-node (\d+)", code)

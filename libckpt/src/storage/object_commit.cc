@@ -1,0 +1,233 @@
+#include "storage/object_commit.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <exception>
+#include <mutex>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "ckpt/error.h"
+#include "storage/fs.h"
+#include "storage/s3_sign.h"
+
+namespace ckpt::storage {
+namespace {
+
+constexpr uint64_t kMinPartBytes = 5ull << 20;
+constexpr uint64_t kMaxMetadataBytes = 1ull << 30;
+constexpr const char* kMetadata = "metadata.json";
+
+std::string Join(const std::string& prefix, const std::string& name) {
+  if (prefix.empty() || prefix.back() == '/') return prefix + name;
+  return prefix + "/" + name;
+}
+
+std::string Url(const std::string& bucket, const std::string& key) { return "s3://" + bucket + "/" + key; }
+
+// One multipart upload in progress: its id, and each part's MD5 once sent.
+struct Upload {
+  std::string key;
+  std::filesystem::path path;
+  uint64_t size = 0;
+  std::string id;
+  std::vector<CompletedPart> parts;
+};
+
+// Runs fn(i) for i in [0, n) on up to `parallel` threads; the first exception is rethrown
+// after all have stopped (the others skip the tasks left).
+template <typename Fn>
+void ParallelFor(std::size_t n, int parallel, Fn fn) {
+  std::atomic<std::size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::exception_ptr error;
+  std::mutex mu;
+  const auto work = [&] {
+    for (std::size_t i; !failed && (i = next++) < n;) {
+      try {
+        fn(i);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!error) error = std::current_exception();
+        failed = true;
+      }
+    }
+  };
+  const std::size_t threads = std::min<std::size_t>(n, static_cast<std::size_t>(std::max(parallel, 1)));
+  std::vector<std::thread> pool;
+  for (std::size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+  if (error) std::rethrow_exception(error);
+}
+
+void CheckOptions(const UploadOptions& o) {
+  if (o.part_bytes < kMinPartBytes || o.part_bytes > (5ull << 30) || o.parallel < 1) {
+    throw Error(ErrorCode::kInvalidArgument, "upload options: part_bytes must be 5 MiB..5 GiB and parallel >= 1");
+  }
+}
+
+// Uploads every file of `uploads` (multipart), its parts spread over `parallel` threads.
+void UploadMultipart(ObjectStore& store, const std::string& bucket, std::vector<Upload>& uploads,
+                     const UploadOptions& options) {
+  struct Task {
+    std::size_t upload;
+    int part;
+  };
+  std::vector<Task> tasks;
+  try {
+    for (std::size_t u = 0; u < uploads.size(); ++u) {
+      Upload& up = uploads[u];
+      const uint64_t parts = (up.size + options.part_bytes - 1) / options.part_bytes;
+      if (parts > 10000) {
+        throw Error(ErrorCode::kInvalidArgument, up.path.string() + ": " + std::to_string(up.size) +
+                                                     " bytes need more than S3's 10000 parts of " +
+                                                     std::to_string(options.part_bytes));
+      }
+      up.parts.resize(parts);
+      up.id = store.CreateMultipart(bucket, up.key);
+      for (uint64_t p = 0; p < parts; ++p) tasks.push_back({u, static_cast<int>(p + 1)});
+    }
+    // Each thread reads one part into its own buffer: memory is parallel * part_bytes.
+    std::vector<Fd> fds;
+    for (const Upload& up : uploads) fds.push_back(OpenRegularFile(up.path));
+    ParallelFor(tasks.size(), options.parallel, [&](std::size_t i) {
+      const Task& t = tasks[i];
+      Upload& up = uploads[t.upload];
+      const uint64_t offset = static_cast<uint64_t>(t.part - 1) * options.part_bytes;
+      const std::size_t n = static_cast<std::size_t>(std::min(options.part_bytes, up.size - offset));
+      std::vector<std::byte> buf(n);
+      ReadExact(fds[t.upload].get(), buf.data(), n, offset, up.path);
+      up.parts[static_cast<std::size_t>(t.part - 1)] = {t.part, store.UploadPart(bucket, up.key, up.id, t.part, buf)};
+    });
+    for (Upload& up : uploads) {
+      store.CompleteMultipart(bucket, up.key, up.id, up.parts);
+      up.id.clear();
+    }
+  } catch (...) {
+    for (const Upload& up : uploads) {
+      if (up.id.empty()) continue;
+      try {
+        store.AbortMultipart(bucket, up.key, up.id);
+      } catch (const std::exception&) {  // left for the leftovers cleaning
+      }
+    }
+    throw;
+  }
+}
+
+// HEAD after upload: the size, and the ETag the parts make (MD5 for one part sent by PUT).
+ObjectInfo Verify(ObjectStore& store, const std::string& bucket, const std::string& key, uint64_t size,
+                  const std::string& etag) {
+  const auto info = store.Head(bucket, key);
+  if (!info) throw Error(ErrorCode::kIO, Url(bucket, key) + ": not there after its upload completed");
+  if (info->size != size || info->etag != etag) {
+    throw Error(ErrorCode::kIO, Url(bucket, key) + ": after upload the object has " + std::to_string(info->size) +
+                                    " bytes, ETag " + info->etag + "; sent " + std::to_string(size) + " bytes, ETag " +
+                                    etag);
+  }
+  return *info;
+}
+
+}  // namespace
+
+std::string SaveNonce() {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(rng()));
+  return buf;
+}
+
+std::string UniqueObjectName(const std::string& name, const std::string& nonce) {
+  const auto dot = name.rfind('.');
+  if (dot == std::string::npos || dot == 0) return name + "." + nonce;
+  return name.substr(0, dot) + "." + nonce + name.substr(dot);
+}
+
+ObjectInfo UploadFile(ObjectStore& store, const std::string& bucket, const std::string& key,
+                      const std::filesystem::path& path, const UploadOptions& options) {
+  CheckOptions(options);
+  Fd fd = OpenRegularFile(path);
+  const uint64_t size = FileSize(fd.get(), path);
+  if (size <= options.part_bytes) {
+    std::vector<std::byte> body(static_cast<std::size_t>(size));
+    ReadExact(fd.get(), body.data(), body.size(), 0, path);
+    const auto etag = store.PutIfAbsent(bucket, key, body);
+    if (!etag) throw Error(ErrorCode::kAlreadyExists, Url(bucket, key) + ": exists already (uploading " + path.string() + ")");
+    return Verify(store, bucket, key, size, *etag);
+  }
+  std::vector<Upload> uploads{{key, path, size, "", {}}};
+  UploadMultipart(store, bucket, uploads, options);
+  std::vector<std::string> md5s;
+  for (const CompletedPart& p : uploads[0].parts) md5s.push_back(p.etag);
+  return Verify(store, bucket, key, size, s3::MultipartEtag(md5s));
+}
+
+std::optional<std::string> CommittedEtag(ObjectStore& store, const std::string& bucket, const std::string& prefix) {
+  const auto info = store.Head(bucket, Join(prefix, kMetadata));
+  if (!info) return std::nullopt;
+  return info->etag;
+}
+
+std::string PublishDirectory(ObjectStore& store, const std::filesystem::path& dir, const std::string& bucket,
+                             const std::string& prefix, const std::optional<std::string>& expected_etag,
+                             const UploadOptions& options) {
+  CheckOptions(options);
+  std::vector<std::string> names;
+  if (Fs().ListDir(dir, names) != 0) {
+    throw Error(ErrorCode::kIO, dir.string() + ": cannot list the staged checkpoint");
+  }
+  std::sort(names.begin(), names.end());
+  if (std::find(names.begin(), names.end(), kMetadata) == names.end()) {
+    throw Error(ErrorCode::kInvalidArgument, dir.string() + ": no metadata.json in the staged checkpoint");
+  }
+  // Names unique to the save never collide with what is there; one that does is refused
+  // before anything is written (a committed checkpoint's objects are never touched).
+  std::set<std::string> existing;
+  for (const ObjectInfo& o : ListAll(store, bucket, Join(prefix, ""))) existing.insert(o.key);
+  std::vector<Upload> multipart;
+  std::vector<std::pair<std::string, std::filesystem::path>> single;
+  for (const std::string& name : names) {
+    if (name == kMetadata) continue;
+    const std::string key = Join(prefix, name);
+    if (existing.count(key)) {
+      throw Error(ErrorCode::kAlreadyExists, Url(bucket, key) + ": exists already: a save writes only names unique to it");
+    }
+    const std::filesystem::path path = dir / name;
+    Fd fd = OpenRegularFile(path);
+    const uint64_t size = FileSize(fd.get(), path);
+    if (size > options.part_bytes) {
+      multipart.push_back({key, path, size, "", {}});
+    } else {
+      single.emplace_back(key, path);
+    }
+  }
+  // Small files first, in parallel, then the large ones' parts, all parallel.
+  ParallelFor(single.size(), options.parallel,
+              [&](std::size_t i) { UploadFile(store, bucket, single[i].first, single[i].second, options); });
+  UploadMultipart(store, bucket, multipart, options);
+  for (const Upload& up : multipart) {
+    std::vector<std::string> md5s;
+    for (const CompletedPart& p : up.parts) md5s.push_back(p.etag);
+    Verify(store, bucket, up.key, up.size, s3::MultipartEtag(md5s));
+  }
+
+  // The commit: one conditional PUT of metadata.json.
+  const std::string metadata = ReadFileLimited(dir / kMetadata, kMaxMetadataBytes);
+  const std::string key = Join(prefix, kMetadata);
+  const ByteSpan body = s3::AsBytes(metadata);
+  const auto etag = expected_etag ? store.PutIfMatch(bucket, key, body, *expected_etag)
+                                  : store.PutIfAbsent(bucket, key, body);
+  if (!etag) {
+    throw Error(ErrorCode::kAlreadyExists,
+                Url(bucket, key) + ": another writer committed first (" +
+                    (expected_etag ? "metadata.json is no longer the one with ETag " + *expected_etag + " seen at the start"
+                                   : std::string("metadata.json exists now")) +
+                    "); this save's objects are not named by any checkpoint");
+  }
+  return *etag;
+}
+
+}  // namespace ckpt::storage

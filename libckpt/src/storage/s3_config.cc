@@ -1,0 +1,225 @@
+#include "storage/s3_config.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "ckpt/error.h"
+
+namespace ckpt::storage::s3 {
+namespace {
+
+using Section = std::map<std::string, std::string>;  // key -> value; sub-keys as "s3.key"
+using IniFile = std::map<std::string, Section>;      // section name as written in [ ]
+
+std::string Trim(std::string_view s) {
+  const auto b = s.find_first_not_of(" \t\r");
+  if (b == std::string_view::npos) return "";
+  const auto e = s.find_last_not_of(" \t\r");
+  return std::string(s.substr(b, e - b + 1));
+}
+
+// The AWS CLI's INI dialect: "[section]", "key = value", '#' and ';' comments, and nested
+// settings ("s3 =" followed by indented "key = value" lines). nullopt when the file does not
+// exist; kInvalidArgument naming the file and line (never the line's text) when malformed.
+std::optional<IniFile> ReadIni(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  IniFile ini;
+  std::string section, nested, line;
+  bool in_section = false;
+  for (int lineno = 1; std::getline(in, line); ++lineno) {
+    const std::string t = Trim(line);
+    if (t.empty() || t[0] == '#' || t[0] == ';') continue;
+    const auto bad = [&](const std::string& what) {
+      return Error(ErrorCode::kInvalidArgument, path + ":" + std::to_string(lineno) + ": " + what);
+    };
+    if (t.front() == '[') {
+      if (t.back() != ']') throw bad("a section header needs a closing ']'");
+      section = Trim(std::string_view(t).substr(1, t.size() - 2));
+      in_section = true;
+      nested.clear();
+      ini[section];
+      continue;
+    }
+    const auto eq = t.find('=');
+    if (eq == std::string::npos) throw bad("expected 'name = value'");
+    if (!in_section) throw bad("a setting before any [section]");
+    const bool indented = line[0] == ' ' || line[0] == '\t';
+    const std::string key = Trim(std::string_view(t).substr(0, eq));
+    const std::string value = Trim(std::string_view(t).substr(eq + 1));
+    if (key.empty()) throw bad("a setting without a name");
+    if (indented && !nested.empty()) {
+      ini[section][nested + "." + key] = value;
+    } else if (value.empty()) {
+      nested = key;  // "s3 =": the indented lines below belong to it
+    } else {
+      nested.clear();
+      ini[section][key] = value;
+    }
+  }
+  return ini;
+}
+
+const std::string* Find(const std::optional<IniFile>& ini, const std::string& section, const std::string& key) {
+  if (!ini) return nullptr;
+  const auto s = ini->find(section);
+  if (s == ini->end()) return nullptr;
+  const auto k = s->second.find(key);
+  return k == s->second.end() || k->second.empty() ? nullptr : &k->second;
+}
+
+bool ValidBucket(std::string_view b) {
+  if (b.size() < 3 || b.size() > 63) return false;
+  for (char c : b) {
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '-')) return false;
+  }
+  const auto alnum = [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); };
+  return alnum(b.front()) && alnum(b.back()) && b.find("..") == std::string_view::npos;
+}
+
+}  // namespace
+
+S3Config ResolveS3Config(const S3Options& opts, const EnvLookup& env_in) {
+  const EnvLookup env = env_in ? env_in : EnvLookup([](const char* n) { return std::getenv(n); });
+  const auto var = [&](const char* name) -> std::string {
+    const char* v = env(name);
+    return v ? std::string(v) : std::string();
+  };
+  const std::string home = var("HOME");
+  std::string cred_path = var("AWS_SHARED_CREDENTIALS_FILE");
+  if (cred_path.empty() && !home.empty()) cred_path = home + "/.aws/credentials";
+  std::string conf_path = var("AWS_CONFIG_FILE");
+  if (conf_path.empty() && !home.empty()) conf_path = home + "/.aws/config";
+  std::string profile = opts.profile;
+  if (profile.empty()) profile = var("AWS_PROFILE");
+  const bool profile_named = !profile.empty();
+  if (profile.empty()) profile = "default";
+
+  std::optional<IniFile> cred_file, conf_file;
+  if (!cred_path.empty()) cred_file = ReadIni(cred_path);
+  if (!conf_path.empty()) conf_file = ReadIni(conf_path);
+  // The config file names a profile "[profile NAME]", except "default" (either form).
+  const std::string conf_section =
+      conf_file && conf_file->count("profile " + profile) ? "profile " + profile : profile;
+  if (profile_named && !(cred_file && cred_file->count(profile)) && !(conf_file && conf_file->count(conf_section))) {
+    throw Error(ErrorCode::kNotFound, "AWS profile '" + profile + "' is in neither " +
+                                          (cred_path.empty() ? "(no credentials file)" : cred_path) + " nor " +
+                                          (conf_path.empty() ? "(no config file)" : conf_path));
+  }
+  const auto profile_value = [&](const std::string& key) -> std::string {
+    if (const std::string* v = Find(cred_file, profile, key)) return *v;
+    if (const std::string* v = Find(conf_file, conf_section, key)) return *v;
+    return "";
+  };
+  const auto profile_source = [&](const std::string& key) -> std::string {
+    if (Find(cred_file, profile, key)) return cred_path + " [" + profile + "]";
+    return conf_path + " [" + conf_section + "]";
+  };
+
+  S3Config c;
+  c.transfer = opts;
+  // Credentials: as a set, from the first place that has an access key id.
+  if (!opts.access_key_id.empty() || !opts.secret_access_key.empty()) {
+    if (opts.access_key_id.empty() || opts.secret_access_key.empty()) {
+      throw Error(ErrorCode::kInvalidArgument, "S3 options: access_key_id and secret_access_key must be set together");
+    }
+    c.credentials = {opts.access_key_id, opts.secret_access_key, opts.session_token};
+    c.credentials_source = "options";
+  } else if (!var("AWS_ACCESS_KEY_ID").empty() || !var("AWS_SECRET_ACCESS_KEY").empty()) {
+    if (var("AWS_ACCESS_KEY_ID").empty()) {
+      throw Error(ErrorCode::kInvalidArgument, "AWS_SECRET_ACCESS_KEY is set but AWS_ACCESS_KEY_ID is not");
+    }
+    if (var("AWS_SECRET_ACCESS_KEY").empty()) {
+      throw Error(ErrorCode::kInvalidArgument, "AWS_ACCESS_KEY_ID is set but AWS_SECRET_ACCESS_KEY is not");
+    }
+    c.credentials = {var("AWS_ACCESS_KEY_ID"), var("AWS_SECRET_ACCESS_KEY"), var("AWS_SESSION_TOKEN")};
+    c.credentials_source = "environment";
+  } else if (!profile_value("aws_access_key_id").empty()) {
+    const std::string source = profile_source("aws_access_key_id");
+    c.credentials = {profile_value("aws_access_key_id"), profile_value("aws_secret_access_key"),
+                     profile_value("aws_session_token")};
+    if (c.credentials.secret_access_key.empty()) {
+      throw Error(ErrorCode::kInvalidArgument, source + ": aws_access_key_id without aws_secret_access_key");
+    }
+    c.credentials_source = source;
+  } else {
+    throw Error(ErrorCode::kNotFound,
+                "no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or profile '" + profile +
+                    "' in " + (cred_path.empty() ? "~/.aws/credentials (HOME is not set)" : cred_path));
+  }
+
+  c.region = opts.region;
+  if (c.region.empty()) c.region = var("AWS_REGION");
+  if (c.region.empty()) c.region = var("AWS_DEFAULT_REGION");
+  if (c.region.empty()) c.region = profile_value("region");
+  if (c.region.empty()) c.region = "us-east-1";
+
+  std::string endpoint = opts.endpoint;
+  std::string endpoint_source = "S3 options";
+  for (const char* name : {"AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"}) {
+    if (endpoint.empty() && !var(name).empty()) {
+      endpoint = var(name);
+      endpoint_source = name;
+    }
+  }
+  for (const char* key : {"s3.endpoint_url", "endpoint_url"}) {
+    if (endpoint.empty() && !profile_value(key).empty()) {
+      endpoint = profile_value(key);
+      endpoint_source = profile_source(key) + " " + key;
+    }
+  }
+  const bool aws_endpoint = endpoint.empty();
+  if (aws_endpoint) endpoint = "https://s3." + c.region + ".amazonaws.com";
+  while (!endpoint.empty() && endpoint.back() == '/') endpoint.pop_back();
+  const auto scheme = endpoint.find("://");
+  if (scheme == std::string::npos || (endpoint.compare(0, scheme, "http") != 0 && endpoint.compare(0, scheme, "https") != 0) ||
+      endpoint.size() == scheme + 3 || endpoint.find('/', scheme + 3) != std::string::npos) {
+    throw Error(ErrorCode::kInvalidArgument,
+                endpoint_source + ": endpoint '" + endpoint + "' is not http(s)://host[:port]");
+  }
+  c.endpoint = endpoint;
+
+  Addressing addressing = opts.addressing;
+  if (addressing == Addressing::kAuto) {
+    const std::string style = profile_value("s3.addressing_style");
+    if (style == "path") {
+      addressing = Addressing::kPath;
+    } else if (style == "virtual") {
+      addressing = Addressing::kVirtual;
+    } else if (!style.empty() && style != "auto") {
+      throw Error(ErrorCode::kInvalidArgument, profile_source("s3.addressing_style") +
+                                                   ": s3 addressing_style must be path, virtual or auto, not '" +
+                                                   style + "'");
+    }
+  }
+  c.path_style = addressing == Addressing::kAuto ? !aws_endpoint : addressing == Addressing::kPath;
+  if (opts.max_connections < 0 || opts.max_attempts < 1 || opts.base_backoff_ms < 0 || opts.max_backoff_ms < 0 ||
+      opts.connect_timeout_ms < 1 || opts.stall_timeout_s < 1) {
+    throw Error(ErrorCode::kInvalidArgument, "S3 options: attempts and timeouts must be positive, connections not negative");
+  }
+  return c;
+}
+
+bool IsS3Url(std::string_view path) { return path.substr(0, 5) == "s3://"; }
+
+S3Url ParseS3Url(std::string_view url) {
+  const auto bad = [&](const std::string& why) {
+    return Error(ErrorCode::kInvalidArgument, "'" + std::string(url) + "': " + why);
+  };
+  if (!IsS3Url(url)) throw bad("not an s3://bucket/prefix URL");
+  const std::string_view rest = url.substr(5);
+  const auto slash = rest.find('/');
+  S3Url u;
+  u.bucket = std::string(rest.substr(0, slash));
+  if (u.bucket.empty()) throw bad("no bucket");
+  if (!ValidBucket(u.bucket)) {
+    throw bad("bucket '" + u.bucket + "' is not a valid S3 bucket name (3-63 of a-z 0-9 . -)");
+  }
+  if (slash != std::string_view::npos) u.prefix = std::string(rest.substr(slash + 1));
+  if (u.prefix.find('\0') != std::string::npos) throw bad("a key cannot hold a NUL byte");
+  return u;
+}
+
+}  // namespace ckpt::storage::s3

@@ -1,0 +1,188 @@
+#include "fault_proxy.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <stdexcept>
+
+namespace s3_test {
+namespace {
+
+constexpr int kPollMs = 50;
+
+// Waits until `fd` is readable or `ms` pass; false on timeout or when stopping.
+bool Readable(int fd, int ms, const std::atomic<bool>& stop) {
+  for (int waited = 0; waited < ms && !stop; waited += kPollMs) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, kPollMs) > 0) return true;
+  }
+  return false;
+}
+
+bool SendAll(int fd, const char* p, std::size_t n) {
+  while (n > 0) {
+    const ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (w <= 0) return false;
+    p += w;
+    n -= static_cast<std::size_t>(w);
+  }
+  return true;
+}
+
+// Reads the request head (through the blank line) and whatever came with it.
+std::string ReadHead(int fd, const std::atomic<bool>& stop) {
+  std::string buf;
+  char tmp[4096];
+  while (buf.find("\r\n\r\n") == std::string::npos && Readable(fd, 5000, stop)) {
+    const ssize_t r = ::recv(fd, tmp, sizeof tmp, 0);
+    if (r <= 0) break;
+    buf.append(tmp, static_cast<std::size_t>(r));
+  }
+  return buf;
+}
+
+int ConnectUpstream(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    if (fd >= 0) ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// "Range: bytes=A-B" becomes bytes=(A+1)-(B+1) (shift) or bytes=A-(B+100) (widen).
+std::string RewriteRange(std::string head, bool widen) {
+  const std::string tag = "Range: bytes=";
+  const auto at = head.find(tag);
+  if (at == std::string::npos) return head;
+  const auto begin = at + tag.size();
+  const auto dash = head.find('-', begin);
+  const auto eol = head.find("\r\n", dash);
+  const unsigned long long a = std::stoull(head.substr(begin, dash - begin));
+  const unsigned long long b = std::stoull(head.substr(dash + 1, eol - dash - 1));
+  const std::string range = widen ? std::to_string(a) + "-" + std::to_string(b + 100)
+                                  : std::to_string(a + 1) + "-" + std::to_string(b + 1);
+  return head.replace(begin, eol - begin, range);
+}
+
+void Reply(int fd, int status, const char* reason, const char* code) {
+  const std::string body = std::string("<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>") + code +
+                           "</Code><Message>injected by the test proxy</Message></Error>";
+  const std::string head = "HTTP/1.1 " + std::to_string(status) + " " + reason +
+                           "\r\nContent-Type: application/xml\r\nContent-Length: " + std::to_string(body.size()) +
+                           "\r\nConnection: close\r\n\r\n";
+  SendAll(fd, head.data(), head.size());
+  SendAll(fd, body.data(), body.size());
+}
+
+}  // namespace
+
+FaultProxy::FaultProxy(int upstream_port, std::vector<Action> plan, Action after)
+    : upstream_port_(upstream_port), plan_(std::move(plan)), after_(after) {
+  listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = 0;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (listen_fd_ < 0 || ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::listen(listen_fd_, 64) != 0 || ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    throw std::runtime_error("fault proxy: cannot listen on 127.0.0.1");
+  }
+  port_ = ntohs(a.sin_port);
+  acceptor_ = std::thread([this] { AcceptLoop(); });
+}
+
+FaultProxy::~FaultProxy() {
+  stop_ = true;
+  acceptor_.join();
+  ::close(listen_fd_);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& t : handlers_) t.join();
+}
+
+void FaultProxy::AcceptLoop() {
+  while (!stop_) {
+    if (!Readable(listen_fd_, kPollMs, stop_)) continue;
+    const int client = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (client < 0) continue;
+    const int i = accepted_++;
+    const Action action = static_cast<std::size_t>(i) < plan_.size() ? plan_[static_cast<std::size_t>(i)] : after_;
+    std::lock_guard<std::mutex> lock(mu_);
+    handlers_.emplace_back([this, client, action] { Handle(client, action); });
+  }
+}
+
+void FaultProxy::Handle(int client, Action action) {
+  std::string head = ReadHead(client, stop_);
+  if (action == Action::kShiftRange || action == Action::kWidenRange) {
+    head = RewriteRange(std::move(head), action == Action::kWidenRange);
+    action = Action::kForward;
+  }
+  int upstream = -1;
+  switch (action) {
+    case Action::kDrop:
+      break;
+    case Action::k500:
+      Reply(client, 500, "Internal Server Error", "InternalError");
+      break;
+    case Action::k503:
+      Reply(client, 503, "Slow Down", "SlowDown");
+      break;
+    case Action::kStall: {  // say nothing until the client gives up (or 20 s)
+      char tmp[4096];
+      const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      while (!stop_ && std::chrono::steady_clock::now() < end) {
+        if (Readable(client, kPollMs, stop_) && ::recv(client, tmp, sizeof tmp, 0) <= 0) break;
+      }
+      break;
+    }
+    case Action::kShiftRange:
+    case Action::kWidenRange:
+    case Action::kForward:
+    case Action::kTruncate:
+    case Action::kLoseResponse: {
+      upstream = ConnectUpstream(upstream_port_);
+      if (upstream < 0 || !SendAll(upstream, head.data(), head.size())) break;
+      // Relay both ways; kTruncate passes on only the first 600 bytes of the answer,
+      // kLoseResponse none (and ends 300 ms after the answer began).
+      std::size_t answered = 0;
+      auto answer_began = std::chrono::steady_clock::time_point::max();
+      char tmp[65536];
+      while (!stop_) {
+        pollfd p[2] = {{client, POLLIN, 0}, {upstream, POLLIN, 0}};
+        if (::poll(p, 2, kPollMs) < 0) break;
+        if (action == Action::kLoseResponse && std::chrono::steady_clock::now() - answer_began > std::chrono::milliseconds(300)) break;
+        if (p[0].revents & (POLLIN | POLLHUP | POLLERR)) {
+          const ssize_t r = ::recv(client, tmp, sizeof tmp, 0);
+          if (r <= 0 || !SendAll(upstream, tmp, static_cast<std::size_t>(r))) break;
+        }
+        if (p[1].revents & (POLLIN | POLLHUP | POLLERR)) {
+          const ssize_t r = ::recv(upstream, tmp, sizeof tmp, 0);
+          if (r <= 0) break;
+          if (answer_began == std::chrono::steady_clock::time_point::max()) answer_began = std::chrono::steady_clock::now();
+          if (action == Action::kLoseResponse) continue;
+          std::size_t n = static_cast<std::size_t>(r);
+          if (action == Action::kTruncate) n = std::min(n, 600 - std::min<std::size_t>(answered, 600));
+          if (!SendAll(client, tmp, n)) break;
+          answered += n;
+          if (action == Action::kTruncate && answered >= 600) break;
+        }
+      }
+      break;
+    }
+  }
+  if (upstream >= 0) ::close(upstream);
+  ::shutdown(client, SHUT_RDWR);
+  ::close(client);
+}
+
+}  // namespace s3_test

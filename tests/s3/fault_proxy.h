@@ -1,0 +1,45 @@
+// A TCP proxy on 127.0.0.1 between an S3 client and the real gateway that does to each new
+// connection what its plan says: forward it, drop it, answer 500 or 503 SlowDown, stall,
+// cut the answer short, change the range asked for, or forward the request but lose the answer (the server acted, the
+// client never hears). A client that opens one connection per request (S3Options::
+// max_connections = 0) meets one planned fault per request.
+#pragma once
+
+#include <atomic>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace s3_test {
+
+class FaultProxy {
+ public:
+  // kShiftRange / kWidenRange forward a request with its Range header changed (it is not
+  // signed), as a server that answers another range, or more bytes, than asked would.
+  enum class Action { kForward, kDrop, k500, k503, kStall, kTruncate, kLoseResponse, kShiftRange, kWidenRange };
+  // `upstream_port` on 127.0.0.1; connection i gets plan[i], those after the plan `after`.
+  FaultProxy(int upstream_port, std::vector<Action> plan, Action after = Action::kForward);
+  ~FaultProxy();
+  FaultProxy(const FaultProxy&) = delete;
+  FaultProxy& operator=(const FaultProxy&) = delete;
+  std::string endpoint() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  int connections() const { return accepted_.load(); }
+
+ private:
+  void AcceptLoop();
+  void Handle(int client, Action action);
+
+  int upstream_port_;
+  std::vector<Action> plan_;
+  Action after_;
+  int listen_fd_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> accepted_{0};
+  std::thread acceptor_;
+  std::mutex mu_;
+  std::vector<std::thread> handlers_;
+};
+
+}  // namespace s3_test
