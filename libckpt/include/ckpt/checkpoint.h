@@ -23,6 +23,45 @@ namespace ckpt {
 
 inline constexpr const char* kMetadataFileName = "metadata.json";
 
+// Where and how a checkpoint on S3-compatible object storage (`s3://bucket/prefix/step-100`)
+// is written. Empty or unset fields come from the AWS environment (AWS_ENDPOINT_URL_S3,
+// AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+// AWS_SESSION_TOKEN, AWS_PROFILE) and the profile files (~/.aws/credentials, ~/.aws/config);
+// a field set here overrides them. No secret appears in an error or in metadata.json.
+//
+// The write path on s3:// (the interim one: staging, then upload): each rank writes its
+// shard into a local staging directory of its own under `staging_dir` (at most its one
+// shard, removed once uploaded, whatever happens), uploads it as a new object whose name is
+// unique to this save (`shard-RRRRR-of-WWWWW.<nonce>.h5`, named so in metadata.json's files[])
+// in `part_bytes` parts, `upload_concurrency` at a time (memory: their product per rank),
+// each part with Content-MD5, and checks it by HEAD (size and ETag). Then rank 0 commits
+// by one conditional PUT of metadata.json: If-None-Match: * for a new checkpoint, If-Match
+// with the ETag seen when the save began for overwrite. A writer that loses the race gets
+// kAlreadyExists ("another writer committed first") on every rank; its objects are deleted
+// or, where that fails, left for CleanLeftovers.
+struct ObjectStoreOptions {
+  std::string endpoint;  // "http://127.0.0.1:7480", "https://s3.eu-west-1.amazonaws.com"
+  std::string region;
+  std::string profile;  // of ~/.aws/credentials and ~/.aws/config
+  std::string access_key_id;
+  std::string secret_access_key;
+  std::string session_token;
+  std::string addressing = "auto";  // "auto", "path" or "virtual"
+  // Each rank's local staging; empty: $TMPDIR (else /tmp) / "ckpt-s3-staging".
+  std::filesystem::path staging_dir;
+  uint64_t part_bytes = uint64_t{16} << 20;  // 5 MiB..5 GiB; a shard up to it goes in one PUT
+  int upload_concurrency = 8;
+  // A store whose conditional PUT does not work (storage probe at the start of each save)
+  // is refused, as two writers could then both "win"; true accepts it, the user promising
+  // that one writer at a time saves under this prefix.
+  bool single_writer = false;
+  // Leftovers (shard objects no committed metadata.json names, unfinished multipart
+  // uploads) younger than this are never removed (a save may still be uploading them).
+  int64_t leftover_grace_seconds = 3600;
+  // Attempts of an idempotent request (retries with backoff on 5xx, 503 SlowDown, timeouts).
+  int max_attempts = 8;
+};
+
 struct SaveOptions {
   StateDictType state_dict_type = StateDictType::kSharded;
   // Replace a committed checkpoint at the target. The swap is atomic: readers see the
@@ -186,6 +225,12 @@ struct LoadOptions {
   // LoadReport::bytes_read_direct says how much was read direct.
   enum class DirectIo { kAuto, kOn, kOff };
   DirectIo direct_io = DirectIo::kOff;
+  // For an s3:// checkpoint (ObjectStoreOptions above: endpoint, credentials, retries; the
+  // staging and upload fields are unused here); ignored for a local directory. The load
+  // opens no HDF5: one GET of metadata.json, one ranged GET of each shard index it needs
+  // (files[i].index_offset), then ranged GETs of the blocks its chunks touch, in parallel,
+  // every block checked against its digest. Compressed chunks are not read from s3:// yet.
+  ObjectStoreOptions s3;
 };
 
 struct LoadReport {
@@ -228,6 +273,10 @@ class CKPT_API CheckpointReader {
   // With `resolve` false, a v2 checkpoint's shard indexes are read as chunks are first
   // wanted (each once, checked against its digest) instead of all when opening.
   static std::unique_ptr<CheckpointReader> Open(const std::filesystem::path& dir, bool resolve = true);
+  // The same for an s3:// checkpoint (a local `dir` ignores `s3`), read as Load reads it
+  // (LoadOptions::s3); LocateChunk gives nullopt (no local file).
+  static std::unique_ptr<CheckpointReader> Open(const std::filesystem::path& dir, const ObjectStoreOptions& s3,
+                                                bool resolve = false);
   virtual ~CheckpointReader() = default;
 
   virtual const Metadata& metadata() const = 0;

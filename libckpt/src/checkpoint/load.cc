@@ -132,7 +132,8 @@ std::string Summarize(const std::filesystem::path& dir, const LoadReport& r) {
 // 2026-12-05, the VM's host quiet; LoadOptions::io_threads says what more readers buy while
 // it is not. A reader meeting a device chunk takes a staging pair of `device` for the rest
 // of its work.
-void ReadTensors(const storage::Dir& dir, const std::shared_ptr<const Metadata>& metadata,
+void ReadTensors(const storage::Dir& dir, const std::shared_ptr<const internal::ObjectSource>& source,
+                 const std::shared_ptr<const Metadata>& metadata,
                  const std::shared_ptr<internal::ChunkCatalog>& catalog,
                  StateDict& target, const std::unordered_set<std::string>& skip, const LoadOptions& options,
                  DeviceBackend* device, uint64_t& bytes_read, uint64_t& bytes_direct) {
@@ -144,7 +145,12 @@ void ReadTensors(const storage::Dir& dir, const std::shared_ptr<const Metadata>&
     std::size_t item;
   };
   std::vector<Task> whole, parts;
-  internal::Reader planner(dir, metadata, /*check_tiling=*/false, catalog);
+  // A reader of the checkpoint: its shard files, or (`source`) its objects.
+  const auto open = [&] {
+    return source ? internal::Reader(source, /*check_tiling=*/false, catalog)
+                  : internal::Reader(dir, metadata, /*check_tiling=*/false, catalog);
+  };
+  internal::Reader planner = open();
   for (auto& [key, entry] : target) {
     const EntryMeta* e = metadata->Find(key);
     auto* t = std::get_if<Tensor>(&entry);
@@ -190,7 +196,7 @@ void ReadTensors(const storage::Dir& dir, const std::shared_ptr<const Metadata>&
   std::exception_ptr first;
   auto work = [&] {
     try {
-      internal::Reader reader(dir, metadata, /*check_tiling=*/false, catalog);  // checked by Load's first reader
+      internal::Reader reader = open();  // checked by Load's first reader
       reader.UseDirectIo(policy);
       std::unique_ptr<DeviceStaging> staging;
       std::unique_ptr<internal::DeviceWriter> to_device;
@@ -238,10 +244,20 @@ LoadReport Load(const std::filesystem::path& dir, StateDict& target, Comm& comm,
     // One directory handle for metadata.json and every shard: a load racing an overwrite
     // reads the old checkpoint or the new one, never a mix (or fails with kChanged).
     // Only metadata.json is read here: a rank reads the shard indexes of the files it needs.
-    internal::Pinned pinned = internal::OpenPinned(dir, /*resolve=*/false);
-    version = pinned.text_hash;
-    const storage::Dir handle = pinned.dir;
-    internal::Reader reader(std::move(pinned.dir), std::move(pinned.metadata));
+    // On object storage (s3://): metadata.json by one GET, the rest by ranged GETs, no HDF5.
+    std::shared_ptr<const internal::ObjectSource> source;
+    storage::Dir handle;
+    std::unique_ptr<internal::Reader> opened;
+    if (internal::IsObjectPath(dir)) {
+      source = internal::OpenObjectSource(dir.string(), options.s3, &version);
+      opened = std::make_unique<internal::Reader>(source);
+    } else {
+      internal::Pinned pinned = internal::OpenPinned(dir, /*resolve=*/false);
+      version = pinned.text_hash;
+      handle = pinned.dir;
+      opened = std::make_unique<internal::Reader>(std::move(pinned.dir), std::move(pinned.metadata));
+    }
+    internal::Reader& reader = *opened;
     const Metadata& m = reader.metadata();
     CheckTypes(dir, m, options, comm.size());
     std::unordered_set<std::string> skip;
@@ -259,7 +275,7 @@ LoadReport Load(const std::filesystem::path& dir, StateDict& target, Comm& comm,
       }
     }
     report.bytes_read = reader.bytes_read();
-    ReadTensors(handle, reader.shared_metadata(), reader.catalog(), target, skip, options, device.get(),
+    ReadTensors(handle, source, reader.shared_metadata(), reader.catalog(), target, skip, options, device.get(),
                 report.bytes_read, report.bytes_read_direct);
   });
   // Each rank read one checkpoint whole; if it was replaced while they opened it, they
