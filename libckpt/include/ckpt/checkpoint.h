@@ -60,10 +60,10 @@ struct ObjectStoreOptions {
   int64_t leftover_grace_seconds = 3600;
   // Attempts of an idempotent request (retries with backoff on 5xx, 503 SlowDown, timeouts).
   int max_attempts = 8;
-  // Load of an s3:// checkpoint (the interim path, until Load reads object storage by ranged
-  // GETs): each rank downloads metadata.json and every file it names into a directory of its
-  // own under staging_dir, loads it there and removes it. A checkpoint whose files hold more
-  // than this is refused before any byte is fetched.
+  // Load of an s3:// checkpoint that cannot be read by ranged GETs (compressed chunks, v1,
+  // or saved before files[].index_offset): each rank downloads metadata.json and every file
+  // it names into a directory of its own under staging_dir, loads it there and removes it. A
+  // checkpoint whose files hold more than this is refused before any byte is fetched.
   uint64_t cache_max_bytes = uint64_t{64} << 30;
 };
 
@@ -232,7 +232,12 @@ struct LoadOptions {
   // LoadReport::bytes_read_direct says how much was read direct.
   enum class DirectIo { kAuto, kOn, kOff };
   DirectIo direct_io = DirectIo::kOff;
-  // For an s3:// checkpoint (ObjectStoreOptions; the interim download path).
+  // For an s3:// checkpoint (ObjectStoreOptions above: endpoint, credentials, retries; the
+  // staging and upload fields are unused here); ignored for a local directory. The load
+  // opens no HDF5: one GET of metadata.json, one ranged GET of each shard index it needs
+  // (files[i].index_offset), then ranged GETs of the blocks its chunks touch, in parallel,
+  // every block checked against its digest. A checkpoint ranges cannot read (compressed
+  // chunks, v1, saved before files[].index_offset) is downloaded (cache_max_bytes above).
   ObjectStoreOptions s3;
 };
 
@@ -276,6 +281,10 @@ class CKPT_API CheckpointReader {
   // With `resolve` false, a v2 checkpoint's shard indexes are read as chunks are first
   // wanted (each once, checked against its digest) instead of all when opening.
   static std::unique_ptr<CheckpointReader> Open(const std::filesystem::path& dir, bool resolve = true);
+  // The same for an s3:// checkpoint (a local `dir` ignores `s3`), read as Load reads it
+  // (LoadOptions::s3); LocateChunk gives nullopt (no local file).
+  static std::unique_ptr<CheckpointReader> Open(const std::filesystem::path& dir, const ObjectStoreOptions& s3,
+                                                bool resolve = false);
   virtual ~CheckpointReader() = default;
 
   virtual const Metadata& metadata() const = 0;

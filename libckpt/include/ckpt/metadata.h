@@ -144,6 +144,10 @@ struct FileMeta {
   int rank = 0;
   uint64_t bytes = 0;
   std::string index;  // v2: "xxh3-64:<hex>" of the shard's ckpt_shard_index text; v1: empty
+  // Where that text lies in the file (FORMAT.md §3.1, OPTIONAL): its first byte and its
+  // length; index_bytes 0: not recorded (a reader then reads the HDF5 attribute).
+  uint64_t index_offset = 0;
+  uint64_t index_bytes = 0;
 };
 
 // How long a save took, per phase, over its ranks (FORMAT.md §3.8). Seconds of wall time

@@ -134,7 +134,8 @@ std::string Summarize(const std::filesystem::path& dir, const LoadReport& r) {
 // 2026-12-05, the VM's host quiet; LoadOptions::io_threads says what more readers buy while
 // it is not. A reader meeting a device chunk takes a staging pair of `device` for the rest
 // of its work.
-void ReadTensors(const storage::Dir& dir, const std::shared_ptr<const Metadata>& metadata,
+void ReadTensors(const storage::Dir& dir, const std::shared_ptr<const internal::ObjectSource>& source,
+                 const std::shared_ptr<const Metadata>& metadata,
                  const std::shared_ptr<internal::ChunkCatalog>& catalog,
                  StateDict& target, const std::unordered_set<std::string>& skip, const LoadOptions& options,
                  DeviceBackend* device, uint64_t& bytes_read, uint64_t& bytes_direct) {
@@ -146,7 +147,12 @@ void ReadTensors(const storage::Dir& dir, const std::shared_ptr<const Metadata>&
     std::size_t item;
   };
   std::vector<Task> whole, parts;
-  internal::Reader planner(dir, metadata, /*check_tiling=*/false, catalog);
+  // A reader of the checkpoint: its shard files, or (`source`) its objects.
+  const auto open = [&] {
+    return source ? internal::Reader(source, /*check_tiling=*/false, catalog)
+                  : internal::Reader(dir, metadata, /*check_tiling=*/false, catalog);
+  };
+  internal::Reader planner = open();
   for (auto& [key, entry] : target) {
     const EntryMeta* e = metadata->Find(key);
     auto* t = std::get_if<Tensor>(&entry);
@@ -192,7 +198,7 @@ void ReadTensors(const storage::Dir& dir, const std::shared_ptr<const Metadata>&
   std::exception_ptr first;
   auto work = [&] {
     try {
-      internal::Reader reader(dir, metadata, /*check_tiling=*/false, catalog);  // checked by Load's first reader
+      internal::Reader reader = open();  // checked by Load's first reader
       reader.UseDirectIo(policy);
       std::unique_ptr<DeviceStaging> staging;
       std::unique_ptr<internal::DeviceWriter> to_device;
@@ -229,13 +235,33 @@ void ReadTensors(const storage::Dir& dir, const std::shared_ptr<const Metadata>&
   bytes_direct += direct;
 }
 
+// COLLECTIVE. Whether every rank can read the s3:// checkpoint at `dir` by ranged GETs
+// (internal::ReadableByRanges of the metadata.json it GETs); all ranks get one answer, so they
+// take the same path.
+bool ReadableByRanges(const std::filesystem::path& dir, Comm& comm, const LoadOptions& options) {
+  uint8_t ranged = 0;
+  internal::Phase(comm, [&] {
+    try {
+      ranged = internal::ReadableByRanges(*internal::OpenObjectSource(dir.string(), options.s3)->metadata) ? 1 : 0;
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kUnsupported) throw;  // a v1 checkpoint: downloaded
+    }
+  });
+  if (comm.size() == 1) return ranged != 0;
+  for (const ByteBuffer& b : comm.AllGather({&ranged, 1})) {
+    if (b.size() != 1 || b[0] == 0) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 LoadReport Load(const std::filesystem::path& dir, StateDict& target, Comm& comm, const LoadOptions& options) {
-  if (internal::IsObjectUrl(dir)) {
-    // The interim path (ObjectStoreOptions::cache_max_bytes): each rank downloads the
-    // checkpoint into a directory of its own and loads it there. Ranks that downloaded
-    // different versions (a replace in between) fail below with kChanged, as on disk.
+  if (internal::IsObjectUrl(dir) && !ReadableByRanges(dir, comm, options)) {
+    // What ranged GETs cannot read (compressed chunks, v1, saved before files[].index_offset;
+    // ObjectStoreOptions::cache_max_bytes): each rank downloads the checkpoint into a
+    // directory of its own and loads it there. Ranks that downloaded different versions (a
+    // replace in between) fail below with kChanged, as on disk.
     std::filesystem::path local;
     struct Remove {
       std::filesystem::path& p;
@@ -254,10 +280,20 @@ LoadReport Load(const std::filesystem::path& dir, StateDict& target, Comm& comm,
     // One directory handle for metadata.json and every shard: a load racing an overwrite
     // reads the old checkpoint or the new one, never a mix (or fails with kChanged).
     // Only metadata.json is read here: a rank reads the shard indexes of the files it needs.
-    internal::Pinned pinned = internal::OpenPinned(dir, /*resolve=*/false);
-    version = pinned.text_hash;
-    const storage::Dir handle = pinned.dir;
-    internal::Reader reader(std::move(pinned.dir), std::move(pinned.metadata));
+    // On object storage (s3://): metadata.json by one GET, the rest by ranged GETs, no HDF5.
+    std::shared_ptr<const internal::ObjectSource> source;
+    storage::Dir handle;
+    std::unique_ptr<internal::Reader> opened;
+    if (internal::IsObjectUrl(dir)) {
+      source = internal::OpenObjectSource(dir.string(), options.s3, &version);
+      opened = std::make_unique<internal::Reader>(source);
+    } else {
+      internal::Pinned pinned = internal::OpenPinned(dir, /*resolve=*/false);
+      version = pinned.text_hash;
+      handle = pinned.dir;
+      opened = std::make_unique<internal::Reader>(std::move(pinned.dir), std::move(pinned.metadata));
+    }
+    internal::Reader& reader = *opened;
     const Metadata& m = reader.metadata();
     CheckTypes(dir, m, options, comm.size());
     std::unordered_set<std::string> skip;
@@ -275,7 +311,7 @@ LoadReport Load(const std::filesystem::path& dir, StateDict& target, Comm& comm,
       }
     }
     report.bytes_read = reader.bytes_read();
-    ReadTensors(handle, reader.shared_metadata(), reader.catalog(), target, skip, options, device.get(),
+    ReadTensors(handle, source, reader.shared_metadata(), reader.catalog(), target, skip, options, device.get(),
                 report.bytes_read, report.bytes_read_direct);
   });
   // Each rank read one checkpoint whole; if it was replaced while they opened it, they

@@ -6,6 +6,7 @@
 #include <functional>
 #include <optional>
 
+#include "checkpoint/object_save.h"
 #include "format/grid.h"
 #include "format/names.h"
 #include "layout/box.h"
@@ -19,8 +20,26 @@ Metadata ReadMetadata(const std::filesystem::path& dir, bool resolve) {
 }
 
 std::unique_ptr<CheckpointReader> CheckpointReader::Open(const std::filesystem::path& dir, bool resolve) {
+  if (internal::IsObjectUrl(dir)) return Open(dir, ObjectStoreOptions{}, resolve);
   internal::Pinned p = internal::OpenPinned(dir, resolve);
   return std::make_unique<internal::Reader>(std::move(p.dir), std::move(p.metadata));
+}
+
+std::unique_ptr<CheckpointReader> CheckpointReader::Open(const std::filesystem::path& dir,
+                                                         const ObjectStoreOptions& s3, bool resolve) {
+  if (!internal::IsObjectUrl(dir)) return Open(dir, resolve);
+  auto source = internal::OpenObjectSource(dir.string(), s3);
+  if (resolve) {  // every chunk record read now (the metadata a caller sees is then whole)
+    auto m = std::make_shared<Metadata>(*source->metadata);
+    internal::ChunkCatalog catalog(source);
+    internal::ResolveWith(catalog, *m);
+    auto resolved = std::make_shared<internal::ObjectSource>(*source);
+    resolved->metadata = m;
+    resolved->files.clear();
+    for (const FileMeta& f : m->files) resolved->files.emplace(f.name, &f);
+    source = resolved;
+  }
+  return std::make_unique<internal::Reader>(std::move(source));
 }
 
 namespace internal {
@@ -64,7 +83,13 @@ struct ChunkCatalog::File {
 };
 
 ChunkCatalog::ChunkCatalog(storage::Dir dir, std::shared_ptr<const Metadata> metadata)
-    : dir_(std::move(dir)), metadata_(std::move(metadata)) {
+    : dir_(std::move(dir)), metadata_(std::move(metadata)), base_(dir_.path()) {
+  files_.resize(metadata_->files.size());
+  for (auto& f : files_) f = std::make_unique<File>();
+}
+
+ChunkCatalog::ChunkCatalog(std::shared_ptr<const ObjectSource> source)
+    : metadata_(source->metadata), source_(std::move(source)), base_(source_->url) {
   files_.resize(metadata_->files.size());
   for (auto& f : files_) f = std::make_unique<File>();
 }
@@ -73,16 +98,21 @@ ChunkCatalog::~ChunkCatalog() = default;
 
 ChunkCatalog::File& ChunkCatalog::Load(int32_t index) {
   if (index < 0 || static_cast<std::size_t>(index) >= files_.size()) {
-    throw Error(ErrorCode::kCorrupt, dir_.path().string() + ": file number " + std::to_string(index) + " is not one of the " +
+    throw Error(ErrorCode::kCorrupt, base_.string() + ": file number " + std::to_string(index) + " is not one of the " +
                                          std::to_string(files_.size()) + " in metadata.json");
   }
   File& f = *files_[static_cast<std::size_t>(index)];
   std::call_once(f.once, [&] {
     try {
       const FileMeta& meta = metadata_->files[static_cast<std::size_t>(index)];
-      storage::ShardReader shard(dir_, meta.name, /*use_index=*/false);
-      const std::string& text = shard.IndexText();
-      const std::string where = (dir_.path() / meta.name).string() + ": " + names::kShardIndexAttr;
+      std::string text;
+      if (source_) {
+        text = FetchIndexText(*source_, meta);
+      } else {
+        storage::ShardReader shard(dir_, meta.name, /*use_index=*/false);
+        text = shard.IndexText();
+      }
+      const std::string where = (base_ / meta.name).string() + ": " + names::kShardIndexAttr;
       if (text.empty()) throw Error(ErrorCode::kCorrupt, where + ": missing (not a ckpt shard, or damaged)");
       const std::string got = storage::IndexDigest(text);
       if (got != meta.index) {
@@ -129,7 +159,7 @@ const ChunkMeta& ChunkCatalog::Find(const std::string& key, const EntryMeta& e, 
   const auto& records = Load(file).records;
   // Called per chunk a read meets: the message is built only for an error.
   const auto corrupt = [&](const std::string& why) {
-    return Error(ErrorCode::kCorrupt, (dir_.path() / metadata_->files[static_cast<std::size_t>(file)].name).string() +
+    return Error(ErrorCode::kCorrupt, (base_ / metadata_->files[static_cast<std::size_t>(file)].name).string() +
                                           ": " + std::string(EntryKindName(e.kind)) + " '" + key + "' chunk " +
                                           box.ToString() + ": " + why);
   };
@@ -165,6 +195,10 @@ void CheckStoredBytes(const std::string& key, const EntryMeta& e, uint64_t recor
 void Resolve(const storage::Dir& dir, Metadata& m) {
   auto shared = std::make_shared<const Metadata>(m);  // the catalog reads files and layouts only
   ChunkCatalog catalog(dir, shared);
+  ResolveWith(catalog, m);
+}
+
+void ResolveWith(ChunkCatalog& catalog, Metadata& m) {
   for (auto& kv : m.entries) {  // (not a structured binding: clang 14 cannot capture one)
     const std::string& key = kv.first;
     EntryMeta& e = kv.second;
@@ -196,6 +230,16 @@ Reader::Reader(storage::Dir dir, std::shared_ptr<const Metadata> metadata, bool 
                std::shared_ptr<ChunkCatalog> catalog)
     : handle_(std::move(dir)), dir_(handle_.path()), metadata_(std::move(metadata)), catalog_(std::move(catalog)) {
   if (!metadata_->resolved && !catalog_) catalog_ = std::make_shared<ChunkCatalog>(handle_, metadata_);
+  CheckOpen(check_tiling);
+}
+
+Reader::Reader(std::shared_ptr<const ObjectSource> source, bool check_tiling, std::shared_ptr<ChunkCatalog> catalog)
+    : source_(std::move(source)), dir_(source_->url), metadata_(source_->metadata), catalog_(std::move(catalog)) {
+  if (!metadata_->resolved && !catalog_) catalog_ = std::make_shared<ChunkCatalog>(source_);
+  CheckOpen(check_tiling);
+}
+
+void Reader::CheckOpen(bool check_tiling) {
   if (!check_tiling) return;
   std::vector<std::string> problems;
   for (const auto& [key, e] : metadata_->entries)
@@ -302,7 +346,13 @@ void Reader::ReadRegion(std::string_view key_view, const Box& region, void* out,
 void Reader::ReadRegionPart(const std::string& key, const ChunkMeta& c, const Box& region, void* out, bool verify) {
   const auto inter = layout::Intersect(c.box, region);
   if (!inter) return;
-  bytes_read_ += Shard(c.file).Read(key, TensorEntry(key).dtype, c, *inter, out, region, verify);
+  bytes_read_ += ReadStored(key, TensorEntry(key).dtype, c, *inter, out, region, verify);
+}
+
+uint64_t Reader::ReadStored(const std::string& key, DType dtype, const ChunkMeta& c, const Box& region, void* out,
+                            const Box& out_box, bool verify) {
+  if (source_) return ReadObjectPart(*source_, key, dtype, c, region, out, out_box, verify);
+  return Shard(c.file).Read(key, dtype, c, region, out, out_box, verify);
 }
 
 void Reader::ReadChunk(std::string_view key_view, std::size_t chunk_index, void* out, bool verify) {
@@ -310,7 +360,7 @@ void Reader::ReadChunk(std::string_view key_view, std::size_t chunk_index, void*
   const EntryMeta* e = metadata_->Find(key);
   if (!e) throw Error(ErrorCode::kNotFound, dir_.string() + ": no key '" + key + "'");
   const ChunkMeta& c = ChunkAt(key, *e, chunk_index);
-  bytes_read_ += Shard(c.file).Read(key, e->dtype, c, c.box, out, c.box, verify);
+  bytes_read_ += ReadStored(key, e->dtype, c, c.box, out, c.box, verify);
 }
 
 std::optional<FileRange> Reader::LocateChunk(std::string_view key_view, std::size_t chunk_index) {
@@ -323,7 +373,7 @@ std::optional<FileRange> Reader::LocateChunk(std::string_view key_view, std::siz
   }
   const ChunkMeta& c = ChunkAt(key, *e, chunk_index);  // a bytes entry's box is its 1-D extent (parser)
   const uint64_t length = static_cast<uint64_t>(c.box.NumElements()) * DTypeSize(e->dtype);
-  if (length == 0) return std::nullopt;
+  if (length == 0 || source_) return std::nullopt;  // (an object is no local file)
   storage::ShardReader& shard = Shard(c.file);
   const auto offset = shard.Locate(key, e->dtype, c);
   if (!offset) return std::nullopt;
@@ -339,6 +389,16 @@ void Reader::VerifyChunk(std::string_view key_view, std::size_t chunk_index) {
                                           std::string(EntryKindName(e->kind)) + ": it has no stored bytes");
   }
   const ChunkMeta& c = ChunkAt(key, *e, chunk_index);
+  if (source_) {  // every block fetched and checked, and the checksum over them
+    const uint64_t n = static_cast<uint64_t>(c.box.NumElements()) * DTypeSize(e->dtype);
+    if (n > source_->File(c.file).bytes) {
+      throw Error(ErrorCode::kCorrupt, dir_.string() + ": '" + key + "' chunk " + c.box.ToString() + " claims " +
+                                           std::to_string(n) + " bytes, more than its file holds");
+    }
+    std::vector<unsigned char> tmp(static_cast<std::size_t>(n));
+    bytes_read_ += ReadObjectPart(*source_, key, e->dtype, c, c.box, tmp.data(), c.box, true);
+    return;
+  }
   bytes_read_ += Shard(c.file).Verify(key, e->dtype, c);
 }
 
@@ -350,7 +410,7 @@ std::vector<uint8_t> Reader::ReadBytes(std::string_view key_view, bool verify) {
     throw Error(ErrorCode::kMismatch, "key '" + key + "' is a " + std::string(EntryKindName(e->kind)) + ", not bytes");
   }
   const ChunkMeta& c = ChunkAt(key, *e, 0);
-  if (e->size > Shard(c.file).file_size()) {
+  if (e->size > (source_ ? source_->File(c.file).bytes : Shard(c.file).file_size())) {
     throw Error(ErrorCode::kCorrupt, dir_.string() + ": bytes entry '" + key + "' claims " + std::to_string(e->size) +
                                          " bytes, more than its file holds");
   }

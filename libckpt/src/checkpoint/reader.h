@@ -7,6 +7,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "checkpoint/object_read.h"
 #include "ckpt/checkpoint.h"
 #include "storage/shard_reader.h"
 
@@ -38,6 +39,8 @@ Pinned OpenPinned(const std::filesystem::path& dir, bool resolve);
 class ChunkCatalog {
  public:
   ChunkCatalog(storage::Dir dir, std::shared_ptr<const Metadata> metadata);
+  // The same for a checkpoint on object storage: each index fetched by one ranged GET.
+  explicit ChunkCatalog(std::shared_ptr<const ObjectSource> source);
   ~ChunkCatalog();
   // The record of the chunk `box` of `key` in file `file` (its position in files), which
   // the layout of `e` says is there. kCorrupt naming the file and key when the index does
@@ -51,6 +54,8 @@ class ChunkCatalog {
   File& Load(int32_t file);
   storage::Dir dir_;
   std::shared_ptr<const Metadata> metadata_;
+  std::shared_ptr<const ObjectSource> source_;  // object storage: where the indexes come from
+  std::filesystem::path base_;                  // dir_.path() or the s3:// URL, for messages
   std::mutex mu_;
   std::vector<std::unique_ptr<File>> files_;
 };
@@ -61,6 +66,8 @@ std::vector<std::string> EntryTilingProblems(const std::string& key, const Entry
 
 // Fills every EntryMeta::chunks of a v2 metadata from the shard indexes (layout order).
 void Resolve(const storage::Dir& dir, Metadata& m);
+// The same, the records taken from `catalog` (of `m`'s checkpoint).
+void ResolveWith(ChunkCatalog& catalog, Metadata& m);
 // FORMAT.md §3.5: a v2 entry's stored_bytes is the sum of its records' (`records`, saturated
 // at UINT64_MAX); throws kCorrupt naming metadata.json and the key otherwise.
 void CheckStoredBytes(const std::string& key, const EntryMeta& e, uint64_t records);
@@ -74,6 +81,9 @@ class Reader final : public CheckpointReader {
   // (FORMAT.md §8.5): a gap would leave part of a caller's buffer unwritten.
   Reader(storage::Dir dir, std::shared_ptr<const Metadata> metadata, bool check_tiling = true,
          std::shared_ptr<ChunkCatalog> catalog = nullptr);
+  // A checkpoint on object storage (checkpoint/object_read.h): no HDF5, ranged GETs only.
+  explicit Reader(std::shared_ptr<const ObjectSource> source, bool check_tiling = true,
+                  std::shared_ptr<ChunkCatalog> catalog = nullptr);
   const std::shared_ptr<ChunkCatalog>& catalog() const { return catalog_; }
 
   const Metadata& metadata() const override { return *metadata_; }
@@ -105,9 +115,15 @@ class Reader final : public CheckpointReader {
 
  private:
   const EntryMeta& TensorEntry(std::string_view key);
+  void CheckOpen(bool check_tiling);
+  // Reads `region` of the stored chunk `c` into `out` (over `out_box`): from its shard, or
+  // its object. Returns the bytes read.
+  uint64_t ReadStored(const std::string& key, DType dtype, const ChunkMeta& c, const Box& region, void* out,
+                      const Box& out_box, bool verify);
   storage::ShardReader& Shard(const std::string& file);
 
   storage::Dir handle_;
+  std::shared_ptr<const ObjectSource> source_;  // set: the checkpoint is on object storage
   std::filesystem::path dir_;
   std::shared_ptr<const Metadata> metadata_;
   std::shared_ptr<ChunkCatalog> catalog_;  // v2 and not resolved: where chunk records come from

@@ -262,6 +262,8 @@ layout::RankResult WriteShard(const fs::path& staging, const std::string& file, 
   fsync_seconds = shard.fsync_seconds;
   result.bytes = shard.bytes;
   result.index = shard.index;
+  result.index_offset = shard.index_offset;
+  result.index_bytes = shard.index_bytes;
   return result;
 }
 

@@ -110,7 +110,8 @@ class Writer final : public CheckpointWriter {
     for (std::size_t i = 0; i < shards_.size(); ++i) {
       if (!shards_[i]) continue;
       const storage::ShardWriter::Written shard = shards_[i]->Finish();
-      metadata_.files.push_back(FileMeta{shards_[i]->file_name(), static_cast<int>(i), shard.bytes, shard.index});
+      metadata_.files.push_back(FileMeta{shards_[i]->file_name(), static_cast<int>(i), shard.bytes, shard.index,
+                                          shard.index_offset, shard.index_bytes});
     }
     shards_.clear();
     metadata_.resolved = false;  // the chunk records are in the shard indexes

@@ -356,6 +356,16 @@ void MetadataReader::ReadFile(Json&& f) {
         ctx_.Fail("file '" + fm.name + "': index digest '" + fm.index + "' is not of the form xxh3-64:<16 hex digits>");
       }
     }
+    // §3.1: where the index text lies, both or neither; a hint, checked by the reader that
+    // uses it (inside the file, then the digest), ignored by those that read the attribute.
+    const Json* at = Get(f, n::kIndexOffset);
+    const Json* len = Get(f, n::kIndexBytes);
+    if (at || len) {
+      if (!at || !len) ctx_.Fail("file '" + fm.name + "': index_offset and index_bytes come together");
+      fm.index_offset = static_cast<uint64_t>(NonNeg(ctx_, at, n::kIndexOffset));
+      fm.index_bytes = static_cast<uint64_t>(NonNeg(ctx_, len, n::kIndexBytes));
+      if (fm.index_bytes == 0) ctx_.Fail("file '" + fm.name + "': index_bytes is 0 (an index is never empty)");
+    }
     m_.files.push_back(std::move(fm));
   } catch (const Error&) {
     files_problem_ = std::current_exception();

@@ -145,6 +145,12 @@ std::string Serialize(const Metadata& m) {
     if (v2) {
       j.Name(n::kIndex);
       j.String(f.index);
+      if (f.index_bytes > 0) {
+        j.Name(n::kIndexOffset);
+        j.Integer(f.index_offset);
+        j.Name(n::kIndexBytes);
+        j.Integer(f.index_bytes);
+      }
     }
     j.Close();
   }

@@ -67,6 +67,8 @@ inline constexpr const char* kStep = "step";
 inline constexpr const char* kBase = "base";
 inline constexpr const char* kStrides = "strides";
 inline constexpr const char* kIndex = "index";
+inline constexpr const char* kIndexOffset = "index_offset";  // §3.1 files[i]: the index text's place
+inline constexpr const char* kIndexBytes = "index_bytes";
 inline constexpr const char* kDigest = "digest";
 // §7 v2: blocked checksums
 inline constexpr const char* kBlockBytes = "block_bytes";

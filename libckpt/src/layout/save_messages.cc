@@ -322,6 +322,8 @@ Message EncodeResult(const RankResult& result) {
   w.Varint(result.bytes);
   w.Str(result.index);
   w.Varint(result.chunks);
+  w.Varint(result.index_offset);
+  w.Varint(result.index_bytes);
   return w.Take();
 }
 
@@ -332,6 +334,8 @@ RankResult DecodeResult(std::span<const uint8_t> message, int rank) {
   res.bytes = r.Varint();
   res.index = r.Str();
   res.chunks = r.Varint();
+  res.index_offset = r.Varint();
+  res.index_bytes = r.Varint();
   r.Finish();
   return res;
 }

@@ -682,7 +682,7 @@ void Assemble(const SavePlan& plan, std::span<const uint64_t> write_counts, cons
     }
     if (res.chunks == 0) continue;
     file_of[r] = static_cast<int32_t>(m.files.size());
-    m.files.push_back(FileMeta{res.file, static_cast<int>(r), res.bytes, res.index});
+    m.files.push_back(FileMeta{res.file, static_cast<int>(r), res.bytes, res.index, res.index_offset, res.index_bytes});
   }
   m.entries.reserve(m.entries.size() + plan.keys.size());
   for (std::size_t k = 0; k < plan.keys.size(); ++k) {

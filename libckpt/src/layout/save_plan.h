@@ -210,6 +210,7 @@ struct RankResult {
   uint64_t bytes = 0;
   std::string index;  // the digest of the shard's index (FORMAT.md §3.1 files[].index)
   uint64_t chunks = 0;
+  uint64_t index_offset = 0, index_bytes = 0;  // where that index lies (files[].index_offset; 0 bytes: unknown)
 };
 
 // Per key, what metadata.json aggregates over its chunks (FORMAT.md §3.3): totals that

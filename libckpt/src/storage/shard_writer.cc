@@ -680,6 +680,30 @@ ChunkMeta ShardWriter::WriteBytes(const std::string& key, const void* data, std:
   return meta;
 }
 
+namespace {
+// How far from the end of a shard the index attribute's text is looked for, beyond its own
+// length: HDF5 writes the attribute at the close, into the last object-header chunk or (a
+// large one) the dense-attribute heap, both at the file's tail (measured: the text ended
+// 4 B before the end for a 36 KB index, 25 KB before it for a 391 KB one).
+constexpr uint64_t kIndexTailSlack = uint64_t{4} << 20;
+}  // namespace
+
+// The file offset of the last copy of `text` within the tail of the file, which HDF5 just
+// wrote (in the page cache): an HDF5 string attribute's data is stored whole and as is,
+// so a ranged reader can fetch the index by one read (FORMAT.md §3.1). Any copy of the
+// text serves: the reader checks what it fetches against the digest of the text.
+std::optional<uint64_t> ShardWriter::FindTail(const std::filesystem::path& path, uint64_t size,
+                                              const std::string& text) {
+  if (text.empty() || text.size() > size) return std::nullopt;
+  const uint64_t window = std::min<uint64_t>(size, text.size() + kIndexTailSlack);
+  std::string tail(static_cast<std::size_t>(window), '\0');
+  Fd fd = OpenFile(path, O_RDONLY);
+  ReadExact(fd.get(), tail.data(), tail.size(), size - window, path);
+  const std::size_t at = tail.rfind(text);
+  if (at == std::string::npos) return std::nullopt;
+  return size - window + at;
+}
+
 ShardWriter::Written ShardWriter::Finish() {
   if (impl_->copier) impl_->copier->Drain();
   impl_->FlushDeferred();
@@ -698,6 +722,10 @@ ShardWriter::Written ShardWriter::Finish() {
   out.fsync_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - fsync_start).count();
   out.bytes = FileSize(impl_->fd.get(), impl_->path);
   impl_->fd.Close(impl_->path);
+  if (const auto at = FindTail(impl_->path, out.bytes, index)) {
+    out.index_offset = *at;
+    out.index_bytes = index.size();
+  }
   return out;
 }
 

@@ -85,11 +85,20 @@ class ShardWriter {
   struct Written {
     uint64_t bytes = 0;  // the file's size
     std::string index;   // IndexDigest of the index text written (metadata.json files[i].index)
+    // Where HDF5 placed that text in the file (files[i].index_offset / index_bytes, FORMAT.md
+    // §3.1): found after the close in the file's tail; index_bytes 0 when it was not found
+    // there whole (then not recorded: readers go through the attribute).
+    uint64_t index_offset = 0;
+    uint64_t index_bytes = 0;
     double fsync_seconds = 0;  // the file's fsync (the save's recorded timings, FORMAT.md §3.8)
   };
   Written Finish();
 
   const std::string& file_name() const { return file_name_; }
+
+  // Where the last copy of `text` lies in the last bytes of the file at `path`, `size`
+  // bytes long (Finish: the index attribute's text); nullopt when it is not there.
+  static std::optional<uint64_t> FindTail(const std::filesystem::path& path, uint64_t size, const std::string& text);
 
  private:
   struct Impl;
