@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "checkpoint/object_save.h"
 #include "ckpt/config.h"
 #include "format/names.h"
 #include "layout/box.h"
@@ -41,21 +42,7 @@ std::shared_ptr<storage::ObjectStore> MakeStore(const ObjectStoreOptions& o) {
     if (g_store) return g_store;
   }
 #if CKPT_HAVE_S3
-  storage::s3::S3Options s;
-  s.endpoint = o.endpoint;
-  s.region = o.region;
-  s.profile = o.profile;
-  s.access_key_id = o.access_key_id;
-  s.secret_access_key = o.secret_access_key;
-  s.session_token = o.session_token;
-  if (o.addressing == "path") s.addressing = storage::s3::Addressing::kPath;
-  else if (o.addressing == "virtual") s.addressing = storage::s3::Addressing::kVirtual;
-  else if (o.addressing != "auto" && !o.addressing.empty()) {
-    throw Error(ErrorCode::kInvalidArgument,
-                "ObjectStoreOptions::addressing '" + o.addressing + "' is not one of auto, path, virtual");
-  }
-  s.max_attempts = o.max_attempts;
-  return std::make_shared<storage::S3Store>(s);
+  return std::make_shared<storage::S3Store>(ToS3Options(o));
 #else
   (void)o;
   throw Error(ErrorCode::kUnsupported, "this libckpt was built without the S3 client (CKPT_WITH_S3=OFF)");

@@ -66,30 +66,6 @@ std::function<std::shared_ptr<storage::ObjectStore>(std::shared_ptr<storage::Obj
 // Buckets whose conditional PUT was probed and found honoured, by endpoint and bucket.
 std::set<std::string> g_probed;
 
-storage::s3::S3Options ToS3Options(const ObjectStoreOptions& o) {
-  storage::s3::S3Options s;
-  s.endpoint = o.endpoint;
-  s.region = o.region;
-  s.profile = o.profile;
-  s.access_key_id = o.access_key_id;
-  s.secret_access_key = o.secret_access_key;
-  s.session_token = o.session_token;
-  if (o.addressing == "auto" || o.addressing.empty()) {
-    s.addressing = storage::s3::Addressing::kAuto;
-  } else if (o.addressing == "path") {
-    s.addressing = storage::s3::Addressing::kPath;
-  } else if (o.addressing == "virtual") {
-    s.addressing = storage::s3::Addressing::kVirtual;
-  } else {
-    throw Error(ErrorCode::kInvalidArgument,
-                "ObjectStoreOptions::addressing: '" + o.addressing + "' is none of auto, path, virtual");
-  }
-  if (o.max_attempts < 1) throw Error(ErrorCode::kInvalidArgument, "ObjectStoreOptions::max_attempts must be >= 1");
-  s.max_attempts = o.max_attempts;
-  s.max_connections = std::max(16, o.upload_concurrency);
-  return s;
-}
-
 storage::UploadOptions ToUploadOptions(const ObjectStoreOptions& o) {
   storage::UploadOptions u;
   u.part_bytes = o.part_bytes;
@@ -243,6 +219,30 @@ fs::path StagingRoot(const ObjectStoreOptions& o) {
 }
 
 }  // namespace
+
+storage::s3::S3Options ToS3Options(const ObjectStoreOptions& o) {
+  storage::s3::S3Options s;
+  s.endpoint = o.endpoint;
+  s.region = o.region;
+  s.profile = o.profile;
+  s.access_key_id = o.access_key_id;
+  s.secret_access_key = o.secret_access_key;
+  s.session_token = o.session_token;
+  if (o.addressing == "auto" || o.addressing.empty()) {
+    s.addressing = storage::s3::Addressing::kAuto;
+  } else if (o.addressing == "path") {
+    s.addressing = storage::s3::Addressing::kPath;
+  } else if (o.addressing == "virtual") {
+    s.addressing = storage::s3::Addressing::kVirtual;
+  } else {
+    throw Error(ErrorCode::kInvalidArgument,
+                "ObjectStoreOptions::addressing: '" + o.addressing + "' is none of auto, path, virtual");
+  }
+  if (o.max_attempts < 1) throw Error(ErrorCode::kInvalidArgument, "ObjectStoreOptions::max_attempts must be >= 1");
+  s.max_attempts = o.max_attempts;
+  s.max_connections = std::max(16, o.upload_concurrency);
+  return s;
+}
 
 struct ObjectSave::Impl {
   Target target;

@@ -26,12 +26,22 @@
 #include <vector>
 
 #include "ckpt/checkpoint.h"
+#include "ckpt/config.h"
 
 namespace ckpt::storage {
 class ObjectStore;
+namespace s3 {
+struct S3Options;
 }
+}  // namespace ckpt::storage
 
 namespace ckpt::internal {
+
+#if CKPT_HAVE_S3
+// The S3 client's settings from the user's options (unset fields: the AWS environment);
+// kInvalidArgument for an addressing or max_attempts out of range.
+storage::s3::S3Options ToS3Options(const ObjectStoreOptions& options);
+#endif
 
 // Whether `dir` names an object-store checkpoint ("s3://...").
 bool IsObjectUrl(const std::filesystem::path& dir);
