@@ -156,8 +156,11 @@ void WriteStringAttr(hid_t obj, const char* name, const std::string& value) {
   Handle space = Space(H5Screate(H5S_SCALAR));
   Handle attr = Attr(Check(H5Acreate2(obj, name, type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT),
                            std::string("creating attribute ") + name));
-  std::string buf = value.empty() ? std::string(1, '\0') : value;
-  Check(H5Awrite(attr.get(), type.get(), buf.data()), std::string("writing attribute ") + name);
+  // From the caller's string itself (H5Awrite copies it): a shard index is about 270 bytes
+  // a chunk, and a copy here was one more of them at the writer's peak (issue 32.6).
+  static const char kNul = '\0';
+  Check(H5Awrite(attr.get(), type.get(), value.empty() ? &kNul : value.data()),
+        std::string("writing attribute ") + name);
 }
 
 std::string ReadStringAttr(hid_t obj, const char* name) {
