@@ -279,6 +279,7 @@ storage::ShardReader& Reader::Shard(const std::string& file) {
     // A v2 chunk carries its offset from a digest-checked index: the v1 fast path (which
     // parses the index again per reader) is only for v1 checkpoints.
     it = shards_.emplace(file, std::make_unique<storage::ShardReader>(handle_, file, metadata_->format_version < 2)).first;
+    if (metadata_->format_version >= 2) it->second->TrustRecords();
     it->second->UseDirectIo(direct_);
   }
   return *it->second;

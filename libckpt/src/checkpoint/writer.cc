@@ -130,7 +130,11 @@ class Writer final : public CheckpointWriter {
       internal::CommitStaging(staging_, dir_, metadata_);
     }
     committed_ = true;
-    return metadata_;
+    // Handed over, not copied: the writer is done with it, and a copy was one more entry
+    // per key at a tool's peak (ckpt-convert verifies its output while it holds this).
+    Metadata out = std::move(metadata_);
+    metadata_ = Metadata();
+    return out;
   }
 
  private:
@@ -241,6 +245,7 @@ class Writer final : public CheckpointWriter {
   }
 
   EntryMeta& Entry(const std::string& key, EntryKind kind) {
+    if (committed_) throw Error(ErrorCode::kInvalidArgument, "CheckpointWriter: key '" + key + "' written after Commit()");
     if (std::string why = KeyProblem(key); !why.empty()) {
       throw Error(ErrorCode::kInvalidArgument, "CheckpointWriter: " + why);
     }

@@ -577,21 +577,26 @@ class DataRun {
       Publish(fw, batch, true);
       return;
     }
-    if (auto links = of.reader->ForeignLinks(100); !links.empty()) {  // those chunks name are reported below
-      std::set<std::string> named;
-      for (const std::size_t i : fw.jobs) named.insert(jobs_[i].chunk->dataset);
-      for (auto& [name, message] : links)
-        if (!named.count(name)) fw.link_problems.push_back(std::move(message));
-    }
-    {  // FORMAT.md §5.6: nothing but the datasets and packs the records name
-      std::unordered_set<std::string_view> named;
-      for (const std::size_t i : fw.jobs) named.insert(jobs_[i].chunk->dataset);
-      for (const std::string& name :
-           of.reader->UnnamedObjects([&](const std::string& n) { return named.count(n) > 0; }, 20)) {
-        fw.link_problems.push_back(fw.name + ": '" + name +
-                                   "' is an object no record names (a shard holds only its chunks' datasets and "
-                                   "packs, FORMAT.md §5.6)");
-      }
+    // One pass over the root's links (FORMAT.md §5.6): links not the shard's own datasets,
+    // objects no record names, and where each named dataset is, so that each is then opened
+    // by its address rather than by two more walks of the link index (issue 32.6).
+    constexpr uint64_t kUnseen = ~uint64_t{0};
+    std::unordered_map<std::string_view, uint64_t> address;  // dataset name -> its object
+    address.reserve(fw.jobs.size());
+    for (const std::size_t i : fw.jobs) address.emplace(jobs_[i].chunk->dataset, kUnseen);
+    std::vector<std::string> unnamed;
+    const auto links = of.reader->ScanRoot(
+        [&](const char* name, uint64_t at) {
+          if (auto it = address.find(name); it != address.end()) it->second = at;
+          else if (unnamed.size() < 20) unnamed.emplace_back(name);
+        },
+        100);
+    for (auto& [name, message] : links)  // those chunks name are reported below
+      if (!address.count(name)) fw.link_problems.push_back(std::move(message));
+    for (const std::string& name : unnamed) {
+      fw.link_problems.push_back(fw.name + ": '" + name +
+                                 "' is an object no record names (a shard holds only its chunks' datasets and "
+                                 "packs, FORMAT.md §5.6)");
     }
     std::vector<std::pair<uint64_t, std::size_t>> by_size;
     for (const std::size_t i : fw.jobs) by_size.emplace_back(ChunkBytes(jobs_[i]), i);
@@ -604,7 +609,9 @@ class DataRun {
       try {
         // The dataset's own HDF5 header, even where a v2 index gives the offset: an
         // independent reader (h5py) goes by the header, so the two must agree.
-        const auto at = of.reader->Locate(*job.key, job.dtype, *job.chunk, /*by_header=*/true);
+        const auto found = address.find(job.chunk->dataset);
+        const uint64_t* where = found != address.end() && found->second != kUnseen ? &found->second : nullptr;
+        const auto at = of.reader->Locate(*job.key, job.dtype, *job.chunk, /*by_header=*/true, where);
         if (at) {
           job.contiguous = true;
           job.offset = *at;

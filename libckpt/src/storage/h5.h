@@ -145,6 +145,15 @@ Handle OpenOwnDataset(hid_t file, const RawFile& raw, const std::string& name, c
 // The same without building `where`: an invalid handle and, in `problem`, why (the text
 // OpenOwnDataset puts after `where`).
 Handle TryOpenOwnDataset(hid_t file, const RawFile& raw, const std::string& name, std::string& problem);
+// The same for the hard link `name` whose object is at `addr` (as VisitRootLinks gave it):
+// the header checked, the dataset opened by its address, with no lookup of the name.
+Handle TryOpenOwnDatasetAt(hid_t file, const RawFile& raw, const std::string& name, haddr_t addr,
+                           std::string& problem);
+// Calls visit(name, info) for each link of the root group of `file`, in one pass (link
+// index order), until it returns false; the metadata cache is widened for the pass to
+// hold the root's link index (about 48 bytes a link), so that each of its blocks is read
+// once whatever the number of links. HDF5 errors end the pass (cleared).
+void VisitRootLinks(hid_t file, const std::function<bool(const char*, const H5L_info_t&)>& visit);
 // Links of the root group of `file` that are not hard links (soft, external,
 // user-defined), at most `limit`, in name order; and how such a link is refused.
 std::vector<std::pair<std::string, H5L_type_t>> ForeignLinks(hid_t file, std::size_t limit);

@@ -66,6 +66,11 @@ class ShardReader {
   uint64_t Read(const std::string& key, DType dtype, const ChunkMeta& chunk, const Box& region,
                 void* dst, const Box& dst_box, bool verify);
 
+  // The chunks given to Read and Locate come from a v2 shard index whose digest the caller
+  // checked (FORMAT.md §7.5), as a checkpoint reader's do: an empty chunk (no bytes, so no
+  // offset) is then read as nothing without opening its dataset through HDF5.
+  void TrustRecords();
+
   // Reads the interiors of large contiguous runs of v2 chunks with O_DIRECT under `policy`
   // (DirectReader: no page cache), where the file system allows; nullopt, the default: all
   // reads buffered. Set before the first Read.
@@ -83,7 +88,10 @@ class ShardReader {
   // filtered (its bytes are not the tensor's). For copying a chunk file to file.
   // `by_header`: from the dataset's own HDF5 header even where the chunk's record or the
   // shard index gives the offset (ckpt-verify compares the two).
-  std::optional<uint64_t> Locate(const std::string& key, DType dtype, const ChunkMeta& chunk, bool by_header = false);
+  // `address`: where the chunk's dataset is, as ScanRoot gave it (by_header only): opened
+  // there, without a lookup of its name.
+  std::optional<uint64_t> Locate(const std::string& key, DType dtype, const ChunkMeta& chunk, bool by_header = false,
+                                 const uint64_t* address = nullptr);
 
   // A pack dataset (FORMAT.md §5.7) as its HDF5 header gives it: the file offset of its
   // data and its byte size, after checking that it is a 1-D uint8 contiguous dataset of the
@@ -119,11 +127,19 @@ class ShardReader {
   // `limit`: for ckpt-verify, what no record names (FORMAT.md §5.6).
   std::vector<std::string> UnnamedObjects(const std::function<bool(const std::string&)>& named, std::size_t limit);
 
+  // One pass over the root group's links, for a caller that opens every dataset
+  // (ckpt-verify): hard(name, address) for each dataset (hard link), whose address Locate
+  // then takes instead of looking the name up; returns the other links as ForeignLinks
+  // does, at most `limit`.
+  std::vector<std::pair<std::string, std::string>> ScanRoot(const std::function<void(const char*, uint64_t)>& hard,
+                                                            std::size_t limit);
+
  private:
   ShardReader(Fd fd, std::filesystem::path path, bool use_index, bool evict_on_close, bool in_memory,
               const Dir* dir);
   struct Located;
-  Located Find(const std::string& key, DType dtype, const ChunkMeta& chunk, bool by_header = false);
+  Located Find(const std::string& key, DType dtype, const ChunkMeta& chunk, bool by_header = false,
+               const uint64_t* address = nullptr);
   Located FindPacked(const std::string& key, const ChunkMeta& chunk, uint64_t chunk_bytes);
   void ReadIndexText();
   void LoadIndex();
