@@ -358,8 +358,8 @@ void MetadataReader::ReadFile(Json&& f) {
     }
     // §3.1: where the index text lies, both or neither; a hint, checked by the reader that
     // uses it (inside the file, then the digest), ignored by those that read the attribute.
-    const Json* at = Get(f, n::kIndexOffset);
-    const Json* len = Get(f, n::kIndexBytes);
+    const Json* at = Member(f, n::kIndexOffset);
+    const Json* len = Member(f, n::kIndexBytes);
     if (at || len) {
       if (!at || !len) ctx_.Fail("file '" + fm.name + "': index_offset and index_bytes come together");
       fm.index_offset = static_cast<uint64_t>(NonNeg(ctx_, at, n::kIndexOffset));

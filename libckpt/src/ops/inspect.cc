@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "checkpoint/object_save.h"
 #include "ckpt/error.h"
 #include "ckpt/ops/source.h"
 #include "format/grid.h"
@@ -142,8 +143,16 @@ std::map<std::string, bool> InspectFiles(Source& src, const std::filesystem::pat
   // safetensors files are followed through symlinks (as the Hub's cache links them), as read.
   const bool follow = src.kind() == SourceKind::kSafetensors;
   std::map<std::string, bool> file_ok;
+  // On object storage only metadata.json is read: the objects' sizes are checked by
+  // ckpt-verify (a HEAD each), not here.
+  const bool object = internal::IsObjectUrl(path);
   for (const auto& f : md.files) {
     FileInfo fi{f.name, f.rank, f.bytes, std::nullopt, ""};
+    if (object) {
+      file_ok[f.name] = true;
+      r.files.push_back(std::move(fi));
+      continue;
+    }
     struct stat st;
     const std::filesystem::path pinned = src.PinnedFile(f.name);  // the checkpoint read, not what is at its path now
     const std::filesystem::path p = pinned.empty() ? dir / f.name : pinned;
