@@ -2,8 +2,8 @@
 // their mains, the store reached through the AWS_* environment as a user's shell gives it:
 // inspect reads metadata.json alone (text and --json); verify checks in "ranged" mode and
 // exits 0 on a good checkpoint, 1 naming the object, key and block on a flipped byte, 2 on a
-// missing checkpoint; merge and convert take s3:// sources and destinations or refuse them
-// with a clear message (exit 2).
+// missing checkpoint, a chunk larger than one fetch checked slice by slice; merge and
+// convert read an s3:// source, and refuse an s3:// destination with a clear message (exit 2).
 #include <doctest/doctest.h>
 
 #include <cstdlib>
@@ -216,4 +216,41 @@ TEST_CASE("ckpt-merge and ckpt-convert from s3://; an s3:// destination is refus
   const Ran v = RunTool(tools::MergeMain, {"ckpt-merge", f.url, (f.tmp / "v.h5").string(), "--virtual"});
   CHECK(v.code == 2);
   CHECK(v.err.find("--virtual needs the shards on a local file system") != std::string::npos);
+}
+
+TEST_CASE("ckpt-verify s3://: a chunk larger than one fetch (40 MiB) is checked slice by slice, a flip in its tail found") {
+  st::S3Store store(s3_test::GatewayConfig());
+  s3_test::TestBucket bucket{store};
+  ckpt_test::TempDir tmp{"s3tools-big"};
+  SetAwsEnvironment(store.config(), tmp.path());
+  constexpr int64_t kBigRows = 10240, kBigCols = 1024;  // float32: 40 MiB, one chunk
+  std::vector<float> w(static_cast<std::size_t>(kBigRows * kBigCols));
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i % 100003);
+  StateDict sd;
+  sd.Add("big", Tensor::Full(DType::kFloat32, {kBigRows, kBigCols}, w.data()));
+  SingleComm comm;
+  Save(tmp / "ckpt", sd, comm);
+  const Metadata md = ReadMetadata(tmp / "ckpt", /*resolve=*/true);
+  REQUIRE(md.Find("big")->chunks.size() == 1);  // one chunk of 40 MiB: more than one fetch (32 MiB)
+  const ChunkMeta& chunk = md.Find("big")->chunks.at(0);
+  REQUIRE(chunk.offset);
+  const std::string url = "s3://" + bucket.name() + "/big";
+  auto upload = [&](const std::function<void(std::string&)>& edit) {
+    for (const auto& e : fs::directory_iterator(tmp / "ckpt")) {
+      std::string body = ReadFile(e.path());
+      if (e.path().filename().string() == chunk.file) edit(body);
+      store.Put(bucket.name(), "big/" + e.path().filename().string(), st::s3::AsBytes(body));
+    }
+  };
+  upload([](std::string&) {});
+  const Ran good = RunTool(tools::VerifyMain, {"ckpt-verify", url, "--json"});
+  INFO(good.out, good.err);
+  REQUIRE(good.code == 0);
+  CHECK(nlohmann::json::parse(good.out)["bytes_read"].get<uint64_t>() >= uint64_t{kBigRows * kBigCols * 4});
+  upload([&](std::string& body) { body.at(static_cast<std::size_t>(*chunk.offset + (uint64_t{38} << 20))) ^= 1; });
+  const Ran bad = RunTool(tools::VerifyMain, {"ckpt-verify", url});
+  INFO(bad.out, bad.err);
+  CHECK(bad.code == 1);
+  CHECK(bad.out.find("'big'") != std::string::npos);
+  CHECK(bad.out.find("block") != std::string::npos);
 }
