@@ -103,6 +103,8 @@ TEST_CASE("ckpt-inspect s3://: metadata.json alone, text and --json") {
   CHECK(text.code == 0);
   CHECK(text.out.find("model.w") != std::string::npos);
   CHECK(text.out.find("blob") != std::string::npos);
+  CHECK(text.out.find("(recorded)") != std::string::npos);  // the objects' sizes, from metadata.json
+  CHECK(text.out.find("PROBLEM") == std::string::npos);
   const Ran js = RunTool(tools::InspectMain, {"ckpt-inspect", f.url, "--json"});
   INFO(js.out, js.err);
   REQUIRE(js.code == 0);

@@ -372,12 +372,15 @@ std::string RenderInspectText(const InspectReport& r, bool tree, bool stats) {
   else if (r.kind == "shard")
     out << "format      lone shard (its ckpt_shard_index); the checkpoint's metadata.json is authoritative\n";
   uint64_t file_bytes = 0;
-  for (const auto& f : r.files) file_bytes += f.actual_bytes.value_or(0);
+  // Objects on a store are not looked at (metadata.json alone): their recorded sizes.
+  for (const auto& f : r.files) file_bytes += f.actual_bytes.value_or(f.problem.empty() ? f.bytes : 0);
   out << "files       " << r.files.size() << (r.files.size() == 1 ? " file, " : " files, ")
       << FormatBytes(static_cast<double>(file_bytes)) << "\n";
   for (const auto& f : r.files) {
     out << "  " << f.name << "  rank " << f.rank << "  "
-        << (f.actual_bytes ? FormatBytes(static_cast<double>(*f.actual_bytes)) : std::string("-"));
+        << (f.actual_bytes  ? FormatBytes(static_cast<double>(*f.actual_bytes))
+            : f.problem.empty() ? FormatBytes(static_cast<double>(f.bytes)) + " (recorded)"
+                                : std::string("-"));
     if (!f.problem.empty()) out << "  PROBLEM: " << f.problem;
     out << "\n";
   }
