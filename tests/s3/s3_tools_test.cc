@@ -185,7 +185,7 @@ TEST_CASE("ckpt-verify and ckpt-inspect s3://: a missing checkpoint or object is
   CHECK(gone.out.find("missing") != std::string::npos);
 }
 
-TEST_CASE("ckpt-merge and ckpt-convert from s3://; an s3:// destination is refused, exit 2, saying what to do") {
+TEST_CASE("ckpt-merge, ckpt-convert and ckpt-diff from s3://; an s3:// destination is refused, exit 2, saying what to do") {
   Fixture f;
   const fs::path merged = f.tmp / "merged";
   const Ran m = RunTool(tools::MergeMain, {"ckpt-merge", f.url, merged.string(), "-q"});
@@ -201,6 +201,10 @@ TEST_CASE("ckpt-merge and ckpt-convert from s3://; an s3:// destination is refus
   Load(merged, sd, comm, lo);
   CHECK(w[5] == 2.5f);
   CHECK(w.back() == static_cast<float>(kRows * kCols - 1) * 0.5f);
+  // ckpt-diff reads both sides through the same sources: the store's copy equals the local one.
+  const Ran d = RunTool(tools::DiffMain, {"ckpt-diff", f.url, f.local.string(), "-q"});
+  INFO(d.out, d.err);
+  CHECK(d.code == 0);
   const fs::path st_file = f.tmp / "model.safetensors";
   const Ran c = RunTool(tools::ConvertMain, {"ckpt-convert", f.url, st_file.string(), "-q"});
   INFO(c.out, c.err);

@@ -1144,7 +1144,9 @@ void VerifyObject(const std::string& url, const VerifyOptions& o, VerifyReport& 
   try {
     src = internal::OpenObjectSource(url, ObjectStoreOptions{}, &seen);
   } catch (const Error& e) {
-    if (e.code() != ErrorCode::kCorrupt) throw;  // missing (2), unreachable (2), v1 (unsupported)
+    // A version-1 checkpoint is not damaged: this reader cannot check it (2, as usage).
+    if (e.code() == ErrorCode::kUnsupported) throw Error(ErrorCode::kInvalidArgument, e.what());
+    if (e.code() != ErrorCode::kCorrupt) throw;  // missing, unreachable: 2
     c.Add("metadata", kMetadataFileName, "", e.what());  // unparsable, or its digest does not match
     return;
   }
