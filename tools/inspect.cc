@@ -12,7 +12,7 @@ int InspectMain(int argc, char** argv) {
                "bytes, layout).",
                "ckpt-inspect");
   app.footer("Examples:\n  ckpt-inspect ckpt/step-1000\n  ckpt-inspect ckpt/step-1000 --tree --key 'model.*'\n"
-             "  ckpt-inspect model.safetensors --stats --json\n\n"
+             "  ckpt-inspect model.safetensors --stats --json\n  ckpt-inspect s3://bucket/run/step-1000\n\n"
              "Exit codes: 0 ok, 1 a problem found (a missing or unreadable file), 2 usage or I/O error,\n"
              "3 the input checkpoint changed while it was read (replaced by another process: run again).");
   Common common;
@@ -21,7 +21,8 @@ int InspectMain(int argc, char** argv) {
   ops::InspectOptions o;
   bool tree = false;
   app.add_option("PATH", path, "Checkpoint directory, shard .h5, .safetensors file, or the Hub's sharded safetensors\n"
-                 "(model.safetensors.index.json, or the directory holding it)")->required();
+                 "(model.safetensors.index.json, or the directory holding it), or s3://bucket/prefix/step (its\n"
+                 "metadata.json only; the store is reached by the AWS_* environment: AWS_ENDPOINT_URL, ...)")->required();
   app.add_flag("--tree", tree, "Group keys by their dotted prefixes, with subtotals");
   app.add_option("--key", o.keys, "Only keys matching this glob (repeatable)")
       ->allow_extra_args(false)->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);

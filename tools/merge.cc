@@ -15,7 +15,9 @@ struct MergeFlags {
 void AddWriteFlags(CLI::App& app, MergeFlags& f) {
   app.add_option("SRC", f.src,
                  "Checkpoint directory, shard .h5 holding whole tensors, .safetensors, or the Hub's sharded\n"
-                 "safetensors (model.safetensors.index.json, or the directory holding it)")->required();
+                 "safetensors (model.safetensors.index.json, or the directory holding it), or a checkpoint at\n"
+                 "s3://bucket/prefix/step (read by ranged GETs, every block checked; the store from the AWS_*\n"
+                 "environment)")->required();
   app.add_option("DST", f.dst,
                  "Output: a checkpoint directory, a file ending in .safetensors, or an index ending in\n"
                  ".safetensors.index.json (the Hub's sharded layout: shards beside it)")->required();

@@ -12,7 +12,7 @@ int VerifyMain(int argc, char** argv) {
                "metadata against the schema, files, tiling, datasets, checksums (all data).",
                "ckpt-verify");
   app.footer("Examples:\n  ckpt-verify ckpt/step-1000\n  ckpt-verify ckpt/step-1000 --quick --expect keys.json\n"
-             "  ckpt-verify ckpt/step-1000 --check-finite --junit verify.xml\n\n"
+             "  ckpt-verify ckpt/step-1000 --check-finite --junit verify.xml\n  ckpt-verify s3://bucket/run/step-1000\n\n"
              "Exit codes: 0 ok, 1 problems found, 2 usage or I/O error,\n"
              "3 the input checkpoint changed while it was read (replaced by another process: run again).");
   Common common;
@@ -20,7 +20,8 @@ int VerifyMain(int argc, char** argv) {
   std::string path, expect, junit, schema;
   ops::VerifyOptions o;
   app.add_option("PATH", path, "Checkpoint directory (or a lone shard, a safetensors file, or the Hub's sharded safetensors:\n"
-                 "an index or the directory holding it)")->required();
+                 "an index or the directory holding it), or s3://bucket/prefix/step (checked by ranged GETs;\n"
+                 "the store is reached by the AWS_* environment: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...)")->required();
   app.add_flag("--quick", o.quick, "Skip reading data: metadata, files, tiling and datasets only");
   app.add_flag("--check-finite", o.check_finite, "Fail on NaN or Inf in floating tensors");
   app.add_option("--expect", expect,

@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "checkpoint/object_save.h"
 #include "ckpt/error.h"
 #include "ckpt/ops/source.h"
 #include "format/grid.h"
@@ -142,8 +143,16 @@ std::map<std::string, bool> InspectFiles(Source& src, const std::filesystem::pat
   // safetensors files are followed through symlinks (as the Hub's cache links them), as read.
   const bool follow = src.kind() == SourceKind::kSafetensors;
   std::map<std::string, bool> file_ok;
+  // On object storage only metadata.json is read: the objects' sizes are checked by
+  // ckpt-verify (a HEAD each), not here.
+  const bool object = internal::IsObjectUrl(path);
   for (const auto& f : md.files) {
     FileInfo fi{f.name, f.rank, f.bytes, std::nullopt, ""};
+    if (object) {
+      file_ok[f.name] = true;
+      r.files.push_back(std::move(fi));
+      continue;
+    }
     struct stat st;
     const std::filesystem::path pinned = src.PinnedFile(f.name);  // the checkpoint read, not what is at its path now
     const std::filesystem::path p = pinned.empty() ? dir / f.name : pinned;
@@ -363,12 +372,15 @@ std::string RenderInspectText(const InspectReport& r, bool tree, bool stats) {
   else if (r.kind == "shard")
     out << "format      lone shard (its ckpt_shard_index); the checkpoint's metadata.json is authoritative\n";
   uint64_t file_bytes = 0;
-  for (const auto& f : r.files) file_bytes += f.actual_bytes.value_or(0);
+  // Objects on a store are not looked at (metadata.json alone): their recorded sizes.
+  for (const auto& f : r.files) file_bytes += f.actual_bytes.value_or(f.problem.empty() ? f.bytes : 0);
   out << "files       " << r.files.size() << (r.files.size() == 1 ? " file, " : " files, ")
       << FormatBytes(static_cast<double>(file_bytes)) << "\n";
   for (const auto& f : r.files) {
     out << "  " << f.name << "  rank " << f.rank << "  "
-        << (f.actual_bytes ? FormatBytes(static_cast<double>(*f.actual_bytes)) : std::string("-"));
+        << (f.actual_bytes  ? FormatBytes(static_cast<double>(*f.actual_bytes))
+            : f.problem.empty() ? FormatBytes(static_cast<double>(f.bytes)) + " (recorded)"
+                                : std::string("-"));
     if (!f.problem.empty()) out << "  PROBLEM: " << f.problem;
     out << "\n";
   }

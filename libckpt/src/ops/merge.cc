@@ -12,6 +12,7 @@
 #include <optional>
 #include <set>
 
+#include "checkpoint/object_save.h"
 #include "ckpt/checkpoint.h"
 #include "ckpt/error.h"
 #include "ckpt/ops/safetensors.h"
@@ -588,6 +589,19 @@ MergeReport Merge(const fs::path& src_path, const fs::path& dst, const MergeOpti
   if (o.cast && !IsCastable(*o.cast))
     throw Error(ErrorCode::kInvalidArgument, "--dtype must be float64, float32, float16, bfloat16 or float8, not " +
                                                  std::string(DTypeName(*o.cast)));
+  // An s3:// source is read by ranged GETs (every block checked, Source::Open); an s3://
+  // destination is not written yet: it would need the output verified before its commit.
+  if (internal::IsObjectUrl(dst))
+    throw Error(ErrorCode::kInvalidArgument,
+                dst.string() + ": s3:// is not supported as the destination of ckpt-merge / ckpt-convert yet; "
+                               "write to a local directory, check it (ckpt-verify), then upload its files, "
+                               "metadata.json last (e.g. aws s3 cp DIR " + dst.string() +
+                               " --recursive --exclude metadata.json, then aws s3 cp DIR/metadata.json " +
+                               dst.string() + "/metadata.json)");
+  if (internal::IsObjectUrl(src_path) && o.virtual_file)
+    throw Error(ErrorCode::kInvalidArgument,
+                src_path.string() + ": --virtual needs the shards on a local file system (its virtual datasets "
+                                    "name them); download the checkpoint first");
   std::error_code ec;
   if (fs::exists(dst, ec) && !o.force)
     throw Error(ErrorCode::kAlreadyExists, dst.string() + ": already exists (use --force to replace it)");

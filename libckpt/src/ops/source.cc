@@ -8,6 +8,8 @@
 #include <unordered_set>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/object_read.h"
+#include "checkpoint/object_save.h"
 #include "checkpoint/reader.h"
 #include "ckpt/checkpoint.h"
 #include "ckpt/error.h"
@@ -66,6 +68,42 @@ class CheckpointSource final : public Source {
     return *reader_;
   }
   storage::Dir dir_;
+  std::unique_ptr<internal::Reader> reader_;
+};
+
+// A checkpoint on object storage (s3://bucket/prefix/step, checkpoint/object_read.h): its
+// metadata.json by one GET, data by ranged GETs of the blocks needed, every block checked.
+// The store is reached as the library reaches it (ObjectStoreOptions{}: AWS_* environment,
+// ~/.aws files).
+class ObjectCheckpointSource final : public Source {
+ public:
+  ObjectCheckpointSource(const std::string& url, bool resolve)
+      : source_(internal::OpenObjectSource(url, ObjectStoreOptions{})) {
+    path_ = url;
+    metadata_ = *source_->metadata;
+    if (resolve) {  // every chunk's record, from the shard indexes (a ranged GET each)
+      internal::ChunkCatalog catalog(source_);
+      internal::ResolveWith(catalog, metadata_);
+    }
+    metadata_.BuildIndex();
+  }
+  ObjectCheckpointSource(const ObjectCheckpointSource& other) : Source(other), source_(other.source_) {}
+  SourceKind kind() const override { return SourceKind::kCheckpoint; }
+  std::unique_ptr<Source> Reopen() const override { return std::make_unique<ObjectCheckpointSource>(*this); }
+  void ReadRegion(std::string_view key, const Box& region, void* out) override {
+    Reader().ReadRegion(key, region, out, /*verify=*/true);
+  }
+  std::vector<uint8_t> ReadBytes(std::string_view key) override { return Reader().ReadBytes(key, /*verify=*/true); }
+  uint64_t bytes_read() const override { return reader_ ? reader_->bytes_read() : 0; }
+  std::optional<FileRange> Locate(std::string_view, std::size_t) override { return std::nullopt; }  // no local file
+  void VerifyChunk(std::string_view key, std::size_t chunk) override { Reader().VerifyChunk(key, chunk); }
+
+ private:
+  CheckpointReader& Reader() {
+    if (!reader_) reader_ = std::make_unique<internal::Reader>(source_);
+    return *reader_;
+  }
+  std::shared_ptr<const internal::ObjectSource> source_;
   std::unique_ptr<internal::Reader> reader_;
 };
 
@@ -334,6 +372,7 @@ bool Source::HoldsWhole(std::string_view key) const {
 std::unique_ptr<Source> Source::Reopen() const { return Open(path_, !skipped_.empty()); }
 
 std::unique_ptr<Source> Source::Open(const std::filesystem::path& path, bool skip_unsupported, bool resolve) {
+  if (internal::IsObjectUrl(path)) return std::make_unique<ObjectCheckpointSource>(path.string(), resolve);
   std::error_code ec;
   const auto st = std::filesystem::status(path, ec);
   if (ec || !std::filesystem::exists(st))

@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <future>
 #include <map>
 #include <mutex>
@@ -28,6 +29,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "checkpoint/object_read.h"
+#include "checkpoint/object_save.h"
 #include "checkpoint/reader.h"
 #include "ckpt/checkpoint.h"
 #include "ckpt/error.h"
@@ -183,16 +186,16 @@ void NameMissing(const Metadata& md, int32_t file, internal::ChunkCatalog& catal
 // group's indexes are read, its records checked, its datasets and data checked through
 // `run_group`, and all of it dropped before the next group, so memory is bounded by a
 // group (or by the largest file), not by the checkpoint; time is linear in the chunks.
-void VerifyIndexes(const storage::Dir& dir, const Metadata& md, const std::vector<char>& usable, int64_t group_chunks,
+using MakeCatalog = std::function<std::unique_ptr<internal::ChunkCatalog>()>;
+void VerifyIndexes(const MakeCatalog& make_catalog, const Metadata& md, const std::vector<char>& usable, int64_t group_chunks,
                    std::vector<VerifyProblem>& problems, const std::function<void()>& meanwhile,
-                   const RunGroup& run_group) {
+                   const RunGroup& run_group, bool rethrow_io = false) {
   const std::size_t nf = md.files.size();
   std::vector<int64_t> expected(nf, 0);  // chunks the layouts place in each file
   for (const auto& [key, e] : md.entries) {
     if (e.kind != EntryKind::kTensor && e.kind != EntryKind::kBytes) continue;
     grid::ForEachChunk(e.layout, ShapeOf(e), [&](const Box&, int32_t file) { ++expected[static_cast<std::size_t>(file)]; });
   }
-  const std::shared_ptr<const Metadata> shared(&md, [](const Metadata*) {});  // outlives every catalog below
   Locators locators;
   int named_missing = 0;  // files whose missing records were named one by one
   std::unordered_map<const EntryMeta*, Sum> sums;
@@ -204,7 +207,8 @@ void VerifyIndexes(const storage::Dir& dir, const Metadata& md, const std::vecto
       group.push_back(fi);
       n += expected[fi];
     }
-    internal::ChunkCatalog catalog(dir, shared);
+    const std::unique_ptr<internal::ChunkCatalog> catalog_owner = make_catalog();
+    internal::ChunkCatalog& catalog = *catalog_owner;
     std::vector<Placed> chunks;
     for (const std::size_t fi : group) {
       if (!usable[fi]) continue;  // missing, not regular, or listed before: reported under "files"
@@ -213,6 +217,11 @@ void VerifyIndexes(const storage::Dir& dir, const Metadata& md, const std::vecto
       const std::unordered_map<std::string, std::vector<storage::ShardIndexEntry>>* records = nullptr;
       try {
         records = &catalog.Records(file);
+      } catch (const Error& e) {
+        // On object storage a failed request (after its retries) says nothing of the checkpoint.
+        if (rethrow_io && (e.code() == ErrorCode::kIO || e.code() == ErrorCode::kChanged)) throw;
+        problems.push_back({"index", name, "", e.what()});
+        continue;
       } catch (const std::exception& e) {
         problems.push_back({"index", name, "", e.what()});
         continue;
@@ -915,7 +924,9 @@ class DirectoryCheck {
     auto run_group = [&](const std::vector<std::size_t>& group, const std::vector<Placed>& chunks,
                          const std::function<void()>& meanwhile) { RunGroup(group, chunks, meanwhile); };
     if (v2) {
-      VerifyIndexes(dir_, md_, usable_, o_.group_chunks, index_problems_, check_tiling, run_group);
+      const std::shared_ptr<const Metadata> shared(&md_, [](const Metadata*) {});  // outlives every catalog
+      const MakeCatalog make_catalog = [&] { return std::make_unique<internal::ChunkCatalog>(dir_, shared); };
+      VerifyIndexes(make_catalog, md_, usable_, o_.group_chunks, index_problems_, check_tiling, run_group);
       return;
     }
     std::vector<std::size_t> all(md_.files.size());
@@ -1025,6 +1036,171 @@ class DirectoryCheck {
   std::vector<std::pair<std::string, std::string>> tiling_;  // key, message
 };
 
+// ---- A checkpoint on object storage (s3://bucket/prefix/step) ----------------------------
+// "Ranged" mode: what can be checked without a local file, through the ranged reader
+// (checkpoint/object_read.h): metadata.json (digest, schema), each object's size (a HEAD)
+// and shard index (a ranged GET, its digest, its records against the layouts), the tiling,
+// and unless `quick` every chunk's checksum and every block's digest, the blocks fetched by
+// ranged GETs. The HDF5 object headers and stray datasets are local-only checks.
+
+constexpr uint64_t kObjectSliceBytes = uint64_t{32} << 20;  // a chunk is fetched this much at a time
+
+// The text of metadata.json on the store now (kNotFound when none is committed).
+std::string FetchMetadataText(const internal::ObjectSource& src) {
+  const std::string key = src.prefix.empty() ? kMetadataFileName : src.prefix + "/" + kMetadataFileName;
+  const std::vector<std::byte> body = src.store->Get(src.bucket, key, ParseLimits{}.max_bytes);
+  return std::string(reinterpret_cast<const char*>(body.data()), body.size());
+}
+
+// Reads chunk `pc` by ranged GETs, every block checked against its digest, a slice of rows at
+// a time; a chunk found corrupt is filed under "checksums" naming the object, key, chunk and
+// block. Returns the bytes fetched.
+uint64_t CheckObjectChunk(const internal::ObjectSource& src, const Placed& pc, std::vector<unsigned char>& buf,
+                          std::vector<VerifyProblem>& problems) {
+  const ChunkMeta& ch = *pc.chunk;
+  const DType dtype = pc.e->kind == EntryKind::kBytes ? DType::kUInt8 : pc.e->dtype;
+  const std::size_t item = DTypeSize(dtype);
+  try {
+    const auto n = static_cast<uint64_t>(internal::CheckedMul(ch.box.NumElements(), static_cast<int64_t>(item), *pc.key));
+    if (ch.box.sizes.empty() || n <= kObjectSliceBytes) {
+      buf.resize(static_cast<std::size_t>(n));
+      return internal::ReadObjectPart(src, *pc.key, dtype, ch, ch.box, buf.data(), ch.box, true);
+    }
+    // Read whole, ReadObjectPart checks the chunk's checksum against its block digests; read
+    // in slices, that is checked here.
+    if (storage::ChecksumOfBlocks(ch.blocks) != ch.checksum) {
+      throw Error(ErrorCode::kCorrupt, src.url + "/" + ch.file + ": tensor '" + *pc.key + "' chunk " + ch.box.ToString() +
+                                           ": checksum mismatch: the index says " + ch.checksum +
+                                           ", the block digests hash to " + storage::ChecksumOfBlocks(ch.blocks));
+    }
+    uint64_t fetched = 0;
+    const int64_t extent = ch.box.sizes[0];
+    const uint64_t row = n / static_cast<uint64_t>(extent);
+    const auto rows = static_cast<int64_t>(std::max<uint64_t>(1, kObjectSliceBytes / std::max<uint64_t>(1, row)));
+    for (int64_t first = 0; first < extent; first += rows) {
+      Box part = ch.box;
+      part.offsets[0] += first;
+      part.sizes[0] = std::min(rows, extent - first);
+      buf.resize(static_cast<std::size_t>(static_cast<uint64_t>(part.sizes[0]) * row));
+      fetched += internal::ReadObjectPart(src, *pc.key, dtype, ch, part, buf.data(), part, true);
+    }
+    return fetched;
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kCorrupt && e.code() != ErrorCode::kMismatch) throw;  // I/O: no verdict
+    problems.push_back({"checksums", ch.file, *pc.key, e.what()});
+    return 0;
+  }
+}
+
+// Checks the data of `chunks` on up to `threads` threads (each chunk's blocks fetched 8 at
+// a time besides), its problems in chunk order; a failed request stops them all and is rethrown.
+uint64_t CheckObjectChunks(const internal::ObjectSource& src, const std::vector<Placed>& chunks, int threads,
+                           std::vector<VerifyProblem>& problems) {
+  if (chunks.empty()) return 0;
+  const std::size_t nt = std::min<std::size_t>(static_cast<std::size_t>(std::max(1, threads)), chunks.size());
+  std::vector<std::vector<std::pair<std::size_t, VerifyProblem>>> found(nt);
+  std::vector<uint64_t> fetched(nt, 0);
+  std::atomic<std::size_t> next{0};
+  std::atomic<bool> stop{false};
+  std::mutex mu;
+  std::exception_ptr error;
+  auto work = [&](std::size_t t) {
+    std::vector<unsigned char> buf;
+    std::vector<VerifyProblem> mine;
+    try {
+      for (std::size_t i; !stop && (i = next.fetch_add(1)) < chunks.size();) {
+        fetched[t] += CheckObjectChunk(src, chunks[i], buf, mine);
+        for (auto& p : mine) found[t].emplace_back(i, std::move(p));
+        mine.clear();
+      }
+    } catch (...) {
+      std::lock_guard lock(mu);
+      if (!error) error = std::current_exception();
+      stop = true;
+    }
+  };
+  {
+    const auto pool = storage::SpawnThreads(nt - 1, [&](std::size_t t) { work(t + 1); });
+    work(0);
+  }
+  if (error) std::rethrow_exception(error);
+  std::vector<std::pair<std::size_t, VerifyProblem>> all;
+  for (auto& f : found) std::move(f.begin(), f.end(), std::back_inserter(all));
+  std::stable_sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (auto& [i, p] : all) problems.push_back(std::move(p));
+  uint64_t total = 0;
+  for (const uint64_t b : fetched) total += b;
+  return total;
+}
+
+void VerifyObject(const std::string& url, const VerifyOptions& o, VerifyReport& r, Collector& c) {
+  r.mode = "ranged";
+  if (o.check_finite) {
+    throw Error(ErrorCode::kInvalidArgument, url + ": --check-finite is not supported on s3:// yet (download the "
+                                                   "checkpoint and verify the local copy)");
+  }
+  uint64_t seen = 0;
+  std::shared_ptr<const internal::ObjectSource> src;
+  try {
+    src = internal::OpenObjectSource(url, ObjectStoreOptions{}, &seen);
+  } catch (const Error& e) {
+    // A version-1 checkpoint is not damaged: this reader cannot check it (2, as usage).
+    if (e.code() == ErrorCode::kUnsupported) throw Error(ErrorCode::kInvalidArgument, e.what());
+    if (e.code() != ErrorCode::kCorrupt) throw;  // missing, unreachable: 2
+    c.Add("metadata", kMetadataFileName, "", e.what());  // unparsable, or its digest does not match
+    return;
+  }
+  const Metadata& md = *src->metadata;
+  r.format_version = md.format_version;
+  r.keys = md.entries.size();
+  r.files = md.files.size();
+  if (!internal::ReadableByRanges(md)) {
+    throw Error(ErrorCode::kInvalidArgument,
+                src->url + ": cannot be verified by ranged reads (compressed chunks, or saved before "
+                           "files[].index_offset was recorded): download it and verify the local copy");
+  }
+  // The schema is checked on the text read again; a different text is another checkpoint.
+  auto changed = [&] { return std::hash<std::string>{}(FetchMetadataText(*src)) != seen; };
+  const std::string text = FetchMetadataText(*src);
+  if (std::hash<std::string>{}(text) != seen)
+    throw Error(ErrorCode::kChanged, src->url + ": metadata.json changed while it was read (run again)");
+  CheckSchema(text, o, c);
+  std::vector<char> usable(md.files.size(), 0);
+  std::set<std::string> names_seen;
+  for (std::size_t fi = 0; fi < md.files.size(); ++fi) usable[fi] = names_seen.insert(md.files[fi].name).second;
+  std::vector<VerifyProblem> index_problems, chunk_problems;
+  std::vector<std::pair<std::string, std::string>> tiling;
+  auto check_tiling = [&] {
+    for (const auto& [key, e] : md.entries)
+      for (auto& msg : internal::EntryTilingProblems(key, e, false)) tiling.emplace_back(key, std::move(msg));
+  };
+  const RunGroup run_group = [&](const std::vector<std::size_t>&, const std::vector<Placed>& chunks,
+                                 const std::function<void()>& meanwhile) {
+    meanwhile();
+    r.chunks += chunks.size();
+    if (!o.quick) r.bytes_read += CheckObjectChunks(*src, chunks, o.threads, chunk_problems);
+  };
+  const MakeCatalog make_catalog = [&] { return std::make_unique<internal::ChunkCatalog>(src); };
+  VerifyIndexes(make_catalog, md, usable, o.group_chunks, index_problems, check_tiling, run_group, true);
+  for (auto& p : index_problems) r.problems.push_back(std::move(p));
+  for (auto& [key, msg] : tiling) c.Add("tiling", "", key, std::move(msg));
+  for (auto& p : chunk_problems) r.problems.push_back(std::move(p));
+  if (o.expect) CheckExpect(md, *o.expect, c);
+  // As on disk: problems found in a checkpoint replaced meanwhile may be only its objects removed.
+  if (!r.ok()) {
+    bool replaced = false;
+    try {
+      replaced = changed();
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kNotFound) throw;
+      replaced = true;
+    }
+    if (replaced)
+      throw Error(ErrorCode::kChanged, src->url + ": verify found " + std::to_string(r.problems.size()) +
+                                           " problem(s) in it, but its metadata.json changed meanwhile (run again)");
+  }
+}
+
 }  // namespace
 
 VerifyReport Verify(const fs::path& path, const VerifyOptions& o) {
@@ -1037,6 +1213,10 @@ VerifyReport Verify(const fs::path& path, const VerifyOptions& o) {
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return r;
   };
+  if (internal::IsObjectUrl(path)) {
+    VerifyObject(path.string(), o, r, c);
+    return finish();
+  }
   std::error_code ec;
   const auto st = fs::status(path, ec);
   if (ec || !fs::exists(st)) throw Error(ErrorCode::kNotFound, path.string() + ": no such file or directory");
@@ -1121,6 +1301,10 @@ std::string RenderVerifyText(const VerifyReport& r) {
   else
     out << "FAILED: " << r.path << ": " << r.problems.size()
         << (r.problems.size() == 1 ? " problem" : " problems") << " (" << Summary(r) << ")\n";
+  if (r.mode == "ranged")
+    out << "  (ranged: metadata.json, each object's size and shard index, tiling"
+        << (r.quick ? "" : ", every chunk's checksum and block digests")
+        << "; HDF5 headers and stray datasets are checked on a local copy only)\n";
   return out.str();
 }
 
@@ -1129,6 +1313,7 @@ std::string RenderVerifyJson(const VerifyReport& r) {
   j["path"] = r.path;
   j["ok"] = r.ok();
   j["quick"] = r.quick;
+  j["mode"] = r.mode.empty() ? "local" : r.mode;
   j["format_version"] = r.format_version ? nlohmann::ordered_json(r.format_version) : nlohmann::ordered_json(nullptr);
   j["keys"] = r.keys;
   j["chunks"] = r.chunks;

@@ -49,7 +49,7 @@ struct FileInfo {
   std::string name;
   int rank = 0;
   uint64_t bytes = 0;           // as recorded
-  std::optional<uint64_t> actual_bytes;  // as found on disk; nullopt if missing
+  std::optional<uint64_t> actual_bytes;  // as found on disk; nullopt if missing, or not looked at (s3://)
   std::string problem;          // "missing", "size 10 bytes, metadata says 20", ...
 };
 

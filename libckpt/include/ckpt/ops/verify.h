@@ -57,6 +57,10 @@ struct VerifyReport {
   uint64_t bytes_read = 0;
   double seconds = 0;
   bool quick = false;
+  // "" (a local checkpoint: every check above) or "ranged" (an s3:// checkpoint, read by
+  // ranged GETs: metadata, each object's size and index, tiling, checksums and block
+  // digests; no HDF5 header or stray-dataset check, no --check-finite).
+  std::string mode;
   bool ok() const { return problems.empty(); }
 };
 

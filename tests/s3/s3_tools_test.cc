@@ -1,0 +1,262 @@
+// ckpt-inspect and ckpt-verify of s3:// checkpoints on the real gateway, run in-process as
+// their mains, the store reached through the AWS_* environment as a user's shell gives it:
+// inspect reads metadata.json alone (text and --json); verify checks in "ranged" mode and
+// exits 0 on a good checkpoint, 1 naming the object, key and block on a flipped byte, 2 on a
+// missing checkpoint, a chunk larger than one fetch checked slice by slice; merge and
+// convert read an s3:// source, and refuse an s3:// destination with a clear message (exit 2).
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "cli.h"
+#include "ckpt/checkpoint.h"
+#include "ckpt/comm.h"
+#include "s3_gateway.h"
+#include "storage/s3_store.h"
+#include "test_util.h"
+
+using namespace ckpt;
+namespace fs = std::filesystem;
+namespace st = ckpt::storage;
+
+namespace {
+
+constexpr int64_t kRows = 256, kCols = 512;  // model.w: float32, 2 KiB a row, 512 KiB
+
+// The gateway as the AWS environment names it (what the tools read), no ~/.aws files.
+void SetAwsEnvironment(const st::s3::S3Config& c, const fs::path& tmp) {
+  ::setenv("AWS_ENDPOINT_URL", c.endpoint.c_str(), 1);
+  ::setenv("AWS_ACCESS_KEY_ID", c.credentials.access_key_id.c_str(), 1);
+  ::setenv("AWS_SECRET_ACCESS_KEY", c.credentials.secret_access_key.c_str(), 1);
+  ::setenv("AWS_REGION", c.region.c_str(), 1);
+  ::unsetenv("AWS_SESSION_TOKEN");
+  ::unsetenv("AWS_PROFILE");
+  ::setenv("AWS_CONFIG_FILE", (tmp / "no-aws-config").c_str(), 1);
+  ::setenv("AWS_SHARED_CREDENTIALS_FILE", (tmp / "no-aws-credentials").c_str(), 1);
+}
+
+std::string ReadFile(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// What a tool's main returned and printed.
+struct Ran {
+  int code = -1;
+  std::string out, err;
+};
+
+Ran RunTool(int (*tool)(int, char**), std::vector<std::string> args) {
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  std::ostringstream out, err;
+  auto* old_out = std::cout.rdbuf(out.rdbuf());
+  auto* old_err = std::cerr.rdbuf(err.rdbuf());
+  Ran r;
+  r.code = tool(static_cast<int>(argv.size()), argv.data());
+  std::cout.rdbuf(old_out);
+  std::cerr.rdbuf(old_err);
+  r.out = out.str();
+  r.err = err.str();
+  return r;
+}
+
+// A fresh bucket holding a checkpoint saved locally by 2 ranks (model.w row-sharded, a bytes
+// entry, a scalar) and uploaded object by object under "run/step-1".
+struct Fixture {
+  std::shared_ptr<st::S3Store> s3 = std::make_shared<st::S3Store>(s3_test::GatewayConfig());
+  s3_test::TestBucket bucket{*s3};
+  ckpt_test::TempDir tmp{"s3tools"};
+  fs::path local = tmp / "step-1";
+  std::string url = "s3://" + bucket.name() + "/run/step-1";
+  Fixture() {
+    SetAwsEnvironment(s3->config(), tmp.path());
+    RunThreads(2, [&](Comm& comm) {
+      const int64_t rows = kRows / 2, r0 = rows * comm.rank();
+      std::vector<float> w(static_cast<std::size_t>(rows * kCols));
+      for (std::size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(r0 * kCols + static_cast<int64_t>(i)) * 0.5f;
+      StateDict sd;
+      sd.Add("model.w", Tensor::Slice(DType::kFloat32, {kRows, kCols}, 0, r0, rows, w.data()));
+      if (comm.rank() == 0) sd.Add("blob", Bytes{ckpt_test::RandomBytes(3000, 5)});
+      sd.Add("step", Scalar::Int(7));
+      Save(local, sd, comm);
+    });
+    for (const auto& e : fs::directory_iterator(local)) {
+      const std::string body = ReadFile(e.path());
+      s3->Put(bucket.name(), "run/step-1/" + e.path().filename().string(), st::s3::AsBytes(body));
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("ckpt-inspect s3://: metadata.json alone, text and --json") {
+  Fixture f;
+  const Ran text = RunTool(tools::InspectMain, {"ckpt-inspect", f.url});
+  INFO(text.out, text.err);
+  CHECK(text.code == 0);
+  CHECK(text.out.find("model.w") != std::string::npos);
+  CHECK(text.out.find("blob") != std::string::npos);
+  CHECK(text.out.find("(recorded)") != std::string::npos);  // the objects' sizes, from metadata.json
+  CHECK(text.out.find("PROBLEM") == std::string::npos);
+  const Ran js = RunTool(tools::InspectMain, {"ckpt-inspect", f.url, "--json"});
+  INFO(js.out, js.err);
+  REQUIRE(js.code == 0);
+  const auto j = nlohmann::json::parse(js.out);
+  CHECK(j["path"] == f.url);
+  CHECK(j["format_version"] == 2);
+  bool found = false;
+  for (const auto& k : j["keys"])
+    if (k["key"] == "model.w") found = k["shape"] == nlohmann::json::array({kRows, kCols});
+  CHECK(found);
+}
+
+TEST_CASE("ckpt-verify s3://: a good checkpoint is OK in ranged mode, every byte read") {
+  Fixture f;
+  const Ran text = RunTool(tools::VerifyMain, {"ckpt-verify", f.url});
+  INFO(text.out, text.err);
+  CHECK(text.code == 0);
+  CHECK(text.out.find("OK: " + f.url) != std::string::npos);
+  CHECK(text.out.find("ranged") != std::string::npos);
+  const Ran js = RunTool(tools::VerifyMain, {"ckpt-verify", f.url, "--json"});
+  INFO(js.out, js.err);
+  REQUIRE(js.code == 0);
+  const auto j = nlohmann::json::parse(js.out);
+  CHECK(j["ok"] == true);
+  CHECK(j["mode"] == "ranged");
+  CHECK(j["chunks"].get<int>() >= 3);
+  CHECK(j["bytes_read"].get<uint64_t>() >= uint64_t{kRows * kCols * 4});
+  const Ran quick = RunTool(tools::VerifyMain, {"ckpt-verify", f.url, "--quick", "-q"});
+  CHECK(quick.code == 0);
+}
+
+TEST_CASE("ckpt-verify s3://: a flipped byte in an object exits 1 naming the object, key and block") {
+  Fixture f;
+  // A byte 70,000 into the model.w chunk of the second shard (of 128 KiB), uploaded again.
+  const Metadata md = ReadMetadata(f.local, /*resolve=*/true);
+  const ChunkMeta& chunk = md.Find("model.w")->chunks.at(1);
+  const std::string shard = chunk.file;
+  REQUIRE(chunk.offset);
+  std::string body = ReadFile(f.local / shard);
+  body.at(static_cast<std::size_t>(*chunk.offset + 70000)) ^= 0x20;
+  f.s3->Put(f.bucket.name(), "run/step-1/" + shard, st::s3::AsBytes(body));
+
+  const Ran r = RunTool(tools::VerifyMain, {"ckpt-verify", f.url});
+  INFO(r.out, r.err);
+  CHECK(r.code == 1);
+  CHECK(r.out.find("FAILED: " + f.url) != std::string::npos);
+  CHECK(r.out.find(shard) != std::string::npos);
+  CHECK(r.out.find("model.w") != std::string::npos);
+  CHECK(r.out.find("block") != std::string::npos);
+  const Ran js = RunTool(tools::VerifyMain, {"ckpt-verify", f.url, "--json"});
+  REQUIRE(js.code == 1);
+  const auto j = nlohmann::json::parse(js.out);
+  REQUIRE(j["problems"].size() == 1);
+  CHECK(j["problems"][0]["check"] == "checksums");
+  CHECK(j["problems"][0]["key"] == "model.w");
+  CHECK(j["problems"][0]["file"] == shard);
+  // --quick reads no data: the flip is not seen.
+  CHECK(RunTool(tools::VerifyMain, {"ckpt-verify", f.url, "--quick", "-q"}).code == 0);
+}
+
+TEST_CASE("ckpt-verify and ckpt-inspect s3://: a missing checkpoint or object is exit 2 / 1, named") {
+  Fixture f;
+  const std::string missing = "s3://" + f.bucket.name() + "/run/step-9";
+  const Ran v = RunTool(tools::VerifyMain, {"ckpt-verify", missing});
+  CHECK(v.code == 2);
+  CHECK(v.err.find("step-9") != std::string::npos);
+  CHECK(v.err.find("metadata.json") != std::string::npos);
+  const Ran i = RunTool(tools::InspectMain, {"ckpt-inspect", missing, "--json"});
+  CHECK(i.code == 2);
+  CHECK(nlohmann::json::parse(i.out)["ok"] == false);
+  // A shard object gone: named, exit 1.
+  const Metadata md = ReadMetadata(f.local, /*resolve=*/false);
+  f.s3->DeleteBatch(f.bucket.name(), {"run/step-1/" + md.files[1].name});
+  const Ran gone = RunTool(tools::VerifyMain, {"ckpt-verify", f.url});
+  INFO(gone.out, gone.err);
+  CHECK(gone.code == 1);
+  CHECK(gone.out.find(md.files[1].name) != std::string::npos);
+  CHECK(gone.out.find("missing") != std::string::npos);
+}
+
+TEST_CASE("ckpt-merge, ckpt-convert and ckpt-diff from s3://; an s3:// destination is refused, exit 2, saying what to do") {
+  Fixture f;
+  const fs::path merged = f.tmp / "merged";
+  const Ran m = RunTool(tools::MergeMain, {"ckpt-merge", f.url, merged.string(), "-q"});
+  INFO(m.out, m.err);
+  REQUIRE(m.code == 0);
+  CHECK(RunTool(tools::VerifyMain, {"ckpt-verify", merged.string(), "-q"}).code == 0);
+  std::vector<float> w(static_cast<std::size_t>(kRows * kCols), -1.0f);
+  StateDict sd;
+  sd.Add("model.w", Tensor::Full(DType::kFloat32, {kRows, kCols}, w.data()));
+  SingleComm comm;
+  LoadOptions lo;
+  lo.strict = false;  // model.w alone
+  Load(merged, sd, comm, lo);
+  CHECK(w[5] == 2.5f);
+  CHECK(w.back() == static_cast<float>(kRows * kCols - 1) * 0.5f);
+  // ckpt-diff reads both sides through the same sources: the store's copy equals the local one.
+  const Ran d = RunTool(tools::DiffMain, {"ckpt-diff", f.url, f.local.string(), "-q"});
+  INFO(d.out, d.err);
+  CHECK(d.code == 0);
+  const fs::path st_file = f.tmp / "model.safetensors";
+  const Ran c = RunTool(tools::ConvertMain, {"ckpt-convert", f.url, st_file.string(), "-q"});
+  INFO(c.out, c.err);
+  CHECK(c.code == 0);
+  CHECK(fs::file_size(st_file) > uint64_t{kRows * kCols * 4});
+
+  const std::string dst = "s3://" + f.bucket.name() + "/run/merged";
+  for (auto* tool : {tools::MergeMain, tools::ConvertMain}) {
+    const Ran up = RunTool(tool, {"ckpt-x", f.local.string(), dst});
+    INFO(up.err);
+    CHECK(up.code == 2);
+    CHECK(up.err.find("s3:// is not supported as the destination") != std::string::npos);
+    CHECK(up.err.find("aws s3 cp") != std::string::npos);
+  }
+  const Ran v = RunTool(tools::MergeMain, {"ckpt-merge", f.url, (f.tmp / "v.h5").string(), "--virtual"});
+  CHECK(v.code == 2);
+  CHECK(v.err.find("--virtual needs the shards on a local file system") != std::string::npos);
+}
+
+TEST_CASE("ckpt-verify s3://: a chunk larger than one fetch (40 MiB) is checked slice by slice, a flip in its tail found") {
+  st::S3Store store(s3_test::GatewayConfig());
+  s3_test::TestBucket bucket{store};
+  ckpt_test::TempDir tmp{"s3tools-big"};
+  SetAwsEnvironment(store.config(), tmp.path());
+  constexpr int64_t kBigRows = 10240, kBigCols = 1024;  // float32: 40 MiB, one chunk
+  std::vector<float> w(static_cast<std::size_t>(kBigRows * kBigCols));
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i % 100003);
+  StateDict sd;
+  sd.Add("big", Tensor::Full(DType::kFloat32, {kBigRows, kBigCols}, w.data()));
+  SingleComm comm;
+  Save(tmp / "ckpt", sd, comm);
+  const Metadata md = ReadMetadata(tmp / "ckpt", /*resolve=*/true);
+  REQUIRE(md.Find("big")->chunks.size() == 1);  // one chunk of 40 MiB: more than one fetch (32 MiB)
+  const ChunkMeta& chunk = md.Find("big")->chunks.at(0);
+  REQUIRE(chunk.offset);
+  const std::string url = "s3://" + bucket.name() + "/big";
+  auto upload = [&](const std::function<void(std::string&)>& edit) {
+    for (const auto& e : fs::directory_iterator(tmp / "ckpt")) {
+      std::string body = ReadFile(e.path());
+      if (e.path().filename().string() == chunk.file) edit(body);
+      store.Put(bucket.name(), "big/" + e.path().filename().string(), st::s3::AsBytes(body));
+    }
+  };
+  upload([](std::string&) {});
+  const Ran good = RunTool(tools::VerifyMain, {"ckpt-verify", url, "--json"});
+  INFO(good.out, good.err);
+  REQUIRE(good.code == 0);
+  CHECK(nlohmann::json::parse(good.out)["bytes_read"].get<uint64_t>() >= uint64_t{kBigRows * kBigCols * 4});
+  upload([&](std::string& body) { body.at(static_cast<std::size_t>(*chunk.offset + (uint64_t{38} << 20))) ^= 1; });
+  const Ran bad = RunTool(tools::VerifyMain, {"ckpt-verify", url});
+  INFO(bad.out, bad.err);
+  CHECK(bad.code == 1);
+  CHECK(bad.out.find("'big'") != std::string::npos);
+  CHECK(bad.out.find("block") != std::string::npos);
+}
