@@ -14,6 +14,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <string_view>
 #include <system_error>
 #include <thread>
 
@@ -695,13 +696,37 @@ constexpr uint64_t kIndexTailSlack = uint64_t{4} << 20;
 std::optional<uint64_t> ShardWriter::FindTail(const std::filesystem::path& path, uint64_t size,
                                               const std::string& text) {
   if (text.empty() || text.size() > size) return std::nullopt;
-  const uint64_t window = std::min<uint64_t>(size, text.size() + kIndexTailSlack);
-  std::string tail(static_cast<std::size_t>(window), '\0');
+  // Read in windows from the end backwards (64 KiB of memory, not the whole tail): each
+  // place where the text's first bytes appear is compared with the whole text.
+  constexpr uint64_t kWindow = uint64_t{64} << 10;
+  const std::string_view head(text.data(), std::min<std::size_t>(text.size(), 64));
+  const uint64_t low = size - std::min<uint64_t>(size, text.size() + kIndexTailSlack);
   Fd fd = OpenFile(path, O_RDONLY);
-  ReadExact(fd.get(), tail.data(), tail.size(), size - window, path);
-  const std::size_t at = tail.rfind(text);
-  if (at == std::string::npos) return std::nullopt;
-  return size - window + at;
+  std::string window, piece;
+  const auto whole_text_at = [&](uint64_t at) {
+    for (uint64_t done = 0; done < text.size();) {
+      const uint64_t n = std::min<uint64_t>(kWindow, text.size() - done);
+      piece.resize(static_cast<std::size_t>(n));
+      ReadExact(fd.get(), piece.data(), piece.size(), at + done, path);
+      if (std::string_view(text).substr(static_cast<std::size_t>(done), piece.size()) != piece) return false;
+      done += n;
+    }
+    return true;
+  };
+  for (uint64_t end = size; end > low;) {
+    const uint64_t begin = end - std::min<uint64_t>(end - low, kWindow);
+    // The window reaches head.size() - 1 bytes past `end`, so no match is split between two.
+    const uint64_t stop = std::min<uint64_t>(size, end + head.size() - 1);
+    window.resize(static_cast<std::size_t>(stop - begin));
+    ReadExact(fd.get(), window.data(), window.size(), begin, path);
+    for (std::size_t at = window.rfind(head); at != std::string::npos;) {
+      const uint64_t offset = begin + at;
+      if (offset + text.size() <= size && whole_text_at(offset)) return offset;
+      at = at == 0 ? std::string::npos : window.rfind(head, at - 1);
+    }
+    end = begin;
+  }
+  return std::nullopt;
 }
 
 ShardWriter::Written ShardWriter::Finish() {
