@@ -482,7 +482,8 @@ TEST_CASE("s3 leftovers: removed after the grace period, never before; the next 
   CHECK(std::find(after.begin(), after.end(), dead) == after.end());
 }
 
-TEST_CASE("s3 Load (interim: each rank downloads): saved by 4 ranks, loaded by 2, equal; bounded; cleaned up") {
+// A checkpoint ranged GETs read (uncompressed) and one Load downloads (compressed chunks).
+TEST_CASE("s3 Load: saved by 4 ranks, loaded by 2, equal, by ranges or by a bounded download; cleaned up") {
   Fixture f;
   std::vector<float> all = Values(11);
   SaveRanks(f, f.Url("load"), 4, all, 42);
@@ -508,15 +509,24 @@ TEST_CASE("s3 Load (interim: each rank downloads): saved by 4 ranks, loaded by 2
   load(f.Url("load"), nullptr);
   CHECK(back == all);
   CHECK(f.StagingEmpty());
+  ckpt::SaveOptions zstd = f.Save(false);
+  zstd.compression.codec = ckpt::Compression::Codec::kZstd;
+  for (ErrorCode code : SaveCodes(f.Url("loadz"), 4, all, 42, zstd)) CHECK(code == ErrorCode::kInternal);
+  back.assign(all.size(), -1.0f);
+  load(f.Url("loadz"), nullptr);
+  CHECK(back == all);
+  CHECK(f.StagingEmpty());
   std::vector<std::string> errors(2);
   lo.s3.cache_max_bytes = 1000;
-  load(f.Url("load"), &errors);
+  load(f.Url("loadz"), &errors);
   for (const std::string& e : errors) CHECK(e.find("more than the 1000 allowed") != std::string::npos);
   CHECK(f.StagingEmpty());
   lo.s3.cache_max_bytes = 64 << 20;
   errors.assign(2, "");
   load(f.Url("absent"), &errors);
-  for (const std::string& e : errors) CHECK(e.find("absent/metadata.json") != std::string::npos);
+  for (const std::string& e : errors) {
+    CHECK_MESSAGE(e.find("absent: not a checkpoint (no metadata.json") != std::string::npos, e);
+  }
   CHECK(f.StagingEmpty());
 }
 
