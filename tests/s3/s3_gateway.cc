@@ -57,6 +57,16 @@ ckpt::storage::s3::S3Config GatewayConfig() {
   return config;
 }
 
+ckpt::ObjectStoreOptions GatewayOptions(const ckpt::storage::s3::S3Config& config) {
+  ckpt::ObjectStoreOptions o;
+  o.endpoint = config.endpoint;
+  o.region = config.region;
+  o.access_key_id = config.credentials.access_key_id;
+  o.secret_access_key = config.credentials.secret_access_key;
+  o.addressing = "path";
+  return o;
+}
+
 int PortOf(const std::string& endpoint) {
   const auto colon = endpoint.rfind(':');
   if (colon == std::string::npos || colon < 6) FAIL("no port in the endpoint " << endpoint);

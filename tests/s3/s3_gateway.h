@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "ckpt/checkpoint.h"
 #include "storage/s3_config.h"
 #include "storage/s3_store.h"
 
@@ -13,6 +14,10 @@ namespace s3_test {
 // The gateway's configuration. Where it is not set or does not answer, the test process exits
 // 77 (CTest: SKIPPED) with the reason, or, where CI=true, fails: CI must test against it.
 ckpt::storage::s3::S3Config GatewayConfig();
+
+// Options that reach the gateway of `config`, as a caller gives them (they override the
+// AWS environment): its endpoint, region and keys, path-style addressing.
+ckpt::ObjectStoreOptions GatewayOptions(const ckpt::storage::s3::S3Config& config);
 
 // The port of an http://host:port endpoint.
 int PortOf(const std::string& endpoint);

@@ -22,12 +22,7 @@ TEST_CASE("s3 checkpoint manager: keeps the last N, latest is the newest committ
   st::S3Store store(config);
   s3_test::TestBucket bucket(store);
   ckpt_test::TempDir tmp("s3mgr");
-  ckpt::ObjectStoreOptions options;
-  options.endpoint = config.endpoint;
-  options.region = config.region;
-  options.access_key_id = config.credentials.access_key_id;
-  options.secret_access_key = config.credentials.secret_access_key;
-  options.addressing = "path";
+  ckpt::ObjectStoreOptions options = s3_test::GatewayOptions(config);
   options.staging_dir = tmp / "staging";
   const std::string root = "s3://" + bucket.name() + "/run";
   const auto prefixes = [&] {

@@ -16,6 +16,7 @@
 #include "ckpt/comm.h"
 #include "error_of.h"
 #include "fault_proxy.h"
+#include "forwarding_store.h"
 #include "s3_gateway.h"
 #include "storage/s3_sign.h"
 #include "storage/s3_store.h"
@@ -32,59 +33,22 @@ constexpr int64_t kRows = 1200, kCols = 1024;  // model.w: float32, 4 KiB a row,
 constexpr int64_t kSmall = 100;               // small.b: float32, 100 B per rank: packed
 
 // The real store, counting what ranged and whole GETs return.
-class CountingStore : public st::ObjectStore {
+class CountingStore : public s3_test::ForwardingStore {
  public:
-  explicit CountingStore(std::shared_ptr<st::ObjectStore> inner) : inner_(std::move(inner)) {}
+  using ForwardingStore::ForwardingStore;
   std::atomic<uint64_t> bytes{0}, gets{0};
 
-  void CreateBucket(const std::string& b) override { inner_->CreateBucket(b); }
-  void DeleteBucket(const std::string& b) override { inner_->DeleteBucket(b); }
-  std::string Put(const std::string& b, const std::string& k, st::ByteSpan body) override {
-    return inner_->Put(b, k, body);
-  }
-  std::optional<std::string> PutIfAbsent(const std::string& b, const std::string& k, st::ByteSpan body) override {
-    return inner_->PutIfAbsent(b, k, body);
-  }
-  std::optional<std::string> PutIfMatch(const std::string& b, const std::string& k, st::ByteSpan body,
-                                        const std::string& etag) override {
-    return inner_->PutIfMatch(b, k, body, etag);
-  }
-  std::string CreateMultipart(const std::string& b, const std::string& k) override {
-    return inner_->CreateMultipart(b, k);
-  }
-  std::string UploadPart(const std::string& b, const std::string& k, const std::string& id, int n,
-                         st::ByteSpan body) override {
-    return inner_->UploadPart(b, k, id, n, body);
-  }
-  std::string CompleteMultipart(const std::string& b, const std::string& k, const std::string& id,
-                                const std::vector<st::CompletedPart>& parts) override {
-    return inner_->CompleteMultipart(b, k, id, parts);
-  }
-  void AbortMultipart(const std::string& b, const std::string& k, const std::string& id) override {
-    inner_->AbortMultipart(b, k, id);
-  }
-  std::vector<st::MultipartUploadInfo> ListMultipartUploads(const std::string& b, const std::string& p) override {
-    return inner_->ListMultipartUploads(b, p);
-  }
   void GetRange(const std::string& b, const std::string& k, uint64_t offset, std::span<std::byte> out) override {
-    inner_->GetRange(b, k, offset, out);
+    ForwardingStore::GetRange(b, k, offset, out);
     bytes += out.size();
     ++gets;
   }
   std::vector<std::byte> Get(const std::string& b, const std::string& k, uint64_t max_bytes) override {
-    auto body = inner_->Get(b, k, max_bytes);
+    auto body = ForwardingStore::Get(b, k, max_bytes);
     bytes += body.size();
     ++gets;
     return body;
   }
-  std::optional<st::ObjectInfo> Head(const std::string& b, const std::string& k) override { return inner_->Head(b, k); }
-  st::ListPage List(const std::string& b, const std::string& p, const std::string& t, int max_keys) override {
-    return inner_->List(b, p, t, max_keys);
-  }
-  void DeleteBatch(const std::string& b, const std::vector<std::string>& keys) override { inner_->DeleteBatch(b, keys); }
-
- private:
-  std::shared_ptr<st::ObjectStore> inner_;
 };
 
 // Sets the store s3:// reads use for the life of the object.
@@ -179,12 +143,8 @@ struct Fixture {
   }
   // The options of the gateway, as a caller gives them (they override the environment).
   ObjectStoreOptions Options(const std::string& endpoint = "") const {
-    ObjectStoreOptions o;
-    o.endpoint = endpoint.empty() ? s3->config().endpoint : endpoint;
-    o.region = s3->config().region;
-    o.access_key_id = s3->config().credentials.access_key_id;
-    o.secret_access_key = s3->config().credentials.secret_access_key;
-    o.addressing = "path";
+    ObjectStoreOptions o = s3_test::GatewayOptions(s3->config());
+    if (!endpoint.empty()) o.endpoint = endpoint;
     o.max_attempts = 2;
     return o;
   }

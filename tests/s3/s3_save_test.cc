@@ -19,6 +19,7 @@
 #include "ckpt/checkpoint.h"
 #include "ckpt/files.h"
 #include "error_of.h"
+#include "forwarding_store.h"
 #include "s3_gateway.h"
 #include "storage/object_store.h"
 #include "storage/s3_sign.h"
@@ -31,60 +32,33 @@ using ckpt::ErrorCode;
 namespace {
 
 // Delegates to the real store; a test sets the hooks it needs (run before the call).
-class Wrapper : public st::ObjectStore {
+class Wrapper : public s3_test::ForwardingStore {
  public:
-  explicit Wrapper(std::shared_ptr<st::ObjectStore> inner) : in_(std::move(inner)) {}
+  using ForwardingStore::ForwardingStore;
   std::function<void(const std::string& key)> before_put;   // PutIfAbsent, PutIfMatch, Put
   std::function<void(const std::string& key, int part)> before_part;
   bool plain_puts = false;  // a store that ignores If-None-Match / If-Match
 
-  void CreateBucket(const std::string& b) override { in_->CreateBucket(b); }
-  void DeleteBucket(const std::string& b) override { in_->DeleteBucket(b); }
   std::string Put(const std::string& b, const std::string& k, st::ByteSpan body) override {
     if (before_put) before_put(k);
-    return in_->Put(b, k, body);
+    return ForwardingStore::Put(b, k, body);
   }
   std::optional<std::string> PutIfAbsent(const std::string& b, const std::string& k, st::ByteSpan body) override {
     if (before_put) before_put(k);
-    if (plain_puts) return in_->Put(b, k, body);
-    return in_->PutIfAbsent(b, k, body);
+    if (plain_puts) return ForwardingStore::Put(b, k, body);
+    return ForwardingStore::PutIfAbsent(b, k, body);
   }
   std::optional<std::string> PutIfMatch(const std::string& b, const std::string& k, st::ByteSpan body,
                                         const std::string& etag) override {
     if (before_put) before_put(k);
-    if (plain_puts) return in_->Put(b, k, body);
-    return in_->PutIfMatch(b, k, body, etag);
+    if (plain_puts) return ForwardingStore::Put(b, k, body);
+    return ForwardingStore::PutIfMatch(b, k, body, etag);
   }
-  std::string CreateMultipart(const std::string& b, const std::string& k) override { return in_->CreateMultipart(b, k); }
   std::string UploadPart(const std::string& b, const std::string& k, const std::string& id, int n,
                          st::ByteSpan body) override {
     if (before_part) before_part(k, n);
-    return in_->UploadPart(b, k, id, n, body);
+    return ForwardingStore::UploadPart(b, k, id, n, body);
   }
-  std::string CompleteMultipart(const std::string& b, const std::string& k, const std::string& id,
-                                const std::vector<st::CompletedPart>& parts) override {
-    return in_->CompleteMultipart(b, k, id, parts);
-  }
-  void AbortMultipart(const std::string& b, const std::string& k, const std::string& id) override {
-    in_->AbortMultipart(b, k, id);
-  }
-  std::vector<st::MultipartUploadInfo> ListMultipartUploads(const std::string& b, const std::string& p) override {
-    return in_->ListMultipartUploads(b, p);
-  }
-  void GetRange(const std::string& b, const std::string& k, uint64_t off, std::span<std::byte> out) override {
-    in_->GetRange(b, k, off, out);
-  }
-  std::vector<std::byte> Get(const std::string& b, const std::string& k, uint64_t max) override {
-    return in_->Get(b, k, max);
-  }
-  std::optional<st::ObjectInfo> Head(const std::string& b, const std::string& k) override { return in_->Head(b, k); }
-  st::ListPage List(const std::string& b, const std::string& p, const std::string& t, int n) override {
-    return in_->List(b, p, t, n);
-  }
-  void DeleteBatch(const std::string& b, const std::vector<std::string>& keys) override { in_->DeleteBatch(b, keys); }
-
- private:
-  std::shared_ptr<st::ObjectStore> in_;
 };
 
 // Every store a save opens goes through one Wrapper while this lives (hooks on `hooks`).
@@ -112,13 +86,8 @@ struct Fixture {
   st::S3Store store{config};
   s3_test::TestBucket bucket{store};
   ckpt_test::TempDir tmp{"s3save"};
-  ckpt::ObjectStoreOptions options;
+  ckpt::ObjectStoreOptions options = s3_test::GatewayOptions(config);
   Fixture() {
-    options.endpoint = config.endpoint;
-    options.region = config.region;
-    options.access_key_id = config.credentials.access_key_id;
-    options.secret_access_key = config.credentials.secret_access_key;
-    options.addressing = "path";
     options.staging_dir = tmp / "staging";
     options.part_bytes = 5ull << 20;
   }

@@ -235,29 +235,35 @@ void ReadTensors(const storage::Dir& dir, const std::shared_ptr<const internal::
   bytes_direct += direct;
 }
 
-// COLLECTIVE. Whether every rank can read the s3:// checkpoint at `dir` by ranged GETs
-// (internal::ReadableByRanges of the metadata.json it GETs); all ranks get one answer, so they
-// take the same path.
-bool ReadableByRanges(const std::filesystem::path& dir, Comm& comm, const LoadOptions& options) {
+// COLLECTIVE. The s3:// checkpoint at `dir` opened (metadata.json GET once, its text hash in
+// `version`) if every rank can read it by ranged GETs (internal::ReadableByRanges), else
+// nullptr on every rank: all ranks get one answer, so they take the same path.
+std::shared_ptr<const internal::ObjectSource> OpenRanged(const std::filesystem::path& dir, Comm& comm,
+                                                         const LoadOptions& options, uint64_t* version) {
+  std::shared_ptr<const internal::ObjectSource> source;
   uint8_t ranged = 0;
   internal::Phase(comm, [&] {
     try {
-      ranged = internal::ReadableByRanges(*internal::OpenObjectSource(dir.string(), options.s3)->metadata) ? 1 : 0;
+      source = internal::OpenObjectSource(dir.string(), options.s3, version);
+      ranged = internal::ReadableByRanges(*source->metadata) ? 1 : 0;
     } catch (const Error& e) {
       if (e.code() != ErrorCode::kUnsupported) throw;  // a v1 checkpoint: downloaded
     }
   });
-  if (comm.size() == 1) return ranged != 0;
-  for (const ByteBuffer& b : comm.AllGather({&ranged, 1})) {
-    if (b.size() != 1 || b[0] == 0) return false;
+  if (comm.size() > 1) {
+    for (const ByteBuffer& b : comm.AllGather({&ranged, 1})) {
+      if (b.size() != 1 || b[0] == 0) ranged = 0;
+    }
   }
-  return true;
+  return ranged ? source : nullptr;
 }
 
 }  // namespace
 
 LoadReport Load(const std::filesystem::path& dir, StateDict& target, Comm& comm, const LoadOptions& options) {
-  if (internal::IsObjectUrl(dir) && !ReadableByRanges(dir, comm, options)) {
+  uint64_t version = 0;
+  std::shared_ptr<const internal::ObjectSource> object;  // s3://, read by ranged GETs
+  if (internal::IsObjectUrl(dir) && !(object = OpenRanged(dir, comm, options, &version))) {
     // What ranged GETs cannot read (compressed chunks, v1, saved before files[].index_offset;
     // ObjectStoreOptions::cache_max_bytes): each rank downloads the checkpoint into a
     // directory of its own and loads it there. Ranks that downloaded different versions (a
@@ -273,7 +279,6 @@ LoadReport Load(const std::filesystem::path& dir, StateDict& target, Comm& comm,
     return Load(local, target, comm, options);
   }
   LoadReport report;
-  uint64_t version = 0;
   std::shared_ptr<DeviceBackend> device;
   internal::Phase(comm, [&] {
     device = internal::DeviceBackendFor(target, "load");
@@ -281,11 +286,10 @@ LoadReport Load(const std::filesystem::path& dir, StateDict& target, Comm& comm,
     // reads the old checkpoint or the new one, never a mix (or fails with kChanged).
     // Only metadata.json is read here: a rank reads the shard indexes of the files it needs.
     // On object storage (s3://): metadata.json by one GET, the rest by ranged GETs, no HDF5.
-    std::shared_ptr<const internal::ObjectSource> source;
+    std::shared_ptr<const internal::ObjectSource> source = object;
     storage::Dir handle;
     std::unique_ptr<internal::Reader> opened;
-    if (internal::IsObjectUrl(dir)) {
-      source = internal::OpenObjectSource(dir.string(), options.s3, &version);
+    if (source) {
       opened = std::make_unique<internal::Reader>(source);
     } else {
       internal::Pinned pinned = internal::OpenPinned(dir, /*resolve=*/false);
