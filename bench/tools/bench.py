@@ -182,7 +182,7 @@ def main():
         rows[2:2] = [("raw read, cold page cache", "raw_read_cold", True),
                      ("ckpt-verify, cold page cache", "verify_cold", True)]
     for label, k, thr in rows:
-        t, rss, _ = res[k]
+        t, rss = res[k][0], res[k][1]
         print(f"{label:<34}{t:>8.2f}{(f'{rate(k):.2f}' if thr else '-'):>8}{rss:>14.0f}")
     print(f"\nmerge / cp throughput:        {res['cp'][0] / res['merge'][0]:.2f}x  (target >= 0.8)")
     print(f"verify / raw read throughput: {res['raw_read'][0] / res['verify'][0]:.2f}x  (target >= 0.8)")
