@@ -518,8 +518,9 @@ NB_MODULE(_ckpt, m) {
     ckpt::Metadata md;
     {
       nb::gil_scoped_release release;
-      // Through a reader, which reads an s3:// checkpoint too (ReadMetadata: a directory).
-      md = ckpt::CheckpointReader::Open(path, options, resolve)->metadata();
+      // ReadMetadata reads a directory; an s3:// checkpoint's through a reader (one GET).
+      md = path.rfind("s3://", 0) == 0 ? ckpt::CheckpointReader::Open(path, options, resolve)->metadata()
+                                       : ckpt::ReadMetadata(path, resolve);
     }
     return ckpt::SerializeMetadata(md);
   }, nb::arg("path"), nb::arg("resolve") = false, nb::arg("s3").none() = nb::none());
