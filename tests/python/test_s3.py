@@ -342,7 +342,7 @@ def test_boto3_reads_what_ckpt_wrote(bucket, s3, tmp):
     assert np.array_equal(got["model"]["w"], want["model"]["w"]) and got["step"] == want["step"]
 
 
-def test_dcp_save_load_one_process_overwrite_and_resharded_read(bucket, s3):
+def test_dcp_save_load_one_process_overwrite_and_convert(bucket, s3, tmp, monkeypatch):
     torch, dcp, ckpt_torch = need("torch"), need("torch.distributed.checkpoint"), need("ckpt.torch")
     from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
     opts = s3_gateway.options()
@@ -370,3 +370,14 @@ def test_dcp_save_load_one_process_overwrite_and_resharded_read(bucket, s3):
     # Only the replacing save's objects are named; what a replaced save left is a leftover.
     names = {f["name"] for f in ckpt.read_metadata(url, s3=opts)["files"]}
     assert len(names) == 1 and f"dcp/step-1/{names.pop()}" in s3_gateway.keys(s3, bucket, "dcp/step-1/")
+    # python -m ckpt.convert to and from s3:// (the AWS environment: it takes no options).
+    from ckpt import convert
+    for name, value in s3_gateway.aws_env().items():
+        monkeypatch.setenv(name, value)
+    native = os.path.join(tmp, "dcp-native")
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(native), no_dist=True)
+    assert convert.main(["import", native, f"s3://{bucket}/dcp/imported"]) == 0
+    assert convert.main(["export", f"s3://{bucket}/dcp/imported", os.path.join(tmp, "exported")]) == 0
+    again = {"w": torch.zeros(10, 12, dtype=torch.bfloat16), "meta": {"epoch": 0, "name": ""}}
+    dcp.load(again, storage_reader=dcp.FileSystemReader(os.path.join(tmp, "exported")), no_dist=True)
+    assert torch.equal(again["w"], state["w"]) and again["meta"] == {"epoch": 3, "name": "x"}
