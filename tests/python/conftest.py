@@ -31,10 +31,11 @@ def run_tool(name, *args):
     return p.returncode, p.stdout + p.stderr
 
 
-def run_ranks(script, args_of_rank, world, what, timeout):
-    """Runs `world` processes of `script` at once (`args_of_rank(r)`: rank r's arguments) and
-    returns their outputs; fails with them if any exits non-zero or outlives `timeout` s."""
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+def run_ranks(script, args_of_rank, world, what, timeout, env=None):
+    """Runs `world` processes of `script` at once (`args_of_rank(r)`: rank r's arguments, `env`:
+    variables set for them) and returns their outputs; fails with them if any exits non-zero
+    or outlives `timeout` s."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
     procs = [subprocess.Popen([sys.executable, script, *map(str, args_of_rank(r))], stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, env=env) for r in range(world)]
     outputs = []

@@ -1,6 +1,8 @@
 """One rank of test_dcp_scenarios.py: PyTorch's own DCP scenarios (test/distributed/checkpoint/),
 re-written for gloo on CPU, run with the storage layer KIND ("stock": FileSystemWriter and
-FileSystemReader; "ckpt": ckpt.torch.StorageWriter and StorageReader).
+FileSystemReader; "ckpt": ckpt.torch.StorageWriter and StorageReader; "s3": ckpt.torch's on
+s3:// URLs under CKPT_DCP_S3_ROOT, reached through the AWS environment, the other format's
+copies staying in DIR).
 
     python dcp_scenarios_worker.py KIND PHASE RANK WORLD STORE DIR
 
@@ -37,17 +39,31 @@ KIND = RANK = WORLD = OUT = None
 
 
 def path_of(name):
-    return os.path.join(OUT, name)
+    return f"{os.environ['CKPT_DCP_S3_ROOT']}/{name}" if KIND == "s3" else os.path.join(OUT, name)
+
+
+def exists(name):
+    """Whether a checkpoint (or, locally, anything) is at path_of(name)."""
+    if KIND != "s3":
+        return os.path.exists(path_of(name))
+    try:
+        ckpt.read_metadata(path_of(name))
+        return True
+    except ckpt.Error as e:
+        if e.code != "not found":
+            raise
+        return False
 
 
 def writer(name, **kw):
     p = path_of(name)
-    return ckpt.torch.StorageWriter(p, **kw) if KIND == "ckpt" else dcp.FileSystemWriter(p, **kw)
+    return dcp.FileSystemWriter(p, **kw) if KIND == "stock" else ckpt.torch.StorageWriter(p, **kw)
 
 
 def reader(name, other=False):
-    p = path_of(name)
-    return ckpt.torch.StorageReader(p) if (KIND == "ckpt") != other else dcp.FileSystemReader(p)
+    if (KIND == "stock") != other:
+        return dcp.FileSystemReader(os.path.join(OUT, name))  # the other format's copy: local
+    return ckpt.torch.StorageReader(path_of(name))
 
 
 def ref(key, shape, dtype=torch.float32):
@@ -408,7 +424,7 @@ def edge_cases():
     odd = {"s": torch.tensor(3.5), "z": torch.zeros(0, 4), "nc": ref("nc", (3, 4)).t(),
            "b": torch.tensor([True, False, True]), "meta": {"k": "v"}}
     dcp.save(odd, storage_writer=writer("unused"), checkpoint_id=path_of("edges"))
-    assert not os.path.exists(path_of("unused"))
+    assert not exists("unused") and exists("edges")
     got = {"s": torch.tensor(0.0), "z": torch.ones(0, 4), "nc": torch.zeros(4, 3),
            "b": torch.zeros(3, dtype=torch.bool), "meta": {"k": None}}
     dcp.load(got, storage_reader=reader("unused"), checkpoint_id=path_of("edges"))

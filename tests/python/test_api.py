@@ -400,3 +400,56 @@ def test_load_with_direct_io_returns_the_same_bytes(tmp):
     with pytest.raises(ckpt.Error) as e:
         ckpt.load(tmp + "/c", {"a": np.zeros_like(a)}, direct_io="sometimes")
     assert e.value.code == "invalid argument" and "'off', 'auto' or 'on'" in str(e.value)
+
+
+S3_URL = "s3://no-such-bucket/run/step-1"
+
+
+def test_s3_path_without_the_s3_client_names_the_path_and_how_to_get_it(monkeypatch, tmp):
+    # As a build without libckpt's S3 client (CKPT_WITH_S3=OFF) answers; where this build is
+    # one, the real thing. Refused before anything is written, a local path unaffected.
+    from ckpt import _s3
+    monkeypatch.setattr(_s3, "HAVE_S3", False)
+    calls = [lambda: ckpt.save(S3_URL, {"a": np.ones(2)}), lambda: ckpt.load(S3_URL, {"a": np.ones(2)}),
+             lambda: ckpt.open(S3_URL), lambda: ckpt.read_metadata(S3_URL), lambda: ckpt.Writer(S3_URL)]
+    for call in calls:
+        with pytest.raises(ckpt.Error) as e:
+            call()
+        text = str(e.value)
+        assert e.value.code == "unsupported" and e.value.file == S3_URL, text
+        assert text.startswith(f"[unsupported] {S3_URL}: ") and "no S3 client" in text, text
+        assert "CKPT_WITH_S3" in text and "pip install ./python" in text and "libcurl" in text, text
+    ckpt.save(tmp + "/c", {"a": np.ones(2)}, s3={"endpoint": "http://unused"})  # ignored for a directory
+    assert ckpt.read_metadata(tmp + "/c")["world_size"] == 1
+
+
+def test_s3_options_are_checked_and_secrets_hidden(tmp):
+    secret = "wJalrXUtnFEMI-K7MDENG-bPxRfiCYEXAMPLEKEY"
+    opts = ckpt.S3Options(endpoint="http://127.0.0.1:9", access_key_id="AKIDEXAMPLE", secret_access_key=secret,
+                          session_token=secret + "-token", part_bytes=8 << 20)
+    assert secret not in repr(opts) and "secret_access_key=<hidden>" in repr(opts) and "AKIDEXAMPLE" in repr(opts)
+    bad = [({"secret_access_key": secret.encode()}, "ckpt.S3Options.secret_access_key: a bytes, not a str"),
+           ({"part_bytes": "16M"}, "ckpt.S3Options.part_bytes: a str, not an int"),
+           ({"part_bytes": -1}, "out of range"), ({"single_writer": 1}, "not a bool"),
+           ({"secret": secret}, "s3 option 'secret': ckpt.S3Options has no such field")]
+    for fields, words in bad:
+        with pytest.raises(ckpt.Error) as e:
+            ckpt.save(S3_URL, {"a": np.ones(2)}, s3=fields)
+        assert words in str(e.value) and secret not in str(e.value) and e.value.code == "invalid argument"
+    with pytest.raises(ckpt.Error) as e:
+        ckpt.save(S3_URL, {}, s3=[("endpoint", "x")])
+    assert "pass a ckpt.S3Options" in str(e.value)
+    # pathlib.Path collapses "s3://" to "s3:/": refused, never a local directory named "s3:".
+    import pathlib
+    with pytest.raises(ckpt.Error) as e:
+        ckpt.save(pathlib.Path(S3_URL), {"a": np.ones(2)})
+    assert "pass the URL as a str" in str(e.value)
+    if not ckpt.HAVE_S3:
+        return
+    # The client is in this build: an endpoint where nothing listens is an I/O error naming the
+    # URL, quickly (one attempt), the secret in none of it.
+    opts.max_attempts = 1
+    with pytest.raises(ckpt.Error) as e:
+        ckpt.load(S3_URL, {"a": np.ones(2)}, s3=opts)
+    assert e.value.code == "I/O error" and "s3://no-such-bucket/run/step-1" in str(e.value), str(e.value)
+    assert secret not in str(e.value) and secret not in repr(e.value)

@@ -1,7 +1,10 @@
 """The Python blocks of README.md and docs/*.md (every ```python block) run as written: each in
 a fresh interpreter in a scratch directory; a block that starts with
 `# torchrun --nproc-per-node N` runs as N gloo processes on the loopback, as torchrun would
-start it. Each test is named by the file and the line where its block starts."""
+start it. A block that names s3://BUCKET/... runs against the project's S3 gateway
+(s3_gateway.py: SKIPPED without it, FAILS where CI=true), with its endpoint and keys in the
+AWS environment and each bucket named made empty first and removed after. Each test is named
+by the file and the line where its block starts."""
 import glob
 import os
 import re
@@ -57,6 +60,22 @@ def test_docs_python_block_runs(where, tmp):
     world = int(launch.group(1)) if launch else 1
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world),
                OMP_NUM_THREADS="1")
+    buckets = sorted(set(re.findall(r"s3://([a-z0-9][a-z0-9.-]{2,62})/", code)))
+    if buckets:
+        import s3_gateway
+        s3 = s3_gateway.client()
+        env.update(s3_gateway.aws_env())
+        for b in buckets:
+            s3_gateway.remove_bucket(s3, b)  # what a run before may have left
+            s3_gateway.make_bucket(s3, b)
+    try:
+        run_block(script, world, tmp, env)
+    finally:
+        for b in buckets:
+            s3_gateway.remove_bucket(s3, b)
+
+
+def run_block(script, world, tmp, env):
     # -X faulthandler: a rank that dies of a signal prints every thread's Python stack.
     procs = [subprocess.Popen([sys.executable, "-X", "faulthandler", script], cwd=tmp, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)))
