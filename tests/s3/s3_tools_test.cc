@@ -395,6 +395,25 @@ TEST_CASE("files::CheckpointPublisher: of two publishers of one new path one com
   files::CheckpointPublisher r3(url, o, true);
   CHECK_THROWS_WITH_AS(r3.Publish(bad), doctest::Contains(md.files[0].name.c_str()), Error);
   CHECK(Keys(*f.s3, b, "pub/ck/").size() == 3 + 2);  // r1's new ones + the replaced two (leftovers)
+
+  // A checkpoint downloaded from the store and published again: its objects get the new
+  // publish's nonce in place of the old one (one nonce a name, as the schema wants).
+  const fs::path down = f.tmp / "down";
+  files::DownloadObjectCheckpoint(url, o, down, uint64_t{1} << 30);
+  const std::string again = "s3://" + b + "/pub/again";
+  files::CheckpointPublisher p2(again, o, false);
+  const std::vector<std::string> names = p2.Publish(down);
+  const Metadata was = ReadMetadata(down, /*resolve=*/false);
+  REQUIRE(names.size() == was.files.size());
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    CHECK(names[i].size() == was.files[i].name.size());
+    CHECK(names[i].substr(0, 21) == was.files[i].name.substr(0, 21));  // "shard-00000-of-00002."
+    CHECK(names[i] != was.files[i].name);
+  }
+  SetAwsEnvironment(f.s3->config(), f.tmp.path());
+  const Ran v = RunTool(tools::VerifyMain, {"ckpt-verify", again});
+  INFO(v.out, v.err);
+  CHECK(v.code == 0);
 }
 
 TEST_CASE("ckpt-verify s3://: a chunk larger than one fetch (40 MiB) is checked slice by slice, a flip in its tail found") {
