@@ -24,8 +24,9 @@ void AddWriteFlags(CLI::App& app, MergeFlags& f) {
   app.add_option("DST", f.dst,
                  "Output: a checkpoint directory, a file ending in .safetensors, an index ending in\n"
                  ".safetensors.index.json (the Hub's sharded layout: shards beside it), or a checkpoint at\n"
-                 "s3://bucket/prefix/step: written and verified in a local staging directory ($TMPDIR), then\n"
-                 "uploaded as new objects and committed by one conditional PUT of metadata.json; --force\n"
+                 "s3://bucket/prefix/step: written whole and verified in a local staging directory\n"
+                 "($TMPDIR/ckpt-s3-staging, removed after), then uploaded as new objects and committed by one\n"
+                 "conditional PUT of metadata.json (the store from the AWS_* environment); with --force it\n"
                  "replaces only the checkpoint seen at the start (another writer's commit meanwhile: refused)")->required();
   app.add_option("--world", f.o.world, "Write a SHARDED checkpoint of M files, as M ranks would have")
       ->check(CLI::Range(1, 1 << 20));
