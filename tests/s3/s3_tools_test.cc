@@ -3,7 +3,8 @@
 // inspect reads metadata.json alone (text and --json); verify checks in "ranged" mode and
 // exits 0 on a good checkpoint, 1 naming the object, key and block on a flipped byte, 2 on a
 // missing checkpoint, a chunk larger than one fetch checked slice by slice; merge and
-// convert read an s3:// source, and refuse an s3:// destination with a clear message (exit 2).
+// convert read an s3:// source and write an s3:// destination (staged locally, verified,
+// published by files::CheckpointPublisher: unique object names, one conditional PUT).
 #include <doctest/doctest.h>
 
 #include <cstdlib>
@@ -15,6 +16,7 @@
 #include "cli.h"
 #include "ckpt/checkpoint.h"
 #include "ckpt/comm.h"
+#include "ckpt/files.h"
 #include "s3_gateway.h"
 #include "storage/s3_store.h"
 #include "test_util.h"
@@ -93,6 +95,28 @@ struct Fixture {
     }
   }
 };
+
+// The objects under `prefix` ("run/x/"), by key.
+std::vector<std::string> Keys(st::ObjectStore& store, const std::string& bucket, const std::string& prefix) {
+  std::vector<std::string> keys;
+  for (const st::ObjectInfo& o : st::ListAll(store, bucket, prefix)) keys.push_back(o.key);
+  return keys;
+}
+
+// model.w of an s3:// or local checkpoint, loaded whole; its values as the fixtures wrote them.
+void CheckModelW(const std::string& path) {
+  INFO(path);
+  std::vector<float> w(static_cast<std::size_t>(kRows * kCols), -1.0f);
+  StateDict sd;
+  sd.Add("model.w", Tensor::Full(DType::kFloat32, {kRows, kCols}, w.data()));
+  SingleComm comm;
+  LoadOptions lo;
+  lo.strict = false;  // model.w alone
+  Load(path, sd, comm, lo);
+  bool all = true;
+  for (std::size_t i = 0; i < w.size() && all; ++i) all = w[i] == static_cast<float>(i) * 0.5f;
+  CHECK(all);
+}
 
 }  // namespace
 
@@ -185,22 +209,14 @@ TEST_CASE("ckpt-verify and ckpt-inspect s3://: a missing checkpoint or object is
   CHECK(gone.out.find("missing") != std::string::npos);
 }
 
-TEST_CASE("ckpt-merge, ckpt-convert and ckpt-diff from s3://; an s3:// destination is refused, exit 2, saying what to do") {
+TEST_CASE("ckpt-merge, ckpt-convert and ckpt-diff from s3:// to a local destination") {
   Fixture f;
   const fs::path merged = f.tmp / "merged";
   const Ran m = RunTool(tools::MergeMain, {"ckpt-merge", f.url, merged.string(), "-q"});
   INFO(m.out, m.err);
   REQUIRE(m.code == 0);
   CHECK(RunTool(tools::VerifyMain, {"ckpt-verify", merged.string(), "-q"}).code == 0);
-  std::vector<float> w(static_cast<std::size_t>(kRows * kCols), -1.0f);
-  StateDict sd;
-  sd.Add("model.w", Tensor::Full(DType::kFloat32, {kRows, kCols}, w.data()));
-  SingleComm comm;
-  LoadOptions lo;
-  lo.strict = false;  // model.w alone
-  Load(merged, sd, comm, lo);
-  CHECK(w[5] == 2.5f);
-  CHECK(w.back() == static_cast<float>(kRows * kCols - 1) * 0.5f);
+  CheckModelW(merged.string());
   // ckpt-diff reads both sides through the same sources: the store's copy equals the local one.
   const Ran d = RunTool(tools::DiffMain, {"ckpt-diff", f.url, f.local.string(), "-q"});
   INFO(d.out, d.err);
@@ -211,17 +227,193 @@ TEST_CASE("ckpt-merge, ckpt-convert and ckpt-diff from s3://; an s3:// destinati
   CHECK(c.code == 0);
   CHECK(fs::file_size(st_file) > uint64_t{kRows * kCols * 4});
 
-  const std::string dst = "s3://" + f.bucket.name() + "/run/merged";
-  for (auto* tool : {tools::MergeMain, tools::ConvertMain}) {
-    const Ran up = RunTool(tool, {"ckpt-x", f.local.string(), dst});
-    INFO(up.err);
-    CHECK(up.code == 2);
-    CHECK(up.err.find("s3:// is not supported as the destination") != std::string::npos);
-    CHECK(up.err.find("aws s3 cp") != std::string::npos);
-  }
   const Ran v = RunTool(tools::MergeMain, {"ckpt-merge", f.url, (f.tmp / "v.h5").string(), "--virtual"});
   CHECK(v.code == 2);
   CHECK(v.err.find("--virtual needs the shards on a local file system") != std::string::npos);
+}
+
+
+TEST_CASE("ckpt-merge and ckpt-convert write s3://: local->S3, S3->local, S3->S3; verified, loaded, refused when there") {
+  Fixture f;
+  const std::string secret = f.s3->config().credentials.secret_access_key;
+  REQUIRE(!secret.empty());
+  ::setenv("TMPDIR", f.tmp.path().c_str(), 1);  // the tools' staging, checked empty after
+  std::vector<Ran> all;
+  auto run = [&](int (*tool)(int, char**), std::vector<std::string> args) {
+    all.push_back(RunTool(tool, std::move(args)));
+    return all.back();
+  };
+  // A 4-rank checkpoint, saved locally.
+  const fs::path four = f.tmp / "four";
+  RunThreads(4, [&](Comm& comm) {
+    const int64_t rows = kRows / 4, r0 = rows * comm.rank();
+    std::vector<float> w(static_cast<std::size_t>(rows * kCols));
+    for (std::size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(r0 * kCols + static_cast<int64_t>(i)) * 0.5f;
+    StateDict sd;
+    sd.Add("model.w", Tensor::Slice(DType::kFloat32, {kRows, kCols}, 0, r0, rows, w.data()));
+    sd.Add("step", Scalar::Int(7));
+    Save(four, sd, comm);
+  });
+  const std::string b = f.bucket.name();
+
+  // local -> S3: merged 4 -> 1, then verified and loaded from the store.
+  const std::string merged = "s3://" + b + "/out/merged";
+  const Ran m = run(tools::MergeMain, {"ckpt-merge", four.string(), merged});
+  INFO(m.out, m.err);
+  REQUIRE(m.code == 0);
+  CHECK(m.out.find("wrote " + merged) != std::string::npos);
+  CHECK(m.out.find("conditional PUT") != std::string::npos);
+  const Ran ver = run(tools::VerifyMain, {"ckpt-verify", merged});
+  INFO(ver.out, ver.err);
+  CHECK(ver.code == 0);
+  CheckModelW(merged);
+  const Ran ins = run(tools::InspectMain, {"ckpt-inspect", merged, "--json"});
+  REQUIRE(ins.code == 0);
+  CHECK(nlohmann::json::parse(ins.out)["state_dict_type"] == "FULL");
+  // One shard object, named uniquely to that run, and metadata.json.
+  std::vector<std::string> keys = Keys(*f.s3, b, "out/merged/");
+  REQUIRE(keys.size() == 2);
+  CHECK(keys[0] == "out/merged/metadata.json");
+  CHECK(keys[1].rfind("out/merged/shard-00000-of-00001.", 0) == 0);
+  CHECK(keys[1].size() == std::string("out/merged/shard-00000-of-00001.0123456789abcdef.h5").size());
+  const std::string etag = f.s3->Head(b, "out/merged/metadata.json")->etag;
+
+  // Already there: refused without --force, exit 2, the checkpoint untouched.
+  for (auto* tool : {tools::MergeMain, tools::ConvertMain}) {
+    const Ran again = run(tool, {"ckpt-x", four.string(), merged});
+    INFO(again.err);
+    CHECK(again.code == 2);
+    CHECK(again.err.find("already") != std::string::npos);
+    CHECK(again.err.find(merged) != std::string::npos);
+  }
+  CHECK(f.s3->Head(b, "out/merged/metadata.json")->etag == etag);
+  CHECK(Keys(*f.s3, b, "out/merged/") == keys);
+
+  // --force replaces it (If-Match on the ETag seen at the start): a new commit naming a new object.
+  const Ran forced = run(tools::MergeMain, {"ckpt-merge", f.url, merged, "--force", "--json"});
+  INFO(forced.out, forced.err);
+  REQUIRE(forced.code == 0);
+  CHECK(nlohmann::json::parse(forced.out)["dst"] == merged);
+  CHECK(f.s3->Head(b, "out/merged/metadata.json")->etag != etag);
+  CheckModelW(merged);
+  const Metadata replaced = ReadMetadata(merged, /*resolve=*/false);
+  REQUIRE(replaced.files.size() == 1);
+  CHECK("out/merged/" + replaced.files[0].name != keys[1]);  // the old one is a leftover now
+
+  // S3 -> local, resharded to 3.
+  const fs::path back = f.tmp / "back";
+  const Ran down = run(tools::MergeMain, {"ckpt-merge", merged, back.string(), "--world", "3"});
+  INFO(down.out, down.err);
+  REQUIRE(down.code == 0);
+  CHECK(run(tools::VerifyMain, {"ckpt-verify", back.string(), "-q"}).code == 0);
+  CheckModelW(back.string());
+
+  // S3 -> S3, resharded to 3.
+  const std::string re = "s3://" + b + "/out/re3";
+  const Ran s2s = run(tools::MergeMain, {"ckpt-merge", f.url, re, "--world", "3", "-q"});
+  INFO(s2s.out, s2s.err);
+  REQUIRE(s2s.code == 0);
+  CHECK(ReadMetadata(re, /*resolve=*/false).files.size() == 3);
+  CHECK(run(tools::VerifyMain, {"ckpt-verify", re, "-q"}).code == 0);
+  CheckModelW(re);
+  CHECK(run(tools::DiffMain, {"ckpt-diff", re, f.local.string(), "-q"}).code == 0);
+  // Compressed (loaded by the bounded download: ranges do not read compressed chunks yet).
+  const std::string z = "s3://" + b + "/out/zstd";
+  REQUIRE(run(tools::MergeMain, {"ckpt-merge", merged, z, "--world", "2", "--compress", "zstd", "-q"}).code == 0);
+  CHECK(ReadMetadata(z, /*resolve=*/false).Find("model.w")->compression.codec == Compression::Codec::kZstd);
+  CheckModelW(z);
+
+  // safetensors -> a checkpoint on the store, 4 files, and back.
+  const fs::path st_file = f.tmp / "model.safetensors";
+  REQUIRE(run(tools::ConvertMain, {"ckpt-convert", four.string(), st_file.string(), "-q"}).code == 0);
+  const std::string conv = "s3://" + b + "/out/conv";
+  const Ran c = run(tools::ConvertMain, {"ckpt-convert", st_file.string(), conv, "--world", "4"});
+  INFO(c.out, c.err);
+  REQUIRE(c.code == 0);
+  CHECK(ReadMetadata(conv, /*resolve=*/false).files.size() == 4);
+  CHECK(run(tools::VerifyMain, {"ckpt-verify", conv, "-q"}).code == 0);
+  CheckModelW(conv);
+  CHECK(run(tools::DiffMain, {"ckpt-diff", conv, st_file.string(), "-q"}).code == 0);
+  const fs::path conv_back = f.tmp / "conv.safetensors";
+  REQUIRE(run(tools::ConvertMain, {"ckpt-convert", conv, conv_back.string(), "-q"}).code == 0);
+  CHECK(ReadFile(conv_back) == ReadFile(st_file));
+
+  // What an s3:// destination cannot be: safetensors, a virtual file. Exit 2, nothing written.
+  for (const std::string& dst : {"s3://" + b + "/out/m.safetensors", "s3://" + b + "/out/m.safetensors.index.json"}) {
+    const Ran r = run(tools::ConvertMain, {"ckpt-convert", four.string(), dst});
+    CHECK(r.code == 2);
+    CHECK(r.err.find("write safetensors to a local path") != std::string::npos);
+  }
+  const Ran virt = run(tools::MergeMain, {"ckpt-merge", four.string(), "s3://" + b + "/out/v", "--virtual"});
+  CHECK(virt.code == 2);
+  CHECK(virt.err.find("--virtual") != std::string::npos);
+  CHECK(Keys(*f.s3, b, "out/v").empty());
+  CHECK(Keys(*f.s3, b, "out/m.").empty());
+
+  // No run left its staging behind, and none printed the secret.
+  const fs::path staging = f.tmp / "ckpt-s3-staging";
+  CHECK((!fs::exists(staging) || fs::is_empty(staging)));
+  for (const Ran& r : all) {
+    CHECK(r.out.find(secret) == std::string::npos);
+    CHECK(r.err.find(secret) == std::string::npos);
+  }
+  ::unsetenv("TMPDIR");
+}
+
+TEST_CASE("files::CheckpointPublisher: of two publishers of one new path one commits; a replacement of a replaced checkpoint is refused") {
+  Fixture f;
+  const ObjectStoreOptions o = s3_test::GatewayOptions(f.s3->config());
+  const std::string b = f.bucket.name();
+  const std::string url = "s3://" + b + "/pub/ck";
+  // Both begin before either commits: both saw no checkpoint there.
+  files::CheckpointPublisher first(url, o, false), second(url, o, false);
+  CHECK(first.Publish(f.local).size() == 2);
+  try {
+    second.Publish(f.local);
+    FAIL("the second publish committed too");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::kAlreadyExists);
+    CHECK(std::string(e.what()).find("another writer committed first") != std::string::npos);
+  }
+  // Nothing of the loser stays: the first's two objects and metadata.json.
+  CHECK(Keys(*f.s3, b, "pub/ck/").size() == 3);
+  CheckModelW(url);
+  // Without overwrite the destination is refused at the start, before any work.
+  CHECK_THROWS_WITH_AS(files::CheckpointPublisher(url, o, false), doctest::Contains("already"), Error);
+  // Two replacements that saw the same commit: the first swaps it, the second is refused.
+  files::CheckpointPublisher r1(url, o, true), r2(url, o, true);
+  const fs::path staged = r1.staging();
+  CHECK(fs::is_directory(staged));
+  r1.Publish(f.local);
+  CHECK_THROWS_WITH_AS(r2.Publish(f.local), doctest::Contains("another writer committed first"), Error);
+  CheckModelW(url);
+  // A local file that is not as metadata.json records it is refused before any upload.
+  const fs::path bad = f.tmp / "bad";
+  fs::copy(f.local, bad);
+  const Metadata md = ReadMetadata(bad, /*resolve=*/false);
+  fs::resize_file(bad / md.files[0].name, md.files[0].bytes - 1);
+  files::CheckpointPublisher r3(url, o, true);
+  CHECK_THROWS_WITH_AS(r3.Publish(bad), doctest::Contains(md.files[0].name.c_str()), Error);
+  CHECK(Keys(*f.s3, b, "pub/ck/").size() == 3 + 2);  // r1's new ones + the replaced two (leftovers)
+
+  // A checkpoint downloaded from the store and published again: its objects get the new
+  // publish's nonce in place of the old one (one nonce a name, as the schema wants).
+  const fs::path down = f.tmp / "down";
+  files::DownloadObjectCheckpoint(url, o, down, uint64_t{1} << 30);
+  const std::string again = "s3://" + b + "/pub/again";
+  files::CheckpointPublisher p2(again, o, false);
+  const std::vector<std::string> names = p2.Publish(down);
+  const Metadata was = ReadMetadata(down, /*resolve=*/false);
+  REQUIRE(names.size() == was.files.size());
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    CHECK(names[i].size() == was.files[i].name.size());
+    CHECK(names[i].substr(0, 21) == was.files[i].name.substr(0, 21));  // "shard-00000-of-00002."
+    CHECK(names[i] != was.files[i].name);
+  }
+  SetAwsEnvironment(f.s3->config(), f.tmp.path());
+  const Ran v = RunTool(tools::VerifyMain, {"ckpt-verify", again});
+  INFO(v.out, v.err);
+  CHECK(v.code == 0);
 }
 
 TEST_CASE("ckpt-verify s3://: a chunk larger than one fetch (40 MiB) is checked slice by slice, a flip in its tail found") {

@@ -260,6 +260,8 @@ CKPT_API LoadReport Load(const std::filesystem::path& dir, StateDict& target, Co
 // With `resolve` (the default), a v2 checkpoint's chunk records are read from every shard
 // index (each checked against metadata.json) so that every EntryMeta::chunks is filled;
 // without, only metadata.json is read (keys, dtypes, shapes, layouts, aggregate stats).
+// An s3:// checkpoint is read as CheckpointReader::Open reads it, the store from the AWS
+// environment.
 CKPT_API Metadata ReadMetadata(const std::filesystem::path& dir, bool resolve = true);
 
 // A byte range of a file: where a stored chunk's bytes lie (CheckpointReader::LocateChunk),

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -57,5 +58,42 @@ CKPT_API void RemoveObjectCheckpoint(const std::string& url, const ObjectStoreOp
 // s3:// checkpoint until Load reads object storage with ranged GETs.
 CKPT_API void DownloadObjectCheckpoint(const std::string& url, const ObjectStoreOptions& options,
                                        const std::filesystem::path& dir, uint64_t max_bytes);
+
+// Publishes a checkpoint committed in a local directory to `url` with the commit of an
+// s3:// Save (ckpt/checkpoint.h, ObjectStoreOptions): what ckpt-merge and ckpt-convert do
+// with an s3:// destination, the checkpoint built and verified locally first.
+//
+//   files::CheckpointPublisher pub(url, options, overwrite);  // the destination checked now
+//   BuildCheckpoint(pub.staging() / "out");                      // any local writer
+//   pub.Publish(pub.staging() / "out");                          // uploaded, then committed
+class CKPT_API CheckpointPublisher {
+ public:
+  // Checks the destination before any work: the store probed once per bucket for
+  // conditional PUT (refused, kInvalidArgument, unless options.single_writer); a checkpoint
+  // already at `url` is kAlreadyExists unless `overwrite`, which keeps its metadata.json's
+  // ETag for the commit; the prefix's old leftovers collected (CleanObjectLeftovers).
+  CheckpointPublisher(const std::string& url, const ObjectStoreOptions& options, bool overwrite);
+  ~CheckpointPublisher();  // the staging directory removed
+  CheckpointPublisher(const CheckpointPublisher&) = delete;
+  CheckpointPublisher& operator=(const CheckpointPublisher&) = delete;
+
+  const std::string& url() const;
+  // A fresh local directory of this publisher's own, under options.staging_dir (empty:
+  // $TMPDIR or /tmp, then "ckpt-s3-staging"), made on first use, removed with the publisher.
+  const std::filesystem::path& staging();
+  // Uploads every file `dir`/metadata.json names (each checked against its recorded size
+  // first, kCorrupt naming it otherwise) as a new object whose name is unique to this
+  // publish ("shard-00000-of-00004.h5" -> "shard-00000-of-00004.<nonce>.h5"; multipart,
+  // Content-MD5, checked by HEAD), then commits a metadata.json naming them by one
+  // conditional PUT: If-None-Match: * for a new checkpoint, If-Match with the ETag seen by
+  // the constructor for a replacement. A 412 is kAlreadyExists, "another writer committed
+  // first". On any failure nothing of this publish is visible: its objects are deleted
+  // (best effort; what stays is a leftover). Returns the object names, in files[] order.
+  std::vector<std::string> Publish(const std::filesystem::path& dir);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace ckpt::files

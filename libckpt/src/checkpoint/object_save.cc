@@ -43,6 +43,7 @@ std::unique_ptr<ObjectSave> ObjectSave::Join(const std::string& url, const Objec
 std::string ObjectSave::ObjectName(const std::string& file) const { return file; }
 const fs::path& ObjectSave::LocalStaging(const std::string&) { NoS3("s3://"); }
 void ObjectSave::Upload(const std::string&) { NoS3("s3://"); }
+void ObjectSave::UploadFrom(const fs::path&, const std::string&) { NoS3("s3://"); }
 void ObjectSave::Commit(const Metadata&) { NoS3("s3://"); }
 void ObjectSave::DiscardUploads() noexcept {}
 std::size_t CleanObjectLeftovers(const std::string& url, const ObjectStoreOptions&) { NoS3(url); }
@@ -318,7 +319,12 @@ std::unique_ptr<ObjectSave> ObjectSave::Join(const std::string& url, const Objec
   return save;
 }
 
-std::string ObjectSave::ObjectName(const std::string& file) const { return storage::UniqueObjectName(file, nonce_); }
+std::string ObjectSave::ObjectName(const std::string& file) const {
+  // A name that carries an earlier save's nonce (a checkpoint downloaded from a store and
+  // published again) gets this one's instead of a second.
+  if (IsSaveObjectName(file)) return storage::UniqueObjectName(file.substr(0, 20) + ".h5", nonce_);
+  return storage::UniqueObjectName(file, nonce_);
+}
 
 const fs::path& ObjectSave::LocalStaging(const std::string& tag) {
   if (impl_->staging.empty()) {
@@ -338,6 +344,10 @@ void ObjectSave::Upload(const std::string& name) {
     const fs::path& p;
     ~Remove() { storage::RemoveAllQuietly(p); }
   } remove{path};
+  UploadFrom(path, name);
+}
+
+void ObjectSave::UploadFrom(const fs::path& path, const std::string& name) {
   const Target& t = impl_->target;
   const std::string key = t.Key(name);
   impl_->uploaded.push_back(key);  // an upload that fails half-way may still have made it

@@ -65,6 +65,9 @@ class ObjectSave {
   // Uploads LocalStaging()/name as prefix/name, checked by HEAD; the local file is removed
   // after, uploaded or not.
   void Upload(const std::string& name);
+  // Uploads the local file `path` (kept) as prefix/name, checked by HEAD: the publish of a
+  // checkpoint built elsewhere (files::CheckpointPublisher).
+  void UploadFrom(const std::filesystem::path& path, const std::string& name);
   // Rank 0: commits `m` (its files[] uploaded by every rank) as prefix/metadata.json.
   void Commit(const Metadata& m);
   // Deletes what this rank uploaded (a failed save's), best effort.

@@ -16,6 +16,7 @@
 namespace ckpt {
 
 Metadata ReadMetadata(const std::filesystem::path& dir, bool resolve) {
+  if (internal::IsObjectUrl(dir)) return CheckpointReader::Open(dir, ObjectStoreOptions{}, resolve)->metadata();
   return *internal::OpenPinned(dir, resolve).metadata;
 }
 
