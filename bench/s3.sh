@@ -28,7 +28,9 @@ fi
 cmake --build "$build" -j "$jobs" --target ckpt-bench-s3
 if ! "$venv/bin/python" -c "import boto3, s3fs, torch" 2>/dev/null; then
   echo "== adding boto3 and s3fs to $venv (PyPI)"
-  "$venv/bin/pip" install -q boto3 s3fs
+  # s3fs[boto3]: a boto3 matching the botocore that s3fs's aiobotocore pins (plain
+  # "boto3 s3fs" beside a newer boto3 resolves to s3fs 0.4, which predates DCP's use).
+  "$venv/bin/pip" install -q "s3fs[boto3]"
 fi
 
 max_gb=0
