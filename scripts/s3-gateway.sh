@@ -20,6 +20,9 @@
 #   CKPT_S3_GATEWAY_PORT      the S3 port on 127.0.0.1 (default: the first free from 7480)
 #   CKPT_S3_GATEWAY_MON_PORT  the mon's port on 127.0.0.1 (default: the first free from 3300)
 #   CKPT_S3_GATEWAY_MEM_MIB   the most the OSD's RAM store holds (default 2048; tests use MiBs)
+#   CKPT_S3_GATEWAY_ADMIN_SOCKET=1  give each daemon an admin socket, $DIR/run/<name>.asok
+#                             (`ceph --admin-daemon ... perf dump`: bench/s3.sh counts requests
+#                             and bytes there); off by default
 #
 # Ceph 16 without cephx: every client must be told the "crc" connection mode, or radosgw asks
 # the mon for a secure session and retries forever ("get_initial_auth_request returned -13").
@@ -105,7 +108,7 @@ ms_mon_cluster_mode = crc
 ms_service_mode = crc
 ms_cluster_mode = crc
 run_dir = $DIR/run
-admin_socket =
+admin_socket = $(if [[ ${CKPT_S3_GATEWAY_ADMIN_SOCKET:-0} == 1 ]]; then echo "$DIR/run/\$name.asok"; fi)
 pid_file =
 log_file = $DIR/log/\$name.log
 log_to_stderr = false

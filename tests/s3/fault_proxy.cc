@@ -147,10 +147,18 @@ void FaultProxy::Handle(int client, Action action) {
     }
     case Action::kShiftRange:
     case Action::kWidenRange:
+    case Action::kFlipBody:
     case Action::kForward:
     case Action::kTruncate:
     case Action::kLoseResponse: {
       upstream = ConnectUpstream(upstream_port_);
+      // kFlipBody: the body's first byte, in what ReadHead took past the head or in the
+      // first piece read after it.
+      bool flip = action == Action::kFlipBody;
+      if (flip && head.find("\r\n\r\n") + 4 < head.size()) {
+        head[head.find("\r\n\r\n") + 4] ^= 0x01;
+        flip = false;
+      }
       if (upstream < 0 || !SendAll(upstream, head.data(), head.size())) break;
       // Relay both ways; kTruncate passes on only the first 600 bytes of the answer,
       // kLoseResponse none (and ends 300 ms after the answer began).
@@ -163,6 +171,10 @@ void FaultProxy::Handle(int client, Action action) {
         if (action == Action::kLoseResponse && std::chrono::steady_clock::now() - answer_began > std::chrono::milliseconds(300)) break;
         if (p[0].revents & (POLLIN | POLLHUP | POLLERR)) {
           const ssize_t r = ::recv(client, tmp, sizeof tmp, 0);
+          if (r > 0 && flip) {
+            tmp[0] ^= 0x01;
+            flip = false;
+          }
           if (r <= 0 || !SendAll(upstream, tmp, static_cast<std::size_t>(r))) break;
         }
         if (p[1].revents & (POLLIN | POLLHUP | POLLERR)) {

@@ -17,7 +17,9 @@ class FaultProxy {
  public:
   // kShiftRange / kWidenRange forward a request with its Range header changed (it is not
   // signed), as a server that answers another range, or more bytes, than asked would.
-  enum class Action { kForward, kDrop, k500, k503, kStall, kTruncate, kLoseResponse, kShiftRange, kWidenRange };
+  // kFlipBody forwards a request with one byte of its body changed (the first byte after
+  // the head), as a network that damages data would.
+  enum class Action { kForward, kDrop, k500, k503, kStall, kTruncate, kLoseResponse, kShiftRange, kWidenRange, kFlipBody };
   // `upstream_port` on 127.0.0.1; connection i gets plan[i], those after the plan `after`.
   FaultProxy(int upstream_port, std::vector<Action> plan, Action after = Action::kForward);
   ~FaultProxy();

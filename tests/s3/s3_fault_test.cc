@@ -177,3 +177,28 @@ TEST_CASE("a server that answers another range, or more bytes than asked: refuse
     CHECK(e.find("s3://" + b.name() + "/obj: GET: the server sent more than 100 bytes") != std::string::npos);
   }
 }
+
+// A body damaged on the way is refused by the server, never stored: PUT and UploadPart sign
+// a Content-MD5 of the body (and send it as UNSIGNED-PAYLOAD: the MD5 is what covers it).
+TEST_CASE("a PUT or a part whose body is damaged on the way: refused (BadDigest), nothing stored") {
+  S3Store direct(s3_test::GatewayConfig());
+  s3_test::TestBucket b(direct);
+  const std::string body(100000, 'b');
+  {
+    FaultProxy proxy(GatewayPort(), {}, A::kFlipBody);
+    S3Store store(Through(proxy, 2));
+    const std::string e = ErrorOf([&] { store.Put(b.name(), "damaged", Span(body)); });
+    CHECK(e.find("s3://" + b.name() + "/damaged") != std::string::npos);
+    CHECK(e.find("BadDigest") != std::string::npos);
+    CHECK_FALSE(direct.Head(b.name(), "damaged"));
+  }
+  {
+    const std::string id = direct.CreateMultipart(b.name(), "part.h5");
+    FaultProxy proxy(GatewayPort(), {}, A::kFlipBody);
+    S3Store store(Through(proxy, 2));
+    const std::string e = ErrorOf([&] { store.UploadPart(b.name(), "part.h5", id, 1, Span(body)); });
+    CHECK(e.find("BadDigest") != std::string::npos);
+    direct.AbortMultipart(b.name(), "part.h5", id);
+    CHECK_FALSE(direct.Head(b.name(), "part.h5"));
+  }
+}

@@ -291,3 +291,43 @@ TEST_CASE("a compressed checkpoint on s3:// loads by download (ranged GETs do no
   });
   CHECK_MESSAGE(e.find("compressed") != std::string::npos, e);
 }
+
+TEST_CASE("Load from s3:// of many small (packed) tensors: a run of them comes by one GET, only their bytes") {
+  Fixture f;  // (its checkpoint is not used here)
+  constexpr int kTensors = 300;
+  constexpr std::size_t kN = 64;  // 256 B each: packed
+  const fs::path dir = f.tmp / "small";
+  std::vector<std::vector<float>> saved(kTensors, std::vector<float>(kN));
+  {
+    StateDict sd;
+    for (int t = 0; t < kTensors; ++t) {
+      for (std::size_t i = 0; i < kN; ++i) saved[t][i] = static_cast<float>(t * 1000 + static_cast<int>(i));
+      sd.Add("p." + std::to_string(t), Tensor::Full(DType::kFloat32, {static_cast<int64_t>(kN)}, saved[t].data()));
+    }
+    SingleComm comm;
+    Save(dir, sd, comm);
+  }
+  Upload(*f.s3, f.bucket.name(), "small", dir);
+  auto counting = std::make_shared<CountingStore>(f.s3);
+  UseStore use(counting);
+  std::vector<std::vector<float>> loaded(kTensors, std::vector<float>(kN, -1.0f));
+  StateDict sd;
+  for (int t = 0; t < kTensors; ++t) {
+    sd.Add("p." + std::to_string(t), Tensor::Full(DType::kFloat32, {static_cast<int64_t>(kN)}, loaded[t].data()));
+  }
+  SingleComm comm;
+  Load("s3://" + f.bucket.name() + "/small", sd, comm);
+  CHECK(loaded == saved);
+  const uint64_t returned = kTensors * kN * sizeof(float);
+  MESSAGE(kTensors, " tensors of ", kN * sizeof(float), " B: ", counting->gets.load(), " GETs, ",
+          counting->bytes.load(), " bytes fetched for ", returned, " returned");
+  // metadata.json, the index, and the packed bytes in a few windows (each of the
+  // LoadOptions::io_threads readers starts one): not one GET per tensor, and no more bytes
+  // than those windows hold.
+  const Metadata md = ReadMetadata(dir, /*resolve=*/false);
+  REQUIRE(md.files.size() == 1);
+  const uint64_t overhead = fs::file_size(dir / "metadata.json") + md.files[0].index_bytes;
+  const auto readers = static_cast<uint64_t>(LoadOptions{}.io_threads);
+  CHECK(counting->gets.load() <= 2 + 2 * readers);
+  CHECK(counting->bytes.load() <= overhead + readers * returned);
+}

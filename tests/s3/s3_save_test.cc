@@ -195,6 +195,11 @@ TEST_CASE("s3 save: 1 rank and 4 ranks, shards under names unique to the save, r
     CHECK(std::memcmp(w.data(), all.data(), all.size() * sizeof(float)) == 0);
     CHECK(f.StagingEmpty());
     CHECK(f.store.ListMultipartUploads(f.bucket.name(), "").empty());
+    // The local staging copies are transient: never fsynced (the save's fsync phase is 0).
+    const std::vector<std::byte> text = f.store.Get(f.bucket.name(), name + "/metadata.json", 1 << 20);
+    const ckpt::Metadata md = ckpt::ParseMetadata({reinterpret_cast<const char*>(text.data()), text.size()});
+    REQUIRE(md.save_timings.has_value());
+    CHECK(md.save_timings->fsync.max == 0.0);
   }
 }
 

@@ -182,6 +182,17 @@ void ReadTensors(const storage::Dir& dir, const std::shared_ptr<const internal::
   std::stable_sort(parts.begin(), parts.end(), [&small](const Task& a, const Task& b) {
     return std::forward_as_tuple(small(a), a.part->file, a.order) < std::forward_as_tuple(small(b), b.part->file, b.order);
   });
+  // Object storage: where the small stored chunks to be read lie, so that each reader
+  // fetches a run of them by one GET (internal::ObjectWindow).
+  std::shared_ptr<internal::ObjectSpans> spans;
+  if (source) {
+    spans = std::make_shared<internal::ObjectSpans>();
+    for (const Task& t : parts) {
+      const uint64_t n = static_cast<uint64_t>(t.part->box.NumElements()) * t.item;
+      if (n > 0 && n <= internal::kWindowChunkBytes) (*spans)[t.part->file].emplace_back(*t.part->offset, *t.part->offset + n);
+    }
+    for (auto& [file, v] : *spans) std::sort(v.begin(), v.end());
+  }
   std::vector<Task> tasks = std::move(whole);
   tasks.insert(tasks.end(), parts.begin(), parts.end());
   const std::size_t n_threads =
@@ -200,6 +211,7 @@ void ReadTensors(const storage::Dir& dir, const std::shared_ptr<const internal::
     try {
       internal::Reader reader = open();  // checked by Load's first reader
       reader.UseDirectIo(policy);
+      reader.UseWindow(spans);
       std::unique_ptr<DeviceStaging> staging;
       std::unique_ptr<internal::DeviceWriter> to_device;
       for (std::size_t i; !failed && (i = next.fetch_add(1)) < tasks.size();) {

@@ -170,7 +170,7 @@ std::string FetchIndexText(const ObjectSource& s, const FileMeta& f) {
 }
 
 uint64_t ReadObjectPart(const ObjectSource& s, const std::string& key, DType dtype, const ChunkMeta& c,
-                        const Box& region, void* dst, const Box& dst_box, bool verify) {
+                        const Box& region, void* dst, const Box& dst_box, bool verify, ObjectWindow* window) {
   const FileMeta& f = s.File(c.file);
   const std::string object = s.Key(f.name);
   const std::string what = s.url + "/" + f.name + ": tensor '" + key + "' chunk " + c.box.ToString();
@@ -225,6 +225,58 @@ uint64_t ReadObjectPart(const ObjectSource& s, const std::string& key, DType dty
   for (const Piece& r : ranges)
     for (uint64_t p = r.b0; p < r.b1; p += per_piece) pieces.push_back({p, std::min(r.b1, p + per_piece)});
 
+  // Piece `i`'s bytes [from, to) of the chunk, at `data`: checked block by block, then the
+  // runs' bytes among them copied out.
+  const auto consume = [&](const Piece& piece, uint64_t from, uint64_t to, const unsigned char* data) {
+    if (verify) {
+      for (uint64_t k = piece.b0; k < piece.b1; ++k) {
+        const uint64_t len = std::min(b, n - k * b);
+        const uint64_t got = storage::HashBlock(data + (k * b - from), static_cast<std::size_t>(len));
+        const uint64_t want = storage::BlockDigestAt(c.blocks, static_cast<std::size_t>(k));
+        if (got != want) {
+          throw storage::BlockMismatch(what + " (object key '" + object + "', the chunk at byte " +
+                                           std::to_string(at) + "):",
+                                       k, b, n, want, got);
+        }
+      }
+    }
+    auto it = std::upper_bound(runs.begin(), runs.end(), from,
+                               [](uint64_t v, const ByteRun& r) { return v < r.src + r.len; });
+    for (; it != runs.end() && it->src < to; ++it) {
+      const uint64_t lo = std::max(from, it->src), hi = std::min(to, it->src + it->len);
+      std::memcpy(it->to + (lo - it->src), data + (lo - from), static_cast<std::size_t>(hi - lo));
+    }
+  };
+  if (window && window->spans && n <= kWindowChunkBytes && pieces.size() == 1) {
+    const uint64_t from = pieces[0].b0 * b, to = std::min(n, pieces[0].b1 * b);
+    uint64_t got = 0;
+    if (window->object != object || at + from < window->begin || at + to > window->begin + window->bytes.size()) {
+      // A new window from this chunk's first byte on, over the small chunks that follow
+      // (gaps under kMergeGapBytes), up to kWindowBytes; never past the object's end.
+      const uint64_t start = at + from;
+      uint64_t end = at + to;
+      if (const auto it = window->spans->find(f.name); it != window->spans->end()) {
+        const auto& spans = it->second;
+        auto sp = std::upper_bound(spans.begin(), spans.end(), start,
+                                   [](uint64_t v, const std::pair<uint64_t, uint64_t>& r) { return v < r.second; });
+        for (; sp != spans.end() && sp->first <= end + kMergeGapBytes && sp->second <= f.bytes &&
+               sp->second - start <= kWindowBytes;
+             ++sp) {
+          end = std::max(end, sp->second);
+        }
+      }
+      window->object.clear();
+      window->begin = start;
+      window->bytes.resize(static_cast<std::size_t>(end - start));
+      s.store->GetRange(s.bucket, object, window->begin,
+                        std::span<std::byte>(reinterpret_cast<std::byte*>(window->bytes.data()), window->bytes.size()));
+      window->object = object;
+      got = window->bytes.size();
+    }
+    consume(pieces[0], from, to, window->bytes.data() + (at + from - window->begin));
+    return got;
+  }
+
   std::atomic<uint64_t> fetched{0};
   std::atomic<std::size_t> next{0};
   std::atomic<bool> failed{false};
@@ -239,25 +291,7 @@ uint64_t ReadObjectPart(const ObjectSource& s, const std::string& key, DType dty
         s.store->GetRange(s.bucket, object, at + from,
                           std::span<std::byte>(reinterpret_cast<std::byte*>(buf.data()), buf.size()));
         fetched += to - from;
-        if (verify) {
-          for (uint64_t k = pieces[i].b0; k < pieces[i].b1; ++k) {
-            const uint64_t len = std::min(b, n - k * b);
-            const uint64_t got = storage::HashBlock(buf.data() + (k * b - from), static_cast<std::size_t>(len));
-            const uint64_t want = storage::BlockDigestAt(c.blocks, static_cast<std::size_t>(k));
-            if (got != want) {
-              throw storage::BlockMismatch(what + " (object key '" + object + "', the chunk at byte " +
-                                               std::to_string(at) + "):",
-                                           k, b, n, want, got);
-            }
-          }
-        }
-        // The runs' bytes in [from, to).
-        auto it = std::upper_bound(runs.begin(), runs.end(), from,
-                                   [](uint64_t v, const ByteRun& r) { return v < r.src + r.len; });
-        for (; it != runs.end() && it->src < to; ++it) {
-          const uint64_t lo = std::max(from, it->src), hi = std::min(to, it->src + it->len);
-          std::memcpy(it->to + (lo - it->src), buf.data() + (lo - from), static_cast<std::size_t>(hi - lo));
-        }
+        consume(pieces[i], from, to, buf.data());
       }
     } catch (...) {
       std::lock_guard lock(mu);

@@ -8,9 +8,11 @@
 #pragma once
 
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "ckpt/checkpoint.h"
 #include "storage/object_store.h"
@@ -50,8 +52,24 @@ std::string FetchIndexText(const ObjectSource& source, const FileMeta& file);
 // `dst_box`), as ShardReader::Read does, from the object by ranged GETs of whole blocks; with
 // `verify` every block fetched is checked against its digest (kCorrupt naming the object,
 // the key, the chunk and the block). Returns the bytes fetched.
+//
+// `window` (optional, one per reader; used where its `spans` are set): a chunk of at most
+// kWindowChunkBytes is served from a window of its object, fetched by one GET where the
+// window does not hold it yet. The window covers the small chunks the load will read (its
+// `spans`, by file) that follow this one with gaps under 256 KiB, up to kWindowBytes: small
+// chunks (packed tensors, 0-D steps) lie back to back, so one GET serves many of them
+// instead of one GET (a few ms of the server's CPU) each, and nothing else is fetched.
+using ObjectSpans = std::map<std::string, std::vector<std::pair<uint64_t, uint64_t>>>;  // [begin, end), sorted
+struct ObjectWindow {
+  std::shared_ptr<const ObjectSpans> spans;
+  std::string object;
+  uint64_t begin = 0;  // the window's first byte in the object
+  std::vector<unsigned char> bytes;
+};
+inline constexpr uint64_t kWindowChunkBytes = uint64_t{256} << 10;
+inline constexpr uint64_t kWindowBytes = uint64_t{1} << 20;
 uint64_t ReadObjectPart(const ObjectSource& source, const std::string& key, DType dtype, const ChunkMeta& chunk,
-                        const Box& region, void* dst, const Box& dst_box, bool verify);
+                        const Box& region, void* dst, const Box& dst_box, bool verify, ObjectWindow* window = nullptr);
 
 // Tests: the store every s3:// read uses from now on instead of an S3Store made from the
 // options (nullptr: back to that); returns the one set before.

@@ -353,7 +353,7 @@ void Reader::ReadRegionPart(const std::string& key, const ChunkMeta& c, const Bo
 
 uint64_t Reader::ReadStored(const std::string& key, DType dtype, const ChunkMeta& c, const Box& region, void* out,
                             const Box& out_box, bool verify) {
-  if (source_) return ReadObjectPart(*source_, key, dtype, c, region, out, out_box, verify);
+  if (source_) return ReadObjectPart(*source_, key, dtype, c, region, out, out_box, verify, &window_);
   return Shard(c.file).Read(key, dtype, c, region, out, out_box, verify);
 }
 

@@ -98,6 +98,9 @@ class Reader final : public CheckpointReader {
   // Large contiguous reads with O_DIRECT under `policy` (storage::DirectReader), for the
   // shards opened from now on; nullopt (the default): buffered.
   void UseDirectIo(std::optional<storage::DirectReader::Policy> policy) { direct_ = policy; }
+  // Object storage: the small chunks this reader's load will read, by file, so that one GET
+  // serves a run of them (ObjectWindow, object_read.h); nullptr (the default): one GET each.
+  void UseWindow(std::shared_ptr<const ObjectSpans> spans) { window_.spans = std::move(spans); }
   // Of bytes_read(), those read with O_DIRECT.
   uint64_t bytes_read_direct() const;
 
@@ -130,6 +133,7 @@ class Reader final : public CheckpointReader {
   std::map<std::string, std::unique_ptr<storage::ShardReader>> shards_;
   uint64_t bytes_read_ = 0;
   std::optional<storage::DirectReader::Policy> direct_;
+  ObjectWindow window_;  // object storage: small chunks served from one GET (object_read.h)
 };
 
 }  // namespace ckpt::internal

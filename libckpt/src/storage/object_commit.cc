@@ -90,17 +90,31 @@ void UploadMultipart(ObjectStore& store, const std::string& bucket, std::vector<
       up.id = store.CreateMultipart(bucket, up.key);
       for (uint64_t p = 0; p < parts; ++p) tasks.push_back({u, static_cast<int>(p + 1)});
     }
-    // Each thread reads one part into its own buffer: memory is parallel * part_bytes.
+    // Each thread reads one part into a buffer of its own: memory is parallel * part_bytes.
+    // The buffers are reused from part to part (a new 16 MiB buffer per part cost a page
+    // fault and a cleared page per 4 KiB: about a tenth of a save's client CPU).
     std::vector<Fd> fds;
     for (const Upload& up : uploads) fds.push_back(OpenRegularFile(up.path));
+    std::mutex buffers_mu;
+    std::vector<std::vector<std::byte>> buffers;
     ParallelFor(tasks.size(), options.parallel, [&](std::size_t i) {
       const Task& t = tasks[i];
       Upload& up = uploads[t.upload];
       const uint64_t offset = static_cast<uint64_t>(t.part - 1) * options.part_bytes;
       const std::size_t n = static_cast<std::size_t>(std::min(options.part_bytes, up.size - offset));
-      std::vector<std::byte> buf(n);
+      std::vector<std::byte> buf;
+      {
+        std::lock_guard<std::mutex> lock(buffers_mu);
+        if (!buffers.empty()) {
+          buf = std::move(buffers.back());
+          buffers.pop_back();
+        }
+      }
+      buf.resize(n);
       ReadExact(fds[t.upload].get(), buf.data(), n, offset, up.path);
       up.parts[static_cast<std::size_t>(t.part - 1)] = {t.part, store.UploadPart(bucket, up.key, up.id, t.part, buf)};
+      std::lock_guard<std::mutex> lock(buffers_mu);
+      buffers.push_back(std::move(buf));
     });
     for (Upload& up : uploads) {
       store.CompleteMultipart(bucket, up.key, up.id, up.parts);

@@ -92,6 +92,11 @@ std::string Md5Hex(Bytes data) {
 
 std::string Md5Base64(Bytes data) { return Base64(Digest(EVP_md5(), data)); }
 
+Md5Digest Md5Of(Bytes data) {
+  const auto d = Digest(EVP_md5(), data);
+  return {Hex(d.data(), d.size()), Base64(d)};
+}
+
 std::string MultipartEtag(const std::vector<std::string>& part_md5_hex) {
   std::string binary;
   for (const std::string& h : part_md5_hex) {

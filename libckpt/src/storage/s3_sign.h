@@ -21,6 +21,11 @@ inline Bytes AsBytes(std::string_view s) { return {reinterpret_cast<const std::b
 std::string Sha256Hex(Bytes data);
 std::string Md5Hex(Bytes data);     // a single-part object's ETag
 std::string Md5Base64(Bytes data);  // Content-MD5
+// Both forms of one body's MD5, hashed once (a part's Content-MD5 and the ETag it must get).
+struct Md5Digest {
+  std::string hex, base64;
+};
+Md5Digest Md5Of(Bytes data);
 // The ETag S3 gives a multipart object: the MD5 of the concatenated binary MD5s of its parts,
 // then "-<number of parts>". `part_md5_hex` in part order.
 std::string MultipartEtag(const std::vector<std::string>& part_md5_hex);

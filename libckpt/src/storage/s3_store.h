@@ -7,9 +7,10 @@
 // requests reuse their TCP connections. A request that fails with a timeout, a dropped
 // connection, a 5xx, 503 SlowDown, 429 or 400 RequestTimeout is sent again after an
 // exponential backoff with full jitter, up to max_attempts; then it is kIO naming the bucket,
-// the key, the status and the server's error code. Every PUT carries Content-MD5 and a
-// SHA-256 of its body (x-amz-content-sha256, checked by the server), so a body damaged on
-// the way is refused, not stored.
+// the key, the status and the server's error code. Every PUT carries a signed Content-MD5
+// of its body (checked by the server), so a body damaged on the way is refused, not stored;
+// such a body is signed as UNSIGNED-PAYLOAD (the MD5 covers it: no second hash by SHA-256).
+// Other requests sign the SHA-256 of their (empty or small) body.
 //
 // Retried conditional writes stay exact: when a PutIfAbsent / PutIfMatch answered 412 only
 // after an earlier attempt may have reached the server, the object is HEADed and counts as

@@ -173,8 +173,10 @@ struct ShardWriter::Impl {
   // Called after data is written (by this thread, the pool or the copier): every kWritebackBytes,
   // starts writeback of the file so the disk works while the rest is produced and the
   // final fsync has little left.
+  bool transient = false;  // ShardWriter::SetTransient: no writeback, no fsync
+
   void Wrote(std::size_t n) {
-    if (unflushed.fetch_add(n) + n < kWritebackBytes) return;
+    if (transient || unflushed.fetch_add(n) + n < kWritebackBytes) return;
     unflushed = 0;
     StartWriteback(fd.get(), 0, 0);
   }
@@ -491,6 +493,8 @@ ShardWriter::ShardWriter(const std::filesystem::path& dir, std::string file_name
 
 ShardWriter::~ShardWriter() = default;
 
+void ShardWriter::SetTransient() { impl_->transient = true; }
+
 ChunkMeta ShardWriter::WriteChunk(const std::string& key, DType dtype, const Shape& shape, const Box& box,
                                   const void* data) {
   const int64_t elements = box.NumElements();
@@ -742,9 +746,11 @@ ShardWriter::Written ShardWriter::Finish() {
   if (impl_->file.Close() < 0) {
     throw Error(ErrorCode::kIO, impl_->path.string() + ": closing HDF5 file" + h5::ErrorStack());
   }
-  const auto fsync_start = std::chrono::steady_clock::now();
-  FsyncFd(impl_->fd.get(), impl_->path);
-  out.fsync_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - fsync_start).count();
+  if (!impl_->transient) {
+    const auto fsync_start = std::chrono::steady_clock::now();
+    FsyncFd(impl_->fd.get(), impl_->path);
+    out.fsync_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - fsync_start).count();
+  }
   out.bytes = FileSize(impl_->fd.get(), impl_->path);
   impl_->fd.Close(impl_->path);
   if (const auto at = FindTail(impl_->path, out.bytes, index)) {

@@ -93,6 +93,10 @@ class ShardWriter {
     double fsync_seconds = 0;  // the file's fsync (the save's recorded timings, FORMAT.md §3.8)
   };
   Written Finish();
+  // The file is a staging copy (an s3:// save's, uploaded and removed after Finish): no
+  // writeback is started while it is written, and Finish does not fsync it (it reports 0 s).
+  // The disk is then left alone; the upload reads the bytes back from the page cache.
+  void SetTransient();
 
   const std::string& file_name() const { return file_name_; }
 
