@@ -44,6 +44,7 @@
 #include "ckpt/files.h"
 #include "error_of.h"
 #include "fault_proxy.h"
+#include "forwarding_store.h"
 #include "s3_gateway.h"
 #include "storage/object_store.h"
 #include "storage/s3_sign.h"
@@ -298,6 +299,66 @@ TEST_CASE("readers during overwrites: every read is one committed version or kCh
   const int64_t last = LoadAll(url, kRows, w, f.options);
   CHECK(last == saves.load());
   CHECK(w == Values(kRows, static_cast<uint64_t>(last)));
+}
+
+// The download path (what ranged GETs cannot read: compressed chunks) likewise: a download
+// whose version is replaced and collected before it fetches its shard is kChanged.
+TEST_CASE("readers during overwrites, download path: a version collected before its shard is fetched is kChanged") {
+  Fixture f;
+  constexpr int64_t kRows = 16;
+  const std::string url = f.Url("dl/step");
+  ckpt::ObjectStoreOptions writer_options = f.options;
+  writer_options.leftover_grace_seconds = 0;
+  const auto save = [&](int64_t step) {
+    std::vector<float> all = Values(kRows, static_cast<uint64_t>(step));
+    ckpt::StateDict s = Part(all, kRows, 0, kRows, step);
+    ckpt::SaveOptions so;
+    so.overwrite = true;
+    so.s3 = writer_options;
+    so.compression.codec = ckpt::Compression::Codec::kZstd;
+    ckpt::SingleComm comm;
+    ckpt::Save(url, s, comm, so);
+  };
+  save(1);
+  // Before the first shard GET of each download: three more saves, the last collecting the
+  // version the download opened.
+  class Overwriting : public s3_test::ForwardingStore {
+   public:
+    Overwriting(std::shared_ptr<st::ObjectStore> in, std::function<void()> hook)
+        : ForwardingStore(std::move(in)), hook_(std::move(hook)) {}
+    void GetRange(const std::string& b, const std::string& k, uint64_t offset, std::span<std::byte> out) override {
+      if (k.find("/shard-") != std::string::npos) hook_();
+      ForwardingStore::GetRange(b, k, offset, out);
+    }
+
+   private:
+    std::function<void()> hook_;
+  };
+  std::atomic<bool> armed{false};
+  int64_t step = 1;
+  ckpt::internal::SetObjectStoreWrapperForTest([&](std::shared_ptr<st::ObjectStore> inner) {
+    return std::static_pointer_cast<st::ObjectStore>(std::make_shared<Overwriting>(std::move(inner), [&] {
+      if (armed.exchange(false))
+        for (int i = 0; i < 3; ++i) save(++step);
+    }));
+  });
+  struct Unwrap {
+    ~Unwrap() { ckpt::internal::SetObjectStoreWrapperForTest(nullptr); }
+  } unwrap;
+  ckpt_test::TempDir local("s3dlow");
+  armed = true;
+  ErrorCode code{};
+  std::string e = ErrorOf([&] { ckpt::files::DownloadObjectCheckpoint(url, f.options, local / "a", 1 << 30); }, &code);
+  CHECK(code == ErrorCode::kChanged);
+  CHECK_MESSAGE(e.find(url + ": changed while reading: metadata.json was replaced") != std::string::npos, e);
+  armed = true;  // Load downloads a compressed checkpoint
+  std::vector<float> w;
+  e = ErrorOf([&] { LoadAll(url, kRows, w, f.options); }, &code);
+  CHECK(code == ErrorCode::kChanged);
+  CHECK_MESSAGE(e.find("changed while reading") != std::string::npos, e);
+  // Unhindered, the last version loads whole.
+  CHECK(LoadAll(url, kRows, w, f.options) == step);
+  CHECK(w == Values(kRows, static_cast<uint64_t>(step)));
 }
 
 // ---- 3. a fault at every request of a save and of a load -----------------------------------

@@ -86,21 +86,8 @@ std::string ObjectSource::Key(const std::string& name) const {
 }
 
 void ObjectSource::ThrowIfChanged(const Error& e) const {
-  const std::string key = prefix.empty() ? names::kMetadataFile : prefix + "/" + names::kMetadataFile;
-  std::string now;
-  bool gone = false;
-  try {
-    const std::vector<std::byte> body = store->Get(bucket, key, ParseLimits{}.max_bytes);
-    now.assign(reinterpret_cast<const char*>(body.data()), body.size());
-  } catch (const Error& again) {
-    if (again.code() != ErrorCode::kNotFound) return;  // cannot tell: the first error stands
-    gone = true;
-  }
-  if (!gone && std::hash<std::string>{}(now) == text_hash) return;
-  throw Error(ErrorCode::kChanged, url + ": changed while reading: metadata.json was " +
-                                       (gone ? "removed" : "replaced by another commit") +
-                                       " after this read began, and the objects of the version being read are going "
-                                       "(" + e.what() + "); load again");
+  ThrowIfCommitChanged(*store, bucket, prefix.empty() ? names::kMetadataFile : prefix + "/" + names::kMetadataFile, url,
+                       text_hash, e);
 }
 
 const FileMeta& ObjectSource::File(const std::string& name) const {

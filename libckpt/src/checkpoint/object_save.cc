@@ -57,6 +57,10 @@ void DownloadObjectCheckpoint(const std::string& url, const ObjectStoreOptions&,
   NoS3(url);
 }
 std::filesystem::path DownloadToCache(const std::string& url, const ObjectStoreOptions&, int) { NoS3(url); }
+void ThrowIfCommitChanged(storage::ObjectStore&, const std::string&, const std::string&, const std::string& url,
+                          uint64_t, const Error&) {
+  NoS3(url);
+}
 std::shared_ptr<storage::ObjectStore> OpenObjectStore(const ObjectStoreOptions&) { NoS3("s3://"); }
 void SetObjectStoreWrapperForTest(
     std::function<std::shared_ptr<storage::ObjectStore>(std::shared_ptr<storage::ObjectStore>)>) {}
@@ -481,6 +485,24 @@ void RemoveObjectCheckpoint(const std::string& url, const ObjectStoreOptions& op
   t.store->DeleteBatch(t.bucket, keys);
 }
 
+void ThrowIfCommitChanged(storage::ObjectStore& store, const std::string& bucket, const std::string& metadata_key,
+                          const std::string& url, uint64_t text_hash, const Error& e) {
+  std::string now;
+  bool gone = false;
+  try {
+    const std::vector<std::byte> body = store.Get(bucket, metadata_key, kMaxMetadataBytes);
+    now.assign(reinterpret_cast<const char*>(body.data()), body.size());
+  } catch (const Error& again) {
+    if (again.code() != ErrorCode::kNotFound) return;  // cannot tell: the first error stands
+    gone = true;
+  }
+  if (!gone && std::hash<std::string>{}(now) == text_hash) return;
+  throw Error(ErrorCode::kChanged, url + ": changed while reading: metadata.json was " +
+                                       (gone ? "removed" : "replaced by another commit") +
+                                       " after this read began, and the objects of the version being read are going (" +
+                                       e.what() + "); load again");
+}
+
 void DownloadObjectCheckpoint(const std::string& url, const ObjectStoreOptions& options, const fs::path& dir,
                               uint64_t max_bytes) {
   const Target t = Open(url, options, /*need_prefix=*/true);
@@ -502,7 +524,14 @@ void DownloadObjectCheckpoint(const std::string& url, const ObjectStoreOptions& 
     storage::Fd fd = storage::OpenFile(path, O_WRONLY | O_CREAT | O_TRUNC);
     for (uint64_t off = 0; off < f.bytes; off += kPiece) {
       buf.resize(static_cast<std::size_t>(std::min(kPiece, f.bytes - off)));
-      t.store->GetRange(t.bucket, t.Key(f.name), off, buf);
+      try {
+        t.store->GetRange(t.bucket, t.Key(f.name), off, buf);
+      } catch (const Error& e) {  // the object gone (404) or shorter: replaced and collected meanwhile?
+        if (e.code() == ErrorCode::kNotFound || e.code() == ErrorCode::kIO) {
+          ThrowIfCommitChanged(*t.store, t.bucket, key, url, std::hash<std::string>{}(text), e);
+        }
+        throw;
+      }
       storage::WriteExact(fd.get(), buf.data(), buf.size(), off, path);
     }
   }

@@ -96,9 +96,18 @@ std::vector<std::string> ListCommittedObjects(const std::string& url, const Obje
 // it named.
 void RemoveObjectCheckpoint(const std::string& url, const ObjectStoreOptions& options);
 
+// Called with the error `e` of a read of an object that metadata.json (the text whose
+// std::hash is `text_hash`, at `metadata_key`) named: when metadata.json is no longer that
+// text, the checkpoint was replaced or removed while it was read (and the version read is
+// being collected), and this throws kChanged saying so; otherwise (or when the store cannot
+// tell) it returns, and the caller rethrows `e`.
+void ThrowIfCommitChanged(storage::ObjectStore& store, const std::string& bucket, const std::string& metadata_key,
+                          const std::string& url, uint64_t text_hash, const Error& e);
+
 // Downloads the committed checkpoint at `url` (metadata.json and every file it names) into
 // the local directory `dir` (made; must be absent or empty). Files larger than `max_bytes`
-// in all are refused before any is fetched.
+// in all are refused before any is fetched. A checkpoint replaced and collected meanwhile is
+// kChanged (ThrowIfCommitChanged).
 void DownloadObjectCheckpoint(const std::string& url, const ObjectStoreOptions& options,
                               const std::filesystem::path& dir, uint64_t max_bytes);
 
