@@ -166,10 +166,12 @@ void Bounded(const std::string& what, double seconds, const std::function<void()
 
 // While it lives, every store s3:// opens (saves and reads) is an S3Store like the one its
 // options make, but with one connection per request (so that the fault proxy's plan goes
-// request by request), backoffs of 5..50 ms, a 1 s stall timeout and `attempts` attempts.
+// request by request), backoffs of 5..50 ms, a stall timeout of `stall_s` and `attempts`
+// attempts. (A loaded gateway may be silent for a second before it answers a 5 MiB part: the
+// tests that expect success leave room for that.)
 struct OneConnectionPerRequest {
-  explicit OneConnectionPerRequest(int attempts) {
-    ckpt::internal::SetObjectStoreWrapperForTest([attempts](std::shared_ptr<st::ObjectStore> inner) {
+  OneConnectionPerRequest(int attempts, int stall_s) {
+    ckpt::internal::SetObjectStoreWrapperForTest([attempts, stall_s](std::shared_ptr<st::ObjectStore> inner) {
       auto* s3 = dynamic_cast<st::S3Store*>(inner.get());
       REQUIRE(s3);
       st::s3::S3Config c = s3->config();
@@ -177,7 +179,7 @@ struct OneConnectionPerRequest {
       c.transfer.max_attempts = attempts;
       c.transfer.base_backoff_ms = 5;
       c.transfer.max_backoff_ms = 50;
-      c.transfer.stall_timeout_s = 1;
+      c.transfer.stall_timeout_s = stall_s;
       return std::static_pointer_cast<st::ObjectStore>(std::make_shared<st::S3Store>(c));
     });
   }
@@ -372,7 +374,7 @@ TEST_CASE("a fault at every request of a save and of a load: retried to the righ
     o.endpoint = proxy.endpoint();
     return o;
   };
-  OneConnectionPerRequest wrap(2);
+  OneConnectionPerRequest wrap(3, 2);
   // Requests of a clean save and load (a new path: probe, checks, cleaning, upload, commit).
   int save_requests = 0, load_requests = 0;
   {
@@ -445,7 +447,7 @@ TEST_CASE("a fault at every request of a save and of a load: retried to the righ
       CHECK_MESSAGE(error.find("s3://" + f.bucket.name() + "/") != std::string::npos, error);
       const bool status = c.kind == A::k500   ? error.find("HTTP 500") != std::string::npos
                           : c.kind == A::k503 ? error.find("HTTP 503") != std::string::npos  // SlowDown, but a HEAD has no body
-                                              : error.find("failed after 2 attempts") != std::string::npos;
+                                              : error.find("failed after 3 attempts") != std::string::npos;
       CHECK_MESSAGE(status, error);
       if (!c.load) {  // nothing was committed
         CHECK_FALSE(f.store.Head(f.bucket.name(), "save-" + std::to_string(n) + "/metadata.json"));
@@ -518,7 +520,7 @@ TEST_CASE("hostile server: endless, oversized and wrong-length bodies, an endles
   // meet an endless body, an oversized one, a short one: each a clear error, quickly.
   constexpr int64_t kRows = 64;
   f.Save(f.Url("h/step"), kRows, 3, f.options, false);
-  OneConnectionPerRequest wrap(2);
+  OneConnectionPerRequest wrap(2, 1);
   int requests = 0;
   {
     FaultProxy proxy(port, {});
@@ -661,7 +663,7 @@ TEST_CASE("SIGKILL child: saves a checkpoint to s3:// until it is killed") {
   o.endpoint = endpoint;
   o.staging_dir = staging;
   o.part_bytes = 5ull << 20;
-  OneConnectionPerRequest wrap(3);
+  OneConnectionPerRequest wrap(3, 10);
   SaveTwoRanks(url, step, o);
 }
 
