@@ -6,6 +6,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <stdexcept>
 
@@ -83,10 +86,58 @@ void Reply(int fd, int status, const char* reason, const char* code) {
   SendAll(fd, body.data(), body.size());
 }
 
+// Sends `head`, then bytes until the client stops reading or closes, `stop`, or 60 s.
+void Endless(int fd, const std::string& head, const std::atomic<bool>& stop) {
+  if (!SendAll(fd, head.data(), head.size())) return;
+  const std::string chunk(64 << 10, 'x');
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!stop && std::chrono::steady_clock::now() < end) {
+    pollfd p{fd, POLLOUT, 0};
+    if (::poll(&p, 1, kPollMs) <= 0) continue;  // the client is not reading now
+    if (p.revents & (POLLERR | POLLHUP)) return;
+    const ssize_t w = ::send(fd, chunk.data(), chunk.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return;
+  }
+}
+
+// Relays the upstream's answer with its Content-Length changed by `delta` (-7 or +7): the
+// body passed on is cut to the new length, or the connection closed after the real body.
+void RelayWrongLength(int client, int upstream, long long delta, const std::atomic<bool>& stop) {
+  std::string buf;
+  char tmp[65536];
+  std::size_t head_end = std::string::npos;
+  while (head_end == std::string::npos && Readable(upstream, 5000, stop)) {
+    const ssize_t r = ::recv(upstream, tmp, sizeof tmp, 0);
+    if (r <= 0) return;
+    buf.append(tmp, static_cast<std::size_t>(r));
+    head_end = buf.find("\r\n\r\n");
+  }
+  if (head_end == std::string::npos) return;
+  std::string head = buf.substr(0, head_end + 4);
+  std::string body = buf.substr(head_end + 4);
+  const std::string tag = "\r\ncontent-length: ";
+  std::string lower = head;
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const auto at = lower.find(tag);
+  if (at == std::string::npos) return;  // no length to lie about: drop
+  const auto begin = at + tag.size(), eol = head.find("\r\n", begin);
+  const long long real = std::stoll(head.substr(begin, eol - begin));
+  const long long told = std::max(0LL, real + delta);
+  head.replace(begin, eol - begin, std::to_string(told));
+  // Read the rest of the real body.
+  while (static_cast<long long>(body.size()) < real && Readable(upstream, 5000, stop)) {
+    const ssize_t r = ::recv(upstream, tmp, sizeof tmp, 0);
+    if (r <= 0) break;
+    body.append(tmp, static_cast<std::size_t>(r));
+  }
+  SendAll(client, head.data(), head.size());
+  SendAll(client, body.data(), static_cast<std::size_t>(std::min<long long>(told, static_cast<long long>(body.size()))));
+}
+
 }  // namespace
 
-FaultProxy::FaultProxy(int upstream_port, std::vector<Action> plan, Action after)
-    : upstream_port_(upstream_port), plan_(std::move(plan)), after_(after) {
+FaultProxy::FaultProxy(int upstream_port, std::vector<Action> plan, Action after, std::function<void(int)> call)
+    : upstream_port_(upstream_port), plan_(std::move(plan)), after_(after), call_(std::move(call)) {
   listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
@@ -117,11 +168,11 @@ void FaultProxy::AcceptLoop() {
     const int i = accepted_++;
     const Action action = static_cast<std::size_t>(i) < plan_.size() ? plan_[static_cast<std::size_t>(i)] : after_;
     std::lock_guard<std::mutex> lock(mu_);
-    handlers_.emplace_back([this, client, action] { Handle(client, action); });
+    handlers_.emplace_back([this, client, action, i] { Handle(client, action, i); });
   }
 }
 
-void FaultProxy::Handle(int client, Action action) {
+void FaultProxy::Handle(int client, Action action, int index) {
   std::string head = ReadHead(client, stop_);
   if (action == Action::kShiftRange || action == Action::kWidenRange) {
     head = RewriteRange(std::move(head), action == Action::kWidenRange);
@@ -131,11 +182,32 @@ void FaultProxy::Handle(int client, Action action) {
   switch (action) {
     case Action::kDrop:
       break;
+    case Action::kCallThenDrop:
+      if (call_) call_(index);
+      break;
     case Action::k500:
       Reply(client, 500, "Internal Server Error", "InternalError");
       break;
     case Action::k503:
       Reply(client, 503, "Slow Down", "SlowDown");
+      break;
+    case Action::kEndlessBody:
+      Endless(client, "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nConnection: close\r\n\r\n", stop_);
+      break;
+    case Action::kEndlessError:
+      Endless(client, "HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/xml\r\nConnection: close\r\n\r\n"
+                      "<?xml version=\"1.0\"?><Error><Code>InternalError</Code><Message>",
+              stop_);
+      break;
+    case Action::kOversizedBody:
+      Endless(client, "HTTP/1.1 200 OK\r\nContent-Length: 1099511627776\r\nContent-Range: bytes 0-1099511627775/1099511627776\r\n\r\n", stop_);
+      break;
+    case Action::kShortLength:
+    case Action::kLongLength:
+      upstream = ConnectUpstream(upstream_port_);
+      if (upstream >= 0 && SendAll(upstream, head.data(), head.size())) {
+        RelayWrongLength(client, upstream, action == Action::kShortLength ? -7 : 7, stop_);
+      }
       break;
     case Action::kStall: {  // say nothing until the client gives up (or 20 s)
       char tmp[4096];
@@ -150,6 +222,7 @@ void FaultProxy::Handle(int client, Action action) {
     case Action::kFlipBody:
     case Action::kForward:
     case Action::kTruncate:
+    case Action::kForwardThenCall:
     case Action::kLoseResponse: {
       upstream = ConnectUpstream(upstream_port_);
       // kFlipBody: the body's first byte, in what ReadHead took past the head or in the
@@ -181,6 +254,10 @@ void FaultProxy::Handle(int client, Action action) {
           const ssize_t r = ::recv(upstream, tmp, sizeof tmp, 0);
           if (r <= 0) break;
           if (answer_began == std::chrono::steady_clock::time_point::max()) answer_began = std::chrono::steady_clock::now();
+          if (action == Action::kForwardThenCall) {
+            if (call_) call_(index);
+            break;
+          }
           if (action == Action::kLoseResponse) continue;
           std::size_t n = static_cast<std::size_t>(r);
           if (action == Action::kTruncate) n = std::min(n, 600 - std::min<std::size_t>(answered, 600));

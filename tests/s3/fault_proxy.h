@@ -6,6 +6,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -19,9 +20,23 @@ class FaultProxy {
   // signed), as a server that answers another range, or more bytes, than asked would.
   // kFlipBody forwards a request with one byte of its body changed (the first byte after
   // the head), as a network that damages data would.
-  enum class Action { kForward, kDrop, k500, k503, kStall, kTruncate, kLoseResponse, kShiftRange, kWidenRange, kFlipBody };
-  // `upstream_port` on 127.0.0.1; connection i gets plan[i], those after the plan `after`.
-  FaultProxy(int upstream_port, std::vector<Action> plan, Action after = Action::kForward);
+  // Hostile answers (for up to 60 s, then the connection is closed): kEndlessBody, 200 and
+  // bytes without end (no Content-Length); kEndlessError, the same with status 500;
+  // kOversizedBody, 200 announcing 1 TiB and sending it. kShortLength / kLongLength forward
+  // the request and pass on the answer with its Content-Length 7 less (the body cut to it)
+  // or 7 more (the connection then closed): a server wrong about the length.
+  enum class Action {
+    kForward, kDrop, k500, k503, kStall, kTruncate, kLoseResponse, kShiftRange, kWidenRange, kFlipBody,
+    kEndlessBody, kEndlessError, kOversizedBody, kShortLength, kLongLength,
+    // kCallThenDrop calls `call` (below) as the request arrives, then drops it;
+    // kForwardThenCall forwards it and calls `call` once the server's answer begins, which
+    // the client then never gets. (The SIGKILL test kills the client there.)
+    kCallThenDrop, kForwardThenCall
+  };
+  // `upstream_port` on 127.0.0.1; connection i gets plan[i], those after the plan `after`;
+  // `call(i)` for the two actions above.
+  FaultProxy(int upstream_port, std::vector<Action> plan, Action after = Action::kForward,
+             std::function<void(int)> call = {});
   ~FaultProxy();
   FaultProxy(const FaultProxy&) = delete;
   FaultProxy& operator=(const FaultProxy&) = delete;
@@ -30,11 +45,12 @@ class FaultProxy {
 
  private:
   void AcceptLoop();
-  void Handle(int client, Action action);
+  void Handle(int client, Action action, int index);
 
   int upstream_port_;
   std::vector<Action> plan_;
   Action after_;
+  std::function<void(int)> call_;
   int listen_fd_ = -1;
   int port_ = 0;
   std::atomic<bool> stop_{false};

@@ -42,7 +42,7 @@ std::shared_ptr<storage::ObjectStore> MakeStore(const ObjectStoreOptions& o) {
     if (g_store) return g_store;
   }
 #if CKPT_HAVE_S3
-  return std::make_shared<storage::S3Store>(ToS3Options(o));
+  return OpenObjectStore(o);
 #else
   (void)o;
   throw Error(ErrorCode::kUnsupported, "this libckpt was built without the S3 client (CKPT_WITH_S3=OFF)");
@@ -85,6 +85,11 @@ std::string ObjectSource::Key(const std::string& name) const {
   return prefix.empty() ? name : prefix + "/" + name;
 }
 
+void ObjectSource::ThrowIfChanged(const Error& e) const {
+  ThrowIfCommitChanged(*store, bucket, prefix.empty() ? names::kMetadataFile : prefix + "/" + names::kMetadataFile, url,
+                       text_hash, e);
+}
+
 const FileMeta& ObjectSource::File(const std::string& name) const {
   const auto it = files.find(name);
   if (it == files.end()) {
@@ -122,7 +127,8 @@ std::shared_ptr<const ObjectSource> OpenObjectSource(const std::string& url_in, 
   }
   const std::string text(reinterpret_cast<const char*>(body.data()), body.size());
   body = {};
-  if (text_hash) *text_hash = std::hash<std::string>{}(text);
+  src->text_hash = std::hash<std::string>{}(text);
+  if (text_hash) *text_hash = src->text_hash;
   auto m = std::make_shared<Metadata>(ParseMetadata(text, src->url + "/" + names::kMetadataFile, limits));
   if (m->format_version < 2) {
     throw Error(ErrorCode::kUnsupported, src->url + ": a version " + std::to_string(m->format_version) +
@@ -157,15 +163,21 @@ std::string FetchIndexText(const ObjectSource& s, const FileMeta& f) {
     throw Error(ErrorCode::kCorrupt, where + ": index_bytes " + std::to_string(f.index_bytes) + " is more than " +
                                          std::to_string(kMaxIndexBytes) + " (refused before fetching)");
   }
-  const auto info = s.store->Head(s.bucket, key);
-  if (!info) throw Error(ErrorCode::kCorrupt, where + ": the object metadata.json names is missing (" + key + ")");
-  if (info->size != f.bytes) {
-    throw Error(ErrorCode::kCorrupt, where + ": the object holds " + std::to_string(info->size) +
-                                         " bytes, metadata.json says " + std::to_string(f.bytes));
+  std::string text;
+  try {
+    const auto info = s.store->Head(s.bucket, key);
+    if (!info) throw Error(ErrorCode::kCorrupt, where + ": the object metadata.json names is missing (" + key + ")");
+    if (info->size != f.bytes) {
+      throw Error(ErrorCode::kCorrupt, where + ": the object holds " + std::to_string(info->size) +
+                                           " bytes, metadata.json says " + std::to_string(f.bytes));
+    }
+    text.assign(static_cast<std::size_t>(f.index_bytes), '\0');
+    s.store->GetRange(s.bucket, key, f.index_offset,
+                      std::span<std::byte>(reinterpret_cast<std::byte*>(text.data()), text.size()));
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::kCorrupt || e.code() == ErrorCode::kNotFound) s.ThrowIfChanged(e);
+    throw;
   }
-  std::string text(static_cast<std::size_t>(f.index_bytes), '\0');
-  s.store->GetRange(s.bucket, key, f.index_offset,
-                    std::span<std::byte>(reinterpret_cast<std::byte*>(text.data()), text.size()));
   return text;
 }
 
@@ -304,7 +316,14 @@ uint64_t ReadObjectPart(const ObjectSource& s, const std::string& key, DType dty
     auto helpers = storage::SpawnThreads(threads > 0 ? threads - 1 : 0, [&](std::size_t) { work(); });
     work();
   }
-  if (first) std::rethrow_exception(first);
+  if (first) {
+    try {
+      std::rethrow_exception(first);
+    } catch (const Error& e) {  // the object gone (404) or other than indexed: replaced meanwhile?
+      if (e.code() == ErrorCode::kCorrupt || e.code() == ErrorCode::kNotFound) s.ThrowIfChanged(e);
+      throw;
+    }
+  }
   return fetched;
 }
 

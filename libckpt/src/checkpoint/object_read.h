@@ -26,12 +26,18 @@ struct ObjectSource {
   std::string prefix;  // the checkpoint's key prefix, no trailing '/' ("" at the bucket's root)
   std::string url;     // s3://bucket/prefix, for messages
   std::shared_ptr<const Metadata> metadata;
+  uint64_t text_hash = 0;  // of metadata.json's text as opened
   std::unordered_map<std::string, const FileMeta*> files;  // by name
 
   // The object of `name`, a plain name inside the prefix (kCorrupt naming it otherwise).
   std::string Key(const std::string& name) const;
   // files[] by name; kCorrupt when metadata.json does not list it.
   const FileMeta& File(const std::string& name) const;
+  // Called with the error of a read of an object metadata.json names (missing, shorter or
+  // other than it says): when metadata.json is no longer the text this source opened, the
+  // checkpoint was replaced or removed while reading (and the version read collected), and
+  // this throws kChanged saying so; otherwise it returns and the caller rethrows.
+  void ThrowIfChanged(const Error& e) const;
 };
 
 // Whether ranged GETs can read the whole checkpoint: version 2, every file's shard index

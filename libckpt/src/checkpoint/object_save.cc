@@ -3,6 +3,11 @@
 
 #include <algorithm>
 #include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <map>
 #include <mutex>
 #include <set>
@@ -53,6 +58,11 @@ void DownloadObjectCheckpoint(const std::string& url, const ObjectStoreOptions&,
   NoS3(url);
 }
 std::filesystem::path DownloadToCache(const std::string& url, const ObjectStoreOptions&, int) { NoS3(url); }
+void ThrowIfCommitChanged(storage::ObjectStore&, const std::string&, const std::string&, const std::string& url,
+                          uint64_t, const Error&) {
+  NoS3(url);
+}
+std::shared_ptr<storage::ObjectStore> OpenObjectStore(const ObjectStoreOptions&) { NoS3("s3://"); }
 void SetObjectStoreWrapperForTest(
     std::function<std::shared_ptr<storage::ObjectStore>(std::shared_ptr<storage::ObjectStore>)>) {}
 
@@ -89,6 +99,15 @@ struct Target {
   std::string Url(const std::string& name) const { return "s3://" + bucket + "/" + Key(name); }
 };
 
+// An S3Store of `options` (its endpoint in `endpoint`), through the test wrapper if one is set.
+std::shared_ptr<storage::ObjectStore> OpenStore(const ObjectStoreOptions& options, std::string* endpoint) {
+  auto store = std::make_shared<storage::S3Store>(ToS3Options(options));
+  if (endpoint) *endpoint = store->config().endpoint;
+  std::lock_guard lock(g_mu);
+  if (g_wrap) return g_wrap(store);
+  return store;
+}
+
 // The store and the parsed URL; `need_prefix`: a checkpoint (not a bucket's root).
 Target Open(const std::string& url, const ObjectStoreOptions& options, bool need_prefix) {
   Target t;
@@ -100,11 +119,7 @@ Target Open(const std::string& url, const ObjectStoreOptions& options, bool need
   if (need_prefix && t.prefix.empty()) {
     throw Error(ErrorCode::kInvalidArgument, url + ": a checkpoint needs a prefix below the bucket (s3://bucket/name)");
   }
-  auto store = std::make_shared<storage::S3Store>(ToS3Options(options));
-  t.endpoint = store->config().endpoint;
-  t.store = store;
-  std::lock_guard lock(g_mu);
-  if (g_wrap) t.store = g_wrap(t.store);
+  t.store = OpenStore(options, &t.endpoint);
   return t;
 }
 
@@ -139,6 +154,14 @@ bool IsSaveObjectName(const std::string& name) {
   return true;
 }
 
+// "<prefix>/.ckpt-probe-0123456789abcdef": the conditional-PUT probe's object (Begin), left
+// behind when a save is killed while probing.
+bool IsProbeObjectName(const std::string& name) {
+  constexpr std::size_t kTag = sizeof ".ckpt-probe-" - 1;
+  return name.size() == kTag + 16 && name.compare(0, kTag, ".ckpt-probe-") == 0 &&
+         std::all_of(name.begin() + kTag, name.end(), IsHex);
+}
+
 // Seconds since the epoch of an ISO 8601 time ("2026-12-07T04:09:04.000Z"), or nullopt.
 std::optional<std::time_t> ParseIsoTime(const std::string& s) {
   std::tm tm{};
@@ -165,14 +188,19 @@ std::size_t CleanTarget(const Target& t, int64_t grace_seconds) {
     const auto slash = o.key.rfind('/');
     dirs[slash == std::string::npos ? "" : o.key.substr(0, slash + 1)].push_back(std::move(o));
   }
-  std::vector<std::string> doomed;
+  std::vector<std::string> doomed, probes;
   for (const auto& [dir, objects] : dirs) {
     std::optional<std::set<std::string>> named;
     const bool committed = std::any_of(objects.begin(), objects.end(),
                                        [&](const storage::ObjectInfo& o) { return o.key == dir + names::kMetadataFile; });
     for (const storage::ObjectInfo& o : objects) {
       const std::string name = o.key.substr(dir.size());
-      if (!IsSaveObjectName(name) || !OlderThan(o.last_modified, grace_seconds, now)) continue;
+      if (!OlderThan(o.last_modified, grace_seconds, now)) continue;
+      if (IsProbeObjectName(name)) {
+        probes.push_back(o.key);
+        continue;
+      }
+      if (!IsSaveObjectName(name)) continue;
       if (committed && !named) {
         named = NamedFiles(*t.store, t.bucket, dir + names::kMetadataFile);
         if (!named) named.emplace();  // pruned meanwhile: nothing is named
@@ -198,6 +226,8 @@ std::size_t CleanTarget(const Target& t, int64_t grace_seconds) {
     }
     confirmed.push_back(key);
   }
+  removed += probes.size();
+  confirmed.insert(confirmed.end(), probes.begin(), probes.end());
   if (!confirmed.empty()) t.store->DeleteBatch(t.bucket, confirmed);
   for (const storage::MultipartUploadInfo& u : t.store->ListMultipartUploads(t.bucket, root)) {
     const auto slash = u.key.rfind('/');
@@ -217,6 +247,36 @@ fs::path StagingRoot(const ObjectStoreOptions& o) {
   if (!o.staging_dir.empty()) return o.staging_dir;
   const char* tmp = std::getenv("TMPDIR");
   return fs::path(tmp && *tmp ? tmp : "/tmp") / "ckpt-s3-staging";
+}
+
+// A save's local staging directory under the staging root: "<nonce>-r<rank>" or
+// "<nonce>-writer" (LocalStaging).
+bool IsStagingName(const std::string& name) {
+  if (name.size() < 18 || name[16] != '-' || !std::all_of(name.begin(), name.begin() + 16, IsHex)) return false;
+  const std::string tag = name.substr(17);
+  if (tag == "writer") return true;
+  return tag.size() > 1 && tag[0] == 'r' && std::all_of(tag.begin() + 1, tag.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// Removes the staging directories under `root` that no live save holds (each save keeps an
+// flock on its own while it lives, LocalStaging; the kernel drops it when the process dies,
+// SIGKILL included) and that were last changed at least `grace_seconds` ago. Best effort.
+void CleanStaging(const fs::path& root, int64_t grace_seconds) {
+  std::error_code ec;
+  fs::directory_iterator it(root, ec);
+  if (ec) return;
+  const std::time_t now = std::time(nullptr);
+  for (const fs::directory_entry& e : it) {
+    const std::string name = e.path().filename().string();
+    if (!IsStagingName(name)) continue;
+    const int fd = ::open(e.path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) continue;
+    struct stat st {};
+    if (::fstat(fd, &st) == 0 && now - st.st_mtime >= grace_seconds && ::flock(fd, LOCK_EX | LOCK_NB) == 0) {
+      storage::RemoveAllQuietly(e.path());  // its owner is gone: nobody holds the lock
+    }
+    ::close(fd);
+  }
 }
 
 }  // namespace
@@ -251,6 +311,7 @@ struct ObjectSave::Impl {
   storage::UploadOptions upload;
   std::optional<std::string> expected_etag;
   fs::path staging;
+  int staging_lock = -1;  // the staging directory, flock'ed while this save lives
   std::vector<std::string> uploaded;  // keys
 };
 
@@ -258,6 +319,7 @@ ObjectSave::ObjectSave(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 ObjectSave::~ObjectSave() {
   if (impl_ && !impl_->staging.empty()) storage::RemoveAllQuietly(impl_->staging);
+  if (impl_ && impl_->staging_lock >= 0) ::close(impl_->staging_lock);
 }
 
 std::unique_ptr<ObjectSave> ObjectSave::Begin(const std::string& url, const ObjectStoreOptions& options,
@@ -330,9 +392,23 @@ const fs::path& ObjectSave::LocalStaging(const std::string& tag) {
   if (impl_->staging.empty()) {
     const fs::path root = StagingRoot(impl_->options);
     storage::MakeDirs(root);
+    // What killed saves left here (their locks died with them).
+    CleanStaging(root, impl_->options.leftover_grace_seconds);
     const fs::path dir = root / (nonce_ + "-" + tag);
-    storage::RemoveAllQuietly(dir);
-    storage::MakeDirs(dir);
+    // Made, then locked; a cleaner that removed it between the two (it was not locked yet)
+    // makes us start again: the lock must be on the directory at `dir`.
+    for (int attempt = 0;; ++attempt) {
+      storage::MakeDirs(dir);
+      const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+      struct stat locked {}, now {};
+      if (fd >= 0 && ::flock(fd, LOCK_EX) == 0 && ::fstat(fd, &locked) == 0 && ::stat(dir.c_str(), &now) == 0 &&
+          locked.st_ino == now.st_ino && locked.st_dev == now.st_dev) {
+        impl_->staging_lock = fd;
+        break;
+      }
+      if (fd >= 0) ::close(fd);
+      if (attempt >= 8) throw Error(ErrorCode::kIO, dir.string() + ": cannot make and lock the staging directory");
+    }
     impl_->staging = dir;
   }
   return impl_->staging;
@@ -390,6 +466,7 @@ std::size_t CleanObjectLeftovers(const std::string& url, const ObjectStoreOption
   if (options.leftover_grace_seconds < 0) {
     throw Error(ErrorCode::kInvalidArgument, "ObjectStoreOptions::leftover_grace_seconds must be >= 0");
   }
+  CleanStaging(StagingRoot(options), options.leftover_grace_seconds);
   return CleanTarget(Open(url, options, /*need_prefix=*/false), options.leftover_grace_seconds);
 }
 
@@ -418,6 +495,24 @@ void RemoveObjectCheckpoint(const std::string& url, const ObjectStoreOptions& op
   t.store->DeleteBatch(t.bucket, keys);
 }
 
+void ThrowIfCommitChanged(storage::ObjectStore& store, const std::string& bucket, const std::string& metadata_key,
+                          const std::string& url, uint64_t text_hash, const Error& e) {
+  std::string now;
+  bool gone = false;
+  try {
+    const std::vector<std::byte> body = store.Get(bucket, metadata_key, kMaxMetadataBytes);
+    now.assign(reinterpret_cast<const char*>(body.data()), body.size());
+  } catch (const Error& again) {
+    if (again.code() != ErrorCode::kNotFound) return;  // cannot tell: the first error stands
+    gone = true;
+  }
+  if (!gone && std::hash<std::string>{}(now) == text_hash) return;
+  throw Error(ErrorCode::kChanged, url + ": changed while reading: metadata.json was " +
+                                       (gone ? "removed" : "replaced by another commit") +
+                                       " after this read began, and the objects of the version being read are going (" +
+                                       e.what() + "); load again");
+}
+
 void DownloadObjectCheckpoint(const std::string& url, const ObjectStoreOptions& options, const fs::path& dir,
                               uint64_t max_bytes) {
   const Target t = Open(url, options, /*need_prefix=*/true);
@@ -425,8 +520,8 @@ void DownloadObjectCheckpoint(const std::string& url, const ObjectStoreOptions& 
   const std::vector<std::byte> body = t.store->Get(t.bucket, key, kMaxMetadataBytes);
   const std::string text(reinterpret_cast<const char*>(body.data()), body.size());
   const Metadata m = ParseMetadata(text, t.Url(names::kMetadataFile));
-  uint64_t total = 0;
-  for (const FileMeta& f : m.files) total += f.bytes;
+  uint64_t total = 0;  // saturating: absurd sizes must not wrap below the bound
+  for (const FileMeta& f : m.files) total = f.bytes > UINT64_MAX - total ? UINT64_MAX : total + f.bytes;
   if (total > max_bytes) {
     throw Error(ErrorCode::kInvalidArgument, url + ": its files hold " + std::to_string(total) +
                                                  " bytes, more than the " + std::to_string(max_bytes) + " allowed here");
@@ -439,7 +534,14 @@ void DownloadObjectCheckpoint(const std::string& url, const ObjectStoreOptions& 
     storage::Fd fd = storage::OpenFile(path, O_WRONLY | O_CREAT | O_TRUNC);
     for (uint64_t off = 0; off < f.bytes; off += kPiece) {
       buf.resize(static_cast<std::size_t>(std::min(kPiece, f.bytes - off)));
-      t.store->GetRange(t.bucket, t.Key(f.name), off, buf);
+      try {
+        t.store->GetRange(t.bucket, t.Key(f.name), off, buf);
+      } catch (const Error& e) {  // the object gone (404) or shorter: replaced and collected meanwhile?
+        if (e.code() == ErrorCode::kNotFound || e.code() == ErrorCode::kIO) {
+          ThrowIfCommitChanged(*t.store, t.bucket, key, url, std::hash<std::string>{}(text), e);
+        }
+        throw;
+      }
       storage::WriteExact(fd.get(), buf.data(), buf.size(), off, path);
     }
   }
@@ -455,6 +557,10 @@ fs::path DownloadToCache(const std::string& url, const ObjectStoreOptions& optio
     throw;
   }
   return dir;
+}
+
+std::shared_ptr<storage::ObjectStore> OpenObjectStore(const ObjectStoreOptions& options) {
+  return OpenStore(options, nullptr);
 }
 
 void SetObjectStoreWrapperForTest(

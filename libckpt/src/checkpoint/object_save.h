@@ -7,7 +7,9 @@
 //     the target (HEAD prefix/metadata.json: absent, or with overwrite its ETag kept for the
 //     commit), collects the prefix's leftovers older than the grace period, and picks the
 //     save's nonce, which it sends the others in the plan;
-//   - every rank (JoinSave on the others) stages its shard in a local directory of its own,
+//   - every rank (JoinSave on the others) stages its shard in a local directory of its own
+//     (flock'ed while the save lives; those of killed saves, unlocked and older than the
+//     grace period, are removed by the next save's LocalStaging and by CleanObjectLeftovers),
 //     named ObjectName(shard) (unique to the save), and uploads it (Upload: multipart in
 //     parallel, Content-MD5, checked by HEAD); the staged file goes once uploaded;
 //   - rank 0 commits (Commit): one PUT of metadata.json, If-None-Match: * or If-Match with
@@ -83,8 +85,11 @@ class ObjectSave {
 // Leftovers under `url` (a checkpoint's prefix or a manager's root: every "directory" below
 // it): objects named like a save's unique shard names (shard-RRRRR-of-WWWWW.<16 hex>.h5)
 // that no metadata.json beside them names, and unfinished multipart uploads of such names,
-// older than `options.leftover_grace_seconds` by the server's clock as this machine reads it.
-// Returns how many it removed (objects deleted plus uploads aborted).
+// older than `options.leftover_grace_seconds` by the server's clock as this machine reads it,
+// and the conditional-PUT probe's objects (.ckpt-probe-<16 hex>) a killed save left. Also
+// removes this machine's staging directories under options.staging_dir that no live save
+// holds and that are older than the grace period. Returns how many objects it deleted plus
+// uploads it aborted.
 std::size_t CleanObjectLeftovers(const std::string& url, const ObjectStoreOptions& options);
 
 // The committed checkpoints directly under `url` ("<url>/<name>/metadata.json"), by name.
@@ -94,9 +99,18 @@ std::vector<std::string> ListCommittedObjects(const std::string& url, const Obje
 // it named.
 void RemoveObjectCheckpoint(const std::string& url, const ObjectStoreOptions& options);
 
+// Called with the error `e` of a read of an object that metadata.json (the text whose
+// std::hash is `text_hash`, at `metadata_key`) named: when metadata.json is no longer that
+// text, the checkpoint was replaced or removed while it was read (and the version read is
+// being collected), and this throws kChanged saying so; otherwise (or when the store cannot
+// tell) it returns, and the caller rethrows `e`.
+void ThrowIfCommitChanged(storage::ObjectStore& store, const std::string& bucket, const std::string& metadata_key,
+                          const std::string& url, uint64_t text_hash, const Error& e);
+
 // Downloads the committed checkpoint at `url` (metadata.json and every file it names) into
 // the local directory `dir` (made; must be absent or empty). Files larger than `max_bytes`
-// in all are refused before any is fetched.
+// in all are refused before any is fetched. A checkpoint replaced and collected meanwhile is
+// kChanged (ThrowIfCommitChanged).
 void DownloadObjectCheckpoint(const std::string& url, const ObjectStoreOptions& options,
                               const std::filesystem::path& dir, uint64_t max_bytes);
 
@@ -104,7 +118,11 @@ void DownloadObjectCheckpoint(const std::string& url, const ObjectStoreOptions& 
 // options.staging_dir (bounded by options.cache_max_bytes), whose path it returns.
 std::filesystem::path DownloadToCache(const std::string& url, const ObjectStoreOptions& options, int rank);
 
-// For tests: wraps every store a save opens from now on (nullptr: none).
+// The store of `options` (an S3Store), through the test wrapper below if one is set: what
+// saves, leftover cleaning, downloads and ranged reads of s3:// use.
+std::shared_ptr<storage::ObjectStore> OpenObjectStore(const ObjectStoreOptions& options);
+
+// For tests: wraps every store s3:// opens from now on (saves and reads; nullptr: none).
 void SetObjectStoreWrapperForTest(
     std::function<std::shared_ptr<storage::ObjectStore>(std::shared_ptr<storage::ObjectStore>)> wrap);
 

@@ -177,6 +177,7 @@ struct S3Store::Response {
   std::map<std::string, std::string> headers;  // lower-case names
   uint64_t written = 0;                         // bytes written into Request::out
   bool overflow = false;                        // the body was longer than allowed
+  bool error_cut = false;                       // an error document cut at kMaxErrorBytes
   std::string Header(const std::string& name) const {
     const auto it = headers.find(name);
     return it == headers.end() ? std::string() : it->second;
@@ -218,7 +219,11 @@ std::size_t WriteBody(char* data, std::size_t size, std::size_t n, void* user) {
   }
   const uint64_t limit = status >= 300 ? kMaxErrorBytes : t->req->max_body;
   if (t->resp->body.size() + len > limit) {
-    if (status >= 300) return len;  // an error document: its head is enough
+    if (status >= 300) {  // an error document: its head is enough; an endless one is cut here
+      t->resp->body.append(data, static_cast<std::size_t>(limit - t->resp->body.size()));
+      t->resp->error_cut = true;
+      return 0;  // ends the transfer; the answer is its status
+    }
     t->resp->overflow = true;
     return 0;
   }
@@ -406,7 +411,7 @@ S3Store::Response S3Store::SendOnce(void* handle, Request& req, std::string& tra
     connections_ += static_cast<uint64_t>(new_connections);
   }
   curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &resp.status);
-  if (rc != CURLE_OK && !resp.overflow) {
+  if (rc != CURLE_OK && !resp.overflow && !(resp.error_cut && rc == CURLE_WRITE_ERROR)) {
     transport_error = std::string(curl_easy_strerror(rc)) + (errbuf[0] ? std::string(" (") + errbuf + ")" : "");
     if (!RetryableCurl(rc)) transport_error = "!" + transport_error;  // marks "do not retry"
     resp.status = 0;
