@@ -249,18 +249,18 @@ fs::path StagingRoot(const ObjectStoreOptions& o) {
   return fs::path(tmp && *tmp ? tmp : "/tmp") / "ckpt-s3-staging";
 }
 
-// A save's local staging directory under the staging root: "<nonce>-r<rank>" or
-// "<nonce>-writer" (LocalStaging).
+// A save's local staging directory under the staging root: "<nonce>-r<rank>",
+// "<nonce>-writer" or "<nonce>-publish" (LocalStaging).
 bool IsStagingName(const std::string& name) {
   if (name.size() < 18 || name[16] != '-' || !std::all_of(name.begin(), name.begin() + 16, IsHex)) return false;
   const std::string tag = name.substr(17);
-  if (tag == "writer") return true;
+  if (tag == "writer" || tag == "publish") return true;
   return tag.size() > 1 && tag[0] == 'r' && std::all_of(tag.begin() + 1, tag.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
-// Removes the staging directories under `root` that no live save holds (each save keeps an
-// flock on its own while it lives, LocalStaging; the kernel drops it when the process dies,
-// SIGKILL included) and that were last changed at least `grace_seconds` ago. Best effort.
+// Removes the staging directories under `root` that no live save holds (each save keeps a
+// shared flock on its own while it lives, LocalStaging; the kernel drops it when the process
+// dies, SIGKILL included) and that were last changed at least `grace_seconds` ago. Best effort.
 void CleanStaging(const fs::path& root, int64_t grace_seconds) {
   std::error_code ec;
   fs::directory_iterator it(root, ec);
@@ -396,12 +396,15 @@ const fs::path& ObjectSave::LocalStaging(const std::string& tag) {
     CleanStaging(root, impl_->options.leftover_grace_seconds);
     const fs::path dir = root / (nonce_ + "-" + tag);
     // Made, then locked; a cleaner that removed it between the two (it was not locked yet)
-    // makes us start again: the lock must be on the directory at `dir`.
+    // makes us start again: the lock must be on the directory at `dir`. Shared, not
+    // exclusive: it only has to stop a cleaner's LOCK_EX | LOCK_NB, and a writer staging its
+    // output inside (a publish's merge: storage::BeginStaging locks its parent shared) must
+    // not wait on it: flocks of two descriptors conflict within one process too.
     for (int attempt = 0;; ++attempt) {
       storage::MakeDirs(dir);
       const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
       struct stat locked {}, now {};
-      if (fd >= 0 && ::flock(fd, LOCK_EX) == 0 && ::fstat(fd, &locked) == 0 && ::stat(dir.c_str(), &now) == 0 &&
+      if (fd >= 0 && ::flock(fd, LOCK_SH) == 0 && ::fstat(fd, &locked) == 0 && ::stat(dir.c_str(), &now) == 0 &&
           locked.st_ino == now.st_ino && locked.st_dev == now.st_dev) {
         impl_->staging_lock = fd;
         break;
