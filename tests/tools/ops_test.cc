@@ -156,24 +156,6 @@ TEST_CASE("safetensors: hostile headers are clear errors") {
   CHECK(OpenError(p).find("too short") != std::string::npos);
 }
 
-TEST_CASE("SplitBox: bounded blocks, in row-major order, covering the box exactly") {
-  const Box whole = Box::Full({7, 5, 3});
-  for (uint64_t budget : {4ull, 12ull, 60ull, 100ull, 1000ull, 100000ull}) {
-    const auto blocks = ops::detail::SplitBox(whole, 4, budget);
-    int64_t expect_next = 0, total = 0;
-    for (const Box& b : blocks) {
-      CHECK((static_cast<uint64_t>(b.NumElements()) * 4 <= budget || b.NumElements() == 1));
-      // Each block is a contiguous row-major range starting where the previous ended.
-      const int64_t start = (b.offsets[0] * 5 + b.offsets[1]) * 3 + b.offsets[2];
-      CHECK(start == expect_next);
-      expect_next = start + b.NumElements();
-      total += b.NumElements();
-    }
-    CHECK(total == whole.NumElements());
-  }
-  CHECK(ops::detail::SplitBox(Box{}, 8, 1).size() == 1);  // 0-D
-}
-
 TEST_CASE("casts round to nearest even and keep NaN") {
   const float in[] = {1.0f, 1.00390625f /* 1 + 2^-8: tie -> even (1.0) */, 1.01171875f /* 1+3*2^-8: tie -> up */,
                       -2.5f, NAN, INFINITY, 65504.0f, 1e6f};

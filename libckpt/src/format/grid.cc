@@ -13,12 +13,6 @@ namespace {
 // (16,384 ranks x 1,024 chunks), few enough that walking them cannot hang a reader.
 constexpr int64_t kMaxCells = int64_t{1} << 24;
 
-bool Overlaps(const Box& a, const Box& b) {
-  for (std::size_t d = 0; d < a.offsets.size(); ++d)
-    if (a.offsets[d] >= b.offsets[d] + b.sizes[d] || b.offsets[d] >= a.offsets[d] + a.sizes[d]) return false;
-  return true;
-}
-
 bool ZeroVolume(const Shape& shape) {
   return std::any_of(shape.begin(), shape.end(), [](int64_t s) { return s == 0; });
 }
@@ -523,3 +517,5 @@ std::vector<std::string> CheckLayout(const std::string& key, const TensorLayout&
 }
 
 }  // namespace ckpt::grid
+
+int64_t ckpt::EntryMeta::ChunkCount() const { return grid::ChunkCount(layout, shape); }

@@ -724,7 +724,7 @@ class DataRun {
       } else {
         if (!of.reader)  // (evicting as the checking thread's reader of the file does: HDF5 refuses a mix)
           of.reader = std::make_unique<storage::ShardReader>(dir_, fw.name, /*use_index=*/false, /*evict_on_close=*/true);
-        for (const Box& block : detail::SplitBox(job.chunk->box, item, kBlockBytes)) {
+        for (const Box& block : SplitBox(job.chunk->box, item, kBlockBytes)) {
           const auto n = static_cast<std::size_t>(block.NumElements()) * item;
           buf.resize(std::max<std::size_t>(n, 8));
           of.reader->Read(*job.key, job.dtype, *job.chunk, block, buf.data(), block, /*verify=*/false);
@@ -830,7 +830,7 @@ void VerifyFile(const fs::path& path, const VerifyOptions& o, VerifyReport& r, C
     try {
       storage::Digest digest(e.dtype, true);
       for (const auto& ch : e.chunks)
-        for (const Box& block : detail::SplitBox(ch.box, item, kBlockBytes)) {
+        for (const Box& block : SplitBox(ch.box, item, kBlockBytes)) {
           const auto bytes = static_cast<std::size_t>(block.NumElements()) * item;
           buf.resize(std::max<std::size_t>(bytes, 8));
           src->ReadRegion(key, block, buf.data());
