@@ -23,6 +23,7 @@
 #include "ckpt/error.h"
 #include "ckpt/files.h"
 #include "ckpt/tensor.h"
+#include "ckpt/verify.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -366,4 +367,67 @@ TEST_CASE("CheckpointReader: an unsound structure is refused at open, or listed 
   std::vector<float> got(16);
   reader->ReadRegion("w", Box::Full({4, 4}), got.data());  // the data itself is sound
   CHECK(got[15] == 2.0f);
+}
+
+TEST_CASE("VerifyCheckpoint: a sound checkpoint passes, a flipped byte is named, callers' checks go first and last") {
+  const ckpt_test::TempDir tmp("public_api_verify");
+  const fs::path dir = tmp.path() / "ck";
+  std::vector<float> w(64 * 64);
+  std::iota(w.begin(), w.end(), 0.0f);
+  {
+    StateDict sd;
+    sd.Add("w", Tensor::Full(DType::kFloat32, {64, 64}, w.data()));
+    SingleComm comm;
+    Save(dir, sd, comm);
+  }
+  CheckOptions o;
+  uint64_t last_done = 0, last_total = 1;
+  o.progress = [&](uint64_t done, uint64_t total) {
+    last_done = done;
+    last_total = total;
+  };
+  VerifyReport r = VerifyCheckpoint(dir, o);
+  CHECK(r.ok());
+  CHECK(r.keys == 1);
+  CHECK(r.format_version == 2);
+  CHECK(r.bytes_read == w.size() * sizeof(float));
+  CHECK(last_done == last_total);
+
+  // A byte of w's data flipped (found through the public reader), the shard's size unchanged.
+  const auto range = CheckpointReader::Open(dir)->LocateChunk("w", 0);
+  REQUIRE(range.has_value());
+  {
+    files::File f = files::File::OpenForRead(range->file);
+    std::string bytes(static_cast<std::size_t>(f.Size()), '\0');
+    f.ReadAt(bytes.data(), bytes.size(), 0);
+    f.Close();
+    bytes[static_cast<std::size_t>(range->offset + 4000)] ^= 0x40;
+    std::filesystem::permissions(range->file, fs::perms::owner_write, fs::perm_options::add);
+    files::File g = files::File::Create(tmp.path() / "copy");
+    g.WriteAt(bytes.data(), bytes.size(), 0);
+    g.Sync();
+    g.Close();
+    fs::rename(tmp.path() / "copy", range->file);
+  }
+  o.check_text = [](const std::string& text) {
+    return std::vector<VerifyProblem>{{"mine", "metadata.json", "", std::to_string(text.size()) + " bytes"}};
+  };
+  o.check_metadata = [](const Metadata& md) {
+    return std::vector<VerifyProblem>{{"expect", "", "w", std::to_string(md.entries.size()) + " keys"}};
+  };
+  r = VerifyCheckpoint(dir, o);
+  REQUIRE(r.problems.size() == 3);
+  CHECK(r.problems[0].check == "mine");
+  CHECK(r.problems[1].check == "checksums");
+  CHECK(r.problems[1].key == "w");
+  CHECK(r.problems[1].message.find("block 0") != std::string::npos);
+  CHECK(r.problems[2].message == "1 keys");
+  o.quick = true;
+  o.check_text = nullptr;
+  o.check_metadata = nullptr;
+  CHECK(VerifyCheckpoint(dir, o).ok());  // quick reads no data
+  CHECK(CodeOf([&] { VerifyCheckpoint(tmp.path() / "none", o); }) == ErrorCode::kNotFound);
+  VerifyReport none = VerifyCheckpoint(tmp.path(), o);  // a directory without metadata.json
+  REQUIRE(none.problems.size() == 1);
+  CHECK(none.problems[0].check == "metadata");
 }
