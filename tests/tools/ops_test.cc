@@ -13,6 +13,7 @@
 #include <set>
 
 #include "ckpt/ckpt.h"
+#include "ckpt/digest.h"
 #include "ckpt/ops/diff.h"
 #include "ckpt/ops/inspect.h"
 #include "ckpt/ops/merge.h"
@@ -23,8 +24,6 @@
 #include "ops/elements.h"
 #include "ops/json_schema.h"
 #include "ops/util.h"
-#include "storage/digest.h"
-#include "storage/shard_reader.h"
 #include "test_util.h"
 #include "tools/hostile_shard.h"
 
@@ -678,29 +677,6 @@ TEST_CASE("verify: a file that is not HDF5 is reported once; the other files are
   }
 }
 
-TEST_CASE("verify beside a load's reader of the same shard: each takes HDF5's evict-on-close setting the file has") {
-  ckpt_test::TempDir tmp("ve");
-  const fs::path dir = tmp / "c";
-  SaveSample(dir);
-  const std::string name = ReadMetadata(dir).files[0].name;
-  {
-    storage::ShardReader held(dir, name);  // a load's reader, default settings, kept open
-    for (bool quick : {false, true}) {
-      ops::VerifyOptions o;
-      o.quick = quick;
-      const auto r = ops::Verify(dir, o);
-      INFO(Messages(r));
-      CHECK(r.ok());
-    }
-    CHECK(!storage::ShardReader(dir, name, /*use_index=*/false, /*evict_on_close=*/true).IndexText().empty());
-  }
-  {
-    storage::ShardReader evicting(dir, name, /*use_index=*/false, /*evict_on_close=*/true);  // verify's
-    storage::ShardReader plain(dir, name);  // a load meanwhile
-    CHECK(!plain.Index().entries.empty());
-  }
-}
-
 TEST_CASE("schema validator: compiled once; messages carry JSON pointers; a malformed schema is refused") {
   ops::detail::JsonSchema s(json::parse(R"({
     "type": "object",
@@ -947,7 +923,7 @@ TEST_CASE("new dtypes: names, sizes, and values decoded as FORMAT.md §4.5 says"
   CHECK(acc.min == -6);
   CHECK(acc.max == 6);
   CHECK(acc.sum == 0.5);
-  storage::Digest digest(DType::kFloat4E2M1FNx2, true);
+  ChunkDigest digest(DType::kFloat4E2M1FNx2, true);
   digest.Update(f4, 2);
   const auto s = digest.Stats();
   REQUIRE(s);
@@ -956,7 +932,7 @@ TEST_CASE("new dtypes: names, sizes, and values decoded as FORMAT.md §4.5 says"
   CHECK(s->max == 6);
   CHECK(s->mean == doctest::Approx(0.125));
   const uint8_t scales[3] = {127, 128, 255};  // 1, 2, NaN
-  storage::Digest ds(DType::kFloat8E8M0FNU, true);
+  ChunkDigest ds(DType::kFloat8E8M0FNU, true);
   ds.Update(scales, 3);
   CHECK(ds.Stats()->nan_count == 1);
   CHECK(ds.Stats()->finite_count == 2);
