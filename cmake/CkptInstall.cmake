@@ -4,12 +4,8 @@ install(TARGETS ckpt EXPORT ckptTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-set(_ckpt_no_ops "")
-if(NOT CKPT_BUILD_OPS)
-  set(_ckpt_no_ops PATTERN ops EXCLUDE)  # headers of what this libckpt does not hold
-endif()
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/libckpt/include/ckpt DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
-  FILES_MATCHING PATTERN "*.h" ${_ckpt_no_ops})
+  FILES_MATCHING PATTERN "*.h")
 install(FILES ${PROJECT_BINARY_DIR}/libckpt/include/ckpt/config.h
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/ckpt)
 install(EXPORT ckptTargets NAMESPACE ckpt:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/ckpt)

@@ -1,5 +1,6 @@
 # Script mode: the dynamic symbols libckpt.so defines are its public API (ckpt/*.h, marked
-# CKPT_API) and nothing else: no storage::, h5::, layout::, internal:: or ops::detail::, and no
+# CKPT_API) and nothing else: no storage::, h5::, layout::, internal::, no ckpt::ops:: (the
+# tools' logic is libckpt_tools.so, a library of its own over this one), and no
 # symbol of the code it inlines (xxhash, nlohmann::json) or links.
 #   cmake -DNM=nm -DLIB=libckpt.so -P abi_exports.cmake
 execute_process(COMMAND ${NM} -DC --defined-only ${LIB} RESULT_VARIABLE rc OUTPUT_VARIABLE out
@@ -23,14 +24,14 @@ foreach(line ${lines})
   # The entity named, not the template arguments (std:: templates instantiated over an
   # internal lambda are the standard library's, and stay visible).
   string(REGEX REPLACE "^(typeinfo name|typeinfo|vtable|VTT|guard variable) for " "" entity "${sym}")
-  if(entity MATCHES "^([^<( ]+ )?(ckpt::(storage|h5|layout|internal|detail|ops::detail)::|ckpt::\\(anonymous|nlohmann::|XXH|ZSTD_|H5)")
+  if(entity MATCHES "^([^<( ]+ )?(ckpt::(storage|h5|layout|internal|detail|ops)::|ckpt::\\(anonymous|nlohmann::|XXH|ZSTD_|H5)")
     list(APPEND leaked "${type} ${sym}")
   endif()
 endforeach()
 # What every consumer links must be there (a library that exports nothing fails here too).
 foreach(required
     "ckpt::Save(" "ckpt::Load(" "ckpt::CheckpointReader::Open(" "ckpt::CheckpointWriter::Create("
-    "ckpt::ParseMetadata(" "ckpt::RunThreads(" "ckpt::ops::Verify(" "ckpt::ops::Merge("
+    "ckpt::ParseMetadata(" "ckpt::RunThreads(" "ckpt::VerifyCheckpoint("
     "typeinfo for ckpt::Error" "typeinfo for ckpt::Comm")
   string(FIND "${out}" "${required}" at)
   if(at LESS 0)

@@ -1,5 +1,5 @@
 // A program that uses an installed libckpt: save from two ranks, load into one, then check
-// the checkpoint with ckpt::ops::Verify (what ckpt-verify runs).
+// the checkpoint with ckpt::ops::Verify (what ckpt-verify runs; libckpt_tools, ckpt::tools).
 #include <ckpt/ckpt.h>
 #include <ckpt/ops/verify.h>
 
