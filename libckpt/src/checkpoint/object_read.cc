@@ -6,6 +6,7 @@
 #include <cstring>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "checkpoint/object_save.h"
@@ -181,14 +182,16 @@ std::string FetchIndexText(const ObjectSource& s, const FileMeta& f) {
   return text;
 }
 
-uint64_t ReadObjectPart(const ObjectSource& s, const std::string& key, DType dtype, const ChunkMeta& c,
-                        const Box& region, void* dst, const Box& dst_box, bool verify, ObjectWindow* window) {
-  const FileMeta& f = s.File(c.file);
-  const std::string object = s.Key(f.name);
-  const std::string what = s.url + "/" + f.name + ": tensor '" + key + "' chunk " + c.box.ToString();
-  const std::size_t item = DTypeSize(dtype);
-  const uint64_t n = static_cast<uint64_t>(c.box.NumElements()) * item;
-  if (n == 0 || region.NumElements() == 0) return 0;
+namespace {
+
+struct Piece {
+  uint64_t b0, b1;  // blocks [b0, b1) of a chunk, fetched by one request
+};
+
+// Refuses a chunk record that cannot be read by ranges, or that does not fit its object,
+// before a byte of it is fetched. `n` is the chunk's bytes; `whole`, whether all of it is read.
+void CheckRangedChunk(const FileMeta& f, const ChunkMeta& c, uint64_t n, bool whole, bool verify,
+                      const std::string& what) {
   if (c.compression.codec != Compression::Codec::kNone) {
     throw Error(ErrorCode::kUnsupported, what + ": a compressed chunk; reading compressed chunks from object "
                                                 "storage is not supported yet (save for s3:// without compression, "
@@ -207,21 +210,15 @@ uint64_t ReadObjectPart(const ObjectSource& s, const std::string& key, DType dty
                                          " block digests for its " + std::to_string(n) + " bytes in blocks of " +
                                          std::to_string(b));
   }
-  if (verify && region == c.box && storage::ChecksumOfBlocks(c.blocks) != c.checksum) {
+  if (verify && whole && storage::ChecksumOfBlocks(c.blocks) != c.checksum) {
     throw Error(ErrorCode::kCorrupt, what + ": checksum mismatch: the index says " + c.checksum +
                                          ", the block digests hash to " + storage::ChecksumOfBlocks(c.blocks));
   }
-  // The byte runs of the region, in increasing order in the chunk.
-  auto* out = static_cast<unsigned char*>(dst);
-  std::vector<ByteRun> runs;
-  layout::ForEachRun(c.box, dst_box, region, [&](const layout::Run& r) {
-    runs.push_back({static_cast<uint64_t>(r.src) * item, static_cast<uint64_t>(r.count) * item, out + r.dst * item});
-  });
-  std::sort(runs.begin(), runs.end(), [](const ByteRun& x, const ByteRun& y) { return x.src < y.src; });
-  // Whole blocks they touch, close ranges merged, cut into pieces of at most kPieceBytes.
-  struct Piece {
-    uint64_t b0, b1;  // blocks [b0, b1)
-  };
+}
+
+// The whole blocks of size `b` that `runs` (sorted by their byte in the chunk) touch, ranges
+// closer than kMergeGapBytes merged, cut into pieces of at most kPieceBytes.
+std::vector<Piece> PiecesOf(const std::vector<ByteRun>& runs, uint64_t b) {
   std::vector<Piece> ranges;
   const uint64_t gap_blocks = kMergeGapBytes / b;
   for (const ByteRun& r : runs) {
@@ -236,10 +233,25 @@ uint64_t ReadObjectPart(const ObjectSource& s, const std::string& key, DType dty
   std::vector<Piece> pieces;
   for (const Piece& r : ranges)
     for (uint64_t p = r.b0; p < r.b1; p += per_piece) pieces.push_back({p, std::min(r.b1, p + per_piece)});
+  return pieces;
+}
 
-  // Piece `i`'s bytes [from, to) of the chunk, at `data`: checked block by block, then the
+// One chunk's part being read from its object: where it lies, and what is copied out.
+struct RangedChunk {
+  const ObjectSource& s;
+  const FileMeta& f;
+  const ChunkMeta& c;
+  std::string object;  // the object's key
+  std::string what;    // names the chunk in errors
+  uint64_t n = 0;      // the chunk's bytes
+  uint64_t b = 0;      // its block size
+  uint64_t at = 0;     // its first byte in the object
+  bool verify = true;
+  std::vector<ByteRun> runs;  // the region's byte runs, sorted by their byte in the chunk
+
+  // The piece's bytes [from, to) of the chunk, at `data`: checked block by block, then the
   // runs' bytes among them copied out.
-  const auto consume = [&](const Piece& piece, uint64_t from, uint64_t to, const unsigned char* data) {
+  void Consume(const Piece& piece, uint64_t from, uint64_t to, const unsigned char* data) const {
     if (verify) {
       for (uint64_t k = piece.b0; k < piece.b1; ++k) {
         const uint64_t len = std::min(b, n - k * b);
@@ -258,16 +270,18 @@ uint64_t ReadObjectPart(const ObjectSource& s, const std::string& key, DType dty
       const uint64_t lo = std::max(from, it->src), hi = std::min(to, it->src + it->len);
       std::memcpy(it->to + (lo - it->src), data + (lo - from), static_cast<std::size_t>(hi - lo));
     }
-  };
-  if (window && window->spans && n <= kWindowChunkBytes && pieces.size() == 1) {
-    const uint64_t from = pieces[0].b0 * b, to = std::min(n, pieces[0].b1 * b);
+  }
+
+  // A small chunk's one piece, served from `window`: refilled when it does not hold the
+  // piece, from its first byte over the small chunks that follow (gaps under
+  // kMergeGapBytes), up to kWindowBytes, never past the object's end. Returns bytes fetched.
+  uint64_t ThroughWindow(const Piece& piece, ObjectWindow& window) const {
+    const uint64_t from = piece.b0 * b, to = std::min(n, piece.b1 * b);
     uint64_t got = 0;
-    if (window->object != object || at + from < window->begin || at + to > window->begin + window->bytes.size()) {
-      // A new window from this chunk's first byte on, over the small chunks that follow
-      // (gaps under kMergeGapBytes), up to kWindowBytes; never past the object's end.
+    if (window.object != object || at + from < window.begin || at + to > window.begin + window.bytes.size()) {
       const uint64_t start = at + from;
       uint64_t end = at + to;
-      if (const auto it = window->spans->find(f.name); it != window->spans->end()) {
+      if (const auto it = window.spans->find(f.name); it != window.spans->end()) {
         const auto& spans = it->second;
         auto sp = std::upper_bound(spans.begin(), spans.end(), start,
                                    [](uint64_t v, const std::pair<uint64_t, uint64_t>& r) { return v < r.second; });
@@ -277,54 +291,78 @@ uint64_t ReadObjectPart(const ObjectSource& s, const std::string& key, DType dty
           end = std::max(end, sp->second);
         }
       }
-      window->object.clear();
-      window->begin = start;
-      window->bytes.resize(static_cast<std::size_t>(end - start));
-      s.store->GetRange(s.bucket, object, window->begin,
-                        std::span<std::byte>(reinterpret_cast<std::byte*>(window->bytes.data()), window->bytes.size()));
-      window->object = object;
-      got = window->bytes.size();
+      window.object.clear();
+      window.begin = start;
+      window.bytes.resize(static_cast<std::size_t>(end - start));
+      s.store->GetRange(s.bucket, object, window.begin,
+                        std::span<std::byte>(reinterpret_cast<std::byte*>(window.bytes.data()), window.bytes.size()));
+      window.object = object;
+      got = window.bytes.size();
     }
-    consume(pieces[0], from, to, window->bytes.data() + (at + from - window->begin));
+    Consume(piece, from, to, window.bytes.data() + (at + from - window.begin));
     return got;
   }
 
-  std::atomic<uint64_t> fetched{0};
-  std::atomic<std::size_t> next{0};
-  std::atomic<bool> failed{false};
-  std::mutex mu;
-  std::exception_ptr first;
-  auto work = [&] {
-    std::vector<unsigned char> buf;
-    try {
-      for (std::size_t i; !failed && (i = next.fetch_add(1)) < pieces.size();) {
-        const uint64_t from = pieces[i].b0 * b, to = std::min(n, pieces[i].b1 * b);
-        buf.resize(static_cast<std::size_t>(to - from));
-        s.store->GetRange(s.bucket, object, at + from,
-                          std::span<std::byte>(reinterpret_cast<std::byte*>(buf.data()), buf.size()));
-        fetched += to - from;
-        consume(pieces[i], from, to, buf.data());
+  // Every piece by its own ranged GET, kParallel at a time. Returns bytes fetched.
+  uint64_t Fetch(const std::vector<Piece>& pieces) const {
+    std::atomic<uint64_t> fetched{0};
+    std::atomic<std::size_t> next{0};
+    std::atomic<bool> failed{false};
+    std::mutex mu;
+    std::exception_ptr first;
+    auto work = [&] {
+      std::vector<unsigned char> buf;
+      try {
+        for (std::size_t i; !failed && (i = next.fetch_add(1)) < pieces.size();) {
+          const uint64_t from = pieces[i].b0 * b, to = std::min(n, pieces[i].b1 * b);
+          buf.resize(static_cast<std::size_t>(to - from));
+          s.store->GetRange(s.bucket, object, at + from,
+                            std::span<std::byte>(reinterpret_cast<std::byte*>(buf.data()), buf.size()));
+          fetched += to - from;
+          Consume(pieces[i], from, to, buf.data());
+        }
+      } catch (...) {
+        std::lock_guard lock(mu);
+        if (!first) first = std::current_exception();
+        failed = true;
       }
-    } catch (...) {
-      std::lock_guard lock(mu);
-      if (!first) first = std::current_exception();
-      failed = true;
+    };
+    const std::size_t threads = std::min(kParallel, pieces.size());
+    {
+      auto helpers = storage::SpawnThreads(threads > 0 ? threads - 1 : 0, [&](std::size_t) { work(); });
+      work();
     }
-  };
-  const std::size_t threads = std::min(kParallel, pieces.size());
-  {
-    auto helpers = storage::SpawnThreads(threads > 0 ? threads - 1 : 0, [&](std::size_t) { work(); });
-    work();
-  }
-  if (first) {
-    try {
-      std::rethrow_exception(first);
-    } catch (const Error& e) {  // the object gone (404) or other than indexed: replaced meanwhile?
-      if (e.code() == ErrorCode::kCorrupt || e.code() == ErrorCode::kNotFound) s.ThrowIfChanged(e);
-      throw;
+    if (first) {
+      try {
+        std::rethrow_exception(first);
+      } catch (const Error& e) {  // the object gone (404) or other than indexed: replaced meanwhile?
+        if (e.code() == ErrorCode::kCorrupt || e.code() == ErrorCode::kNotFound) s.ThrowIfChanged(e);
+        throw;
+      }
     }
+    return fetched;
   }
-  return fetched;
+};
+
+}  // namespace
+
+uint64_t ReadObjectPart(const ObjectSource& s, const std::string& key, DType dtype, const ChunkMeta& c,
+                        const Box& region, void* dst, const Box& dst_box, bool verify, ObjectWindow* window) {
+  const FileMeta& f = s.File(c.file);
+  std::string what = s.url + "/" + f.name + ": tensor '" + key + "' chunk " + c.box.ToString();
+  const std::size_t item = DTypeSize(dtype);
+  const uint64_t n = static_cast<uint64_t>(c.box.NumElements()) * item;
+  if (n == 0 || region.NumElements() == 0) return 0;
+  CheckRangedChunk(f, c, n, region == c.box, verify, what);
+  RangedChunk r{s, f, c, s.Key(f.name), std::move(what), n, c.block_bytes, *c.offset, verify, {}};
+  auto* out = static_cast<unsigned char*>(dst);
+  layout::ForEachRun(c.box, dst_box, region, [&](const layout::Run& run) {
+    r.runs.push_back({static_cast<uint64_t>(run.src) * item, static_cast<uint64_t>(run.count) * item, out + run.dst * item});
+  });
+  std::sort(r.runs.begin(), r.runs.end(), [](const ByteRun& x, const ByteRun& y) { return x.src < y.src; });
+  const std::vector<Piece> pieces = PiecesOf(r.runs, r.b);
+  if (window && window->spans && r.n <= kWindowChunkBytes && pieces.size() == 1) return r.ThroughWindow(pieces[0], *window);
+  return r.Fetch(pieces);
 }
 
 }  // namespace ckpt::internal
