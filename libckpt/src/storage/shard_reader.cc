@@ -496,6 +496,13 @@ ShardReader::Located ShardReader::Find(const std::string& key, DType dtype, cons
   if (elements < 0 || __builtin_mul_overflow(elements, static_cast<int64_t>(item), &bytes))
     internal::CheckedMul(elements, static_cast<int64_t>(item), m.Where(key, chunk));  // throws
   at.chunk_bytes = static_cast<uint64_t>(bytes);
+  if (!FindWithoutHeader(key, dtype, chunk, by_header, at)) FindThroughHeader(key, dtype, chunk, by_header, address, at);
+  return at;
+}
+
+bool ShardReader::FindWithoutHeader(const std::string& key, DType dtype, const ChunkMeta& chunk, bool by_header,
+                                    Located& at) {
+  Impl& m = *impl_;
   // A v2 chunk located by its (digest-checked) index record: no dataset opened. (Only the
   // checkpoint reader fills `offset`, from an index it checked; a verifier clears it to
   // check the HDF5 header, and a lone shard's chunks never carry it.)
@@ -513,7 +520,8 @@ ShardReader::Located ShardReader::Find(const std::string& key, DType dtype, cons
                                              std::to_string(*chunk.offset) + ", its pack's HDF5 header at byte " +
                                              std::to_string(packed.base));
       }
-      return packed;
+      at = std::move(packed);
+      return true;
     }
     if (*chunk.offset > m.size || at.chunk_bytes > m.size - *chunk.offset) {
       throw Error(ErrorCode::kCorrupt, m.Where(key, chunk) + ": data at offset " + std::to_string(*chunk.offset) +
@@ -522,7 +530,7 @@ ShardReader::Located ShardReader::Find(const std::string& key, DType dtype, cons
     }
     at.contiguous = true;
     at.base = *chunk.offset;
-    return at;
+    return true;
   }
   // An empty v2 chunk (FORMAT.md §9.1: no bytes, no blocks, hence no offset) from a checked
   // index (TrustRecords) has nothing in the file to find: its dataset is not
@@ -533,10 +541,13 @@ ShardReader::Located ShardReader::Find(const std::string& key, DType dtype, cons
     if (m.foreign_links < 0) m.foreign_links = h5::ForeignLinks(m.file.get(), 1).empty() ? 0 : 1;
     if (m.foreign_links == 0) {
       at.contiguous = true;
-      return at;
+      return true;
     }
   }
-  if (chunk.pack_offset) return FindPacked(key, chunk, at.chunk_bytes);
+  if (chunk.pack_offset) {
+    at = FindPacked(key, chunk, at.chunk_bytes);
+    return true;
+  }
   if (auto it = by_header ? m.index.end() : m.index.find(chunk.dataset);
       it != m.index.end() && chunk.compression.codec == Compression::Codec::kNone) {
     const ShardIndexEntry& d = *it->second;
@@ -546,9 +557,15 @@ ShardReader::Located ShardReader::Find(const std::string& key, DType dtype, cons
         at.chunk_bytes <= m.size - offset) {
       at.contiguous = true;
       at.base = offset;
-      return at;
+      return true;
     }
   }
+  return false;
+}
+
+void ShardReader::FindThroughHeader(const std::string& key, DType dtype, const ChunkMeta& chunk, bool by_header,
+                                    const uint64_t* address, Located& at) {
+  Impl& m = *impl_;
   std::string problem;
   at.ds = by_header && address ? h5::TryOpenOwnDatasetAt(m.file.get(), m.raw, chunk.dataset, *address, problem)
                                 : h5::TryOpenOwnDataset(m.file.get(), m.raw, chunk.dataset, problem);
@@ -606,14 +623,14 @@ ShardReader::Located ShardReader::Find(const std::string& key, DType dtype, cons
       }
     }
   }
-  if (at.chunk_bytes == 0 || !at.contiguous) return at;
+  if (at.chunk_bytes == 0 || !at.contiguous) return;
   if (base == HADDR_UNDEF || base > m.size || at.chunk_bytes > m.size - base) {
     throw Error(ErrorCode::kCorrupt, m.Where(key, chunk) + ": data lies past the end of the file (" +
                                          std::to_string(m.size) + " bytes): truncated");
   }
   at.base = base;
-  return at;
 }
+
 
 // A packed chunk (FORMAT.md §5.7) through its pack's HDF5 header: a 1-D uint8 contiguous
 // dataset whose extent holds the chunk's bytes from `pack_offset` on, inside the file.

@@ -141,6 +141,11 @@ class ShardReader {
   Located Find(const std::string& key, DType dtype, const ChunkMeta& chunk, bool by_header = false,
                const uint64_t* address = nullptr);
   Located FindPacked(const std::string& key, const ChunkMeta& chunk, uint64_t chunk_bytes);
+  // Find's steps: located without an HDF5 header (the index record, an empty chunk, the
+  // shard's own index), true if so; else the dataset opened and checked through HDF5.
+  bool FindWithoutHeader(const std::string& key, DType dtype, const ChunkMeta& chunk, bool by_header, Located& at);
+  void FindThroughHeader(const std::string& key, DType dtype, const ChunkMeta& chunk, bool by_header,
+                         const uint64_t* address, Located& at);
   void ReadIndexText();
   void LoadIndex();
   // Unverified reads (or v1 ones fed to `digest`), contiguous or through HDF5.
