@@ -289,6 +289,7 @@ storage::s3::S3Options ToS3Options(const ObjectStoreOptions& o) {
   s.access_key_id = o.access_key_id;
   s.secret_access_key = o.secret_access_key;
   s.session_token = o.session_token;
+  s.ca_bundle = o.ca_bundle;
   if (o.addressing == "auto" || o.addressing.empty()) {
     s.addressing = storage::s3::Addressing::kAuto;
   } else if (o.addressing == "path") {
