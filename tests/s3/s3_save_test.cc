@@ -11,7 +11,9 @@
 #include <barrier>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <mutex>
 #include <thread>
 
@@ -529,4 +531,48 @@ TEST_CASE("s3 save: bad options and URLs are clear errors; no secret in any mess
   CHECK(m[0].find("403") != std::string::npos);
   CHECK(m[0].find("WRONG-SECRET") == std::string::npos);
   CHECK(m[0].find(f.options.secret_access_key) == std::string::npos);
+}
+
+TEST_CASE("s3 save and load: no credentials anywhere is an error naming the URL it was for") {
+  // No AWS_* keys, no profile files: the process's environment, restored after.
+  ckpt_test::TempDir home("s3-nocreds");
+  const char* vars[] = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+                        "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "HOME"};
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved;
+  for (const char* v : vars) {
+    const char* old = std::getenv(v);
+    saved.emplace_back(v, old ? std::optional<std::string>(old) : std::nullopt);
+    ::unsetenv(v);
+  }
+  ::setenv("HOME", home.path().c_str(), 1);
+  ckpt::ObjectStoreOptions o;
+  o.endpoint = "http://127.0.0.1:9";  // never reached
+  o.staging_dir = home / "staging";
+  const std::string url = "s3://no-creds-bucket/run/step-7";
+  std::vector<std::string> messages;
+  std::vector<float> all = Values(1);
+  ckpt::SaveOptions so;
+  so.s3 = o;
+  const std::vector<ErrorCode> codes = SaveCodes(url, 1, all, 7, so, &messages);
+  ckpt::ErrorCode load_code{};
+  const std::string load_error = s3_test::ErrorOf(
+      [&] {
+        ckpt::StateDict target;
+        ckpt::SingleComm comm;
+        ckpt::LoadOptions lo;
+        lo.s3 = o;
+        ckpt::Load(url, target, comm, lo);
+      },
+      &load_code);
+  for (auto& [name, value] : saved) {
+    if (value) {
+      ::setenv(name.c_str(), value->c_str(), 1);
+    } else {
+      ::unsetenv(name.c_str());
+    }
+  }
+  CHECK(codes[0] == ErrorCode::kNotFound);
+  CHECK_MESSAGE(messages[0].find(url + ": no S3 credentials") != std::string::npos, messages[0]);
+  CHECK(load_code == ErrorCode::kNotFound);
+  CHECK_MESSAGE(load_error.find(url + ": no S3 credentials") != std::string::npos, load_error);
 }

@@ -62,7 +62,9 @@ void ThrowIfCommitChanged(storage::ObjectStore&, const std::string&, const std::
                           uint64_t, const Error&) {
   NoS3(url);
 }
-std::shared_ptr<storage::ObjectStore> OpenObjectStore(const ObjectStoreOptions&) { NoS3("s3://"); }
+std::shared_ptr<storage::ObjectStore> OpenObjectStore(const ObjectStoreOptions&, const std::string& url) {
+  NoS3(url);
+}
 void SetObjectStoreWrapperForTest(
     std::function<std::shared_ptr<storage::ObjectStore>(std::shared_ptr<storage::ObjectStore>)>) {}
 
@@ -100,8 +102,15 @@ struct Target {
 };
 
 // An S3Store of `options` (its endpoint in `endpoint`), through the test wrapper if one is set.
-std::shared_ptr<storage::ObjectStore> OpenStore(const ObjectStoreOptions& options, std::string* endpoint) {
-  auto store = std::make_shared<storage::S3Store>(ToS3Options(options));
+// A configuration error (no credentials, a bad endpoint) names the URL it was opened for.
+std::shared_ptr<storage::ObjectStore> OpenStore(const ObjectStoreOptions& options, std::string* endpoint,
+                                                const std::string& url) {
+  std::shared_ptr<storage::S3Store> store;
+  try {
+    store = std::make_shared<storage::S3Store>(ToS3Options(options));
+  } catch (const Error& e) {
+    throw Error(e.code(), url + ": " + e.what());
+  }
   if (endpoint) *endpoint = store->config().endpoint;
   std::lock_guard lock(g_mu);
   if (g_wrap) return g_wrap(store);
@@ -119,7 +128,7 @@ Target Open(const std::string& url, const ObjectStoreOptions& options, bool need
   if (need_prefix && t.prefix.empty()) {
     throw Error(ErrorCode::kInvalidArgument, url + ": a checkpoint needs a prefix below the bucket (s3://bucket/name)");
   }
-  t.store = OpenStore(options, &t.endpoint);
+  t.store = OpenStore(options, &t.endpoint, url);
   return t;
 }
 
@@ -560,8 +569,8 @@ fs::path DownloadToCache(const std::string& url, const ObjectStoreOptions& optio
   return dir;
 }
 
-std::shared_ptr<storage::ObjectStore> OpenObjectStore(const ObjectStoreOptions& options) {
-  return OpenStore(options, nullptr);
+std::shared_ptr<storage::ObjectStore> OpenObjectStore(const ObjectStoreOptions& options, const std::string& url) {
+  return OpenStore(options, nullptr, url);
 }
 
 void SetObjectStoreWrapperForTest(

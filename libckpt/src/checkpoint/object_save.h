@@ -119,8 +119,9 @@ void DownloadObjectCheckpoint(const std::string& url, const ObjectStoreOptions& 
 std::filesystem::path DownloadToCache(const std::string& url, const ObjectStoreOptions& options, int rank);
 
 // The store of `options` (an S3Store), through the test wrapper below if one is set: what
-// saves, leftover cleaning, downloads and ranged reads of s3:// use.
-std::shared_ptr<storage::ObjectStore> OpenObjectStore(const ObjectStoreOptions& options);
+// saves, leftover cleaning, downloads and ranged reads of s3:// use. Its configuration errors
+// (no credentials, ...) name `url`, what it is opened for.
+std::shared_ptr<storage::ObjectStore> OpenObjectStore(const ObjectStoreOptions& options, const std::string& url);
 
 // For tests: wraps every store s3:// opens from now on (saves and reads; nullptr: none).
 void SetObjectStoreWrapperForTest(
