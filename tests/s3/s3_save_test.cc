@@ -13,6 +13,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <optional>
 #include <mutex>
 #include <thread>
@@ -39,6 +40,7 @@ class Wrapper : public s3_test::ForwardingStore {
   using ForwardingStore::ForwardingStore;
   std::function<void(const std::string& key)> before_put;   // PutIfAbsent, PutIfMatch, Put
   std::function<void(const std::string& key, int part)> before_part;
+  std::function<void(const std::string& key)> before_get_range;
   bool plain_puts = false;  // a store that ignores If-None-Match / If-Match
 
   std::string Put(const std::string& b, const std::string& k, st::ByteSpan body) override {
@@ -61,6 +63,10 @@ class Wrapper : public s3_test::ForwardingStore {
     if (before_part) before_part(k, n);
     return ForwardingStore::UploadPart(b, k, id, n, body);
   }
+  void GetRange(const std::string& b, const std::string& k, uint64_t offset, std::span<std::byte> out) override {
+    if (before_get_range) before_get_range(k);
+    ForwardingStore::GetRange(b, k, offset, out);
+  }
 };
 
 // Every store a save opens goes through one Wrapper while this lives (hooks on `hooks`).
@@ -74,6 +80,9 @@ struct Wrapped {
       };
       w->before_part = [this](const std::string& k, int n) {
         if (hooks.before_part) hooks.before_part(k, n);
+      };
+      w->before_get_range = [this](const std::string& k) {
+        if (hooks.before_get_range) hooks.before_get_range(k);
       };
       w->plain_puts = hooks.plain_puts;
       return w;
@@ -575,4 +584,53 @@ TEST_CASE("s3 save and load: no credentials anywhere is an error naming the URL 
   CHECK_MESSAGE(messages[0].find(url + ": no S3 credentials") != std::string::npos, messages[0]);
   CHECK(load_code == ErrorCode::kNotFound);
   CHECK_MESSAGE(load_error.find(url + ": no S3 credentials") != std::string::npos, load_error);
+}
+
+TEST_CASE("s3 Load: a killed load's download cache is collected like a save's staging; a live one never") {
+  Fixture f;
+  std::vector<float> all = Values(12);
+  ckpt::SaveOptions zstd = f.Save(false);
+  zstd.compression.codec = ckpt::Compression::Codec::kZstd;  // Load downloads it
+  for (ErrorCode code : SaveCodes(f.Url("cz"), 1, all, 5, zstd)) CHECK(code == ErrorCode::kInternal);
+  const std::filesystem::path root = f.options.staging_dir;
+  // What a load killed during its download left: its directory, nobody holding its lock.
+  const auto killed_load = [&] {
+    const std::filesystem::path dead = root / "load-0123456789abcdef-r0";
+    std::filesystem::create_directories(dead);
+    std::ofstream(dead / "metadata.json") << "{}";
+    std::filesystem::last_write_time(dead, std::filesystem::file_time_type::clock::now() - std::chrono::hours(2));
+    return dead;
+  };
+  std::filesystem::path dead = killed_load();
+  ckpt::files::CleanObjectLeftovers(f.Url("cz"), f.options);  // older than the 1 h grace
+  CHECK_FALSE(std::filesystem::exists(dead));
+  dead = killed_load();
+  SaveRanks(f, f.Url("cz2"), 1, all, 6);  // the next save
+  CHECK_FALSE(std::filesystem::exists(dead));
+
+  // A live load's cache: a cleaner with no grace at all, run while it downloads, leaves it.
+  Wrapped w;
+  int cleaned_during_download = 0;
+  w.hooks.before_get_range = [&](const std::string& key) {
+    if (key.find("/shard-") == std::string::npos || cleaned_during_download++) return;
+    bool cache_seen = false;
+    for (const auto& e : std::filesystem::directory_iterator(root)) {
+      cache_seen |= e.path().filename().string().rfind("load-", 0) == 0;
+    }
+    CHECK(cache_seen);
+    ckpt::ObjectStoreOptions now = f.options;
+    now.leftover_grace_seconds = 0;
+    ckpt::files::CleanObjectLeftovers(f.Url("cz"), now);
+  };
+  std::vector<float> back(all.size(), -1.0f);
+  ckpt::StateDict t;
+  t.Add("w", ckpt::Tensor::Full(ckpt::DType::kFloat32, {kRows, kCols}, back.data()));
+  t.Add("step", ckpt::Scalar::Int(0));
+  ckpt::SingleComm comm;
+  ckpt::LoadOptions lo;
+  lo.s3 = f.options;
+  CHECK_NOTHROW(ckpt::Load(f.Url("cz"), t, comm, lo));
+  CHECK(cleaned_during_download == 1);
+  CHECK(back == all);
+  CHECK(f.StagingEmpty());
 }

@@ -57,7 +57,8 @@ void RemoveObjectCheckpoint(const std::string& url, const ObjectStoreOptions&) {
 void DownloadObjectCheckpoint(const std::string& url, const ObjectStoreOptions&, const fs::path&, uint64_t) {
   NoS3(url);
 }
-std::filesystem::path DownloadToCache(const std::string& url, const ObjectStoreOptions&, int) { NoS3(url); }
+CacheDir::~CacheDir() = default;
+std::unique_ptr<CacheDir> DownloadToCache(const std::string& url, const ObjectStoreOptions&, int) { NoS3(url); }
 void ThrowIfCommitChanged(storage::ObjectStore&, const std::string&, const std::string&, const std::string& url,
                           uint64_t, const Error&) {
   NoS3(url);
@@ -259,8 +260,10 @@ fs::path StagingRoot(const ObjectStoreOptions& o) {
 }
 
 // A save's local staging directory under the staging root: "<nonce>-r<rank>" or
-// "<nonce>-writer" (LocalStaging).
-bool IsStagingName(const std::string& name) {
+// "<nonce>-writer" (LocalStaging); a Load's download cache: "load-<nonce>-r<rank>"
+// (DownloadToCache).
+bool IsStagingName(std::string name) {
+  if (name.rfind("load-", 0) == 0) name.erase(0, 5);
   if (name.size() < 18 || name[16] != '-' || !std::all_of(name.begin(), name.begin() + 16, IsHex)) return false;
   const std::string tag = name.substr(17);
   if (tag == "writer") return true;
@@ -285,6 +288,23 @@ void CleanStaging(const fs::path& root, int64_t grace_seconds) {
       storage::RemoveAllQuietly(e.path());  // its owner is gone: nobody holds the lock
     }
     ::close(fd);
+  }
+}
+
+// Makes `dir` and flock's it (the fd returned, to be closed when the directory is done with:
+// CleanStaging removes it only once nobody holds it). A cleaner that removed it between the
+// two (it was not locked yet) makes us start again: the lock must be on the directory at `dir`.
+int MakeLockedStaging(const fs::path& dir) {
+  for (int attempt = 0;; ++attempt) {
+    storage::MakeDirs(dir);
+    const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+    struct stat locked {}, now {};
+    if (fd >= 0 && ::flock(fd, LOCK_EX) == 0 && ::fstat(fd, &locked) == 0 && ::stat(dir.c_str(), &now) == 0 &&
+        locked.st_ino == now.st_ino && locked.st_dev == now.st_dev) {
+      return fd;
+    }
+    if (fd >= 0) ::close(fd);
+    if (attempt >= 8) throw Error(ErrorCode::kIO, dir.string() + ": cannot make and lock the staging directory");
   }
 }
 
@@ -405,20 +425,7 @@ const fs::path& ObjectSave::LocalStaging(const std::string& tag) {
     // What killed saves left here (their locks died with them).
     CleanStaging(root, impl_->options.leftover_grace_seconds);
     const fs::path dir = root / (nonce_ + "-" + tag);
-    // Made, then locked; a cleaner that removed it between the two (it was not locked yet)
-    // makes us start again: the lock must be on the directory at `dir`.
-    for (int attempt = 0;; ++attempt) {
-      storage::MakeDirs(dir);
-      const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
-      struct stat locked {}, now {};
-      if (fd >= 0 && ::flock(fd, LOCK_EX) == 0 && ::fstat(fd, &locked) == 0 && ::stat(dir.c_str(), &now) == 0 &&
-          locked.st_ino == now.st_ino && locked.st_dev == now.st_dev) {
-        impl_->staging_lock = fd;
-        break;
-      }
-      if (fd >= 0) ::close(fd);
-      if (attempt >= 8) throw Error(ErrorCode::kIO, dir.string() + ": cannot make and lock the staging directory");
-    }
+    impl_->staging_lock = MakeLockedStaging(dir);
     impl_->staging = dir;
   }
   return impl_->staging;
@@ -558,15 +565,19 @@ void DownloadObjectCheckpoint(const std::string& url, const ObjectStoreOptions& 
   storage::WriteFileSynced(dir / names::kMetadataFile, text);
 }
 
-fs::path DownloadToCache(const std::string& url, const ObjectStoreOptions& options, int rank) {
-  const fs::path dir = StagingRoot(options) / ("load-" + storage::SaveNonce() + "-r" + std::to_string(rank));
-  try {
-    DownloadObjectCheckpoint(url, options, dir, options.cache_max_bytes);
-  } catch (...) {
-    storage::RemoveAllQuietly(dir);
-    throw;
-  }
-  return dir;
+CacheDir::~CacheDir() {
+  if (!path_.empty()) storage::RemoveAllQuietly(path_);
+  if (lock_ >= 0) ::close(lock_);
+}
+
+std::unique_ptr<CacheDir> DownloadToCache(const std::string& url, const ObjectStoreOptions& options, int rank) {
+  const fs::path root = StagingRoot(options);
+  CleanStaging(root, options.leftover_grace_seconds);  // what killed saves and loads left
+  const fs::path dir = root / ("load-" + storage::SaveNonce() + "-r" + std::to_string(rank));
+  // Locked while this load lives, as a save's staging: a killed load's is collected.
+  auto cache = std::unique_ptr<CacheDir>(new CacheDir(dir, MakeLockedStaging(dir)));
+  DownloadObjectCheckpoint(url, options, dir, options.cache_max_bytes);  // on error, ~CacheDir
+  return cache;
 }
 
 std::shared_ptr<storage::ObjectStore> OpenObjectStore(const ObjectStoreOptions& options, const std::string& url) {
