@@ -292,14 +292,17 @@ void CleanStaging(const fs::path& root, int64_t grace_seconds) {
 }
 
 // Makes `dir` and flock's it (the fd returned, to be closed when the directory is done with:
-// CleanStaging removes it only once nobody holds it). A cleaner that removed it between the
-// two (it was not locked yet) makes us start again: the lock must be on the directory at `dir`.
+// CleanStaging, LOCK_EX | LOCK_NB, removes it only once nobody holds it). A shared lock: a
+// local commit into the directory (a tool's staged checkpoint, storage/commit.cc) takes one
+// on its parent too, and an exclusive one here would make it wait for ever on its own
+// process. A cleaner that removed it between the two (it was not locked yet) makes us start
+// again: the lock must be on the directory at `dir`.
 int MakeLockedStaging(const fs::path& dir) {
   for (int attempt = 0;; ++attempt) {
     storage::MakeDirs(dir);
     const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
     struct stat locked {}, now {};
-    if (fd >= 0 && ::flock(fd, LOCK_EX) == 0 && ::fstat(fd, &locked) == 0 && ::stat(dir.c_str(), &now) == 0 &&
+    if (fd >= 0 && ::flock(fd, LOCK_SH) == 0 && ::fstat(fd, &locked) == 0 && ::stat(dir.c_str(), &now) == 0 &&
         locked.st_ino == now.st_ino && locked.st_dev == now.st_dev) {
       return fd;
     }
