@@ -14,7 +14,9 @@
 #include <sys/stat.h>
 
 #include "ckpt/ckpt.h"
+#include "ckpt/verify.h"
 #include "ckpt_edit.h"
+#include "storage/shard_reader.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -371,4 +373,33 @@ TEST_CASE("a shard that is not HDF5 at all") {
   const std::string e = f.LoadError();
   CHECK(Has(e, "shard-00000-of-00002.h5"));
   CHECK(Has(e, "not a readable HDF5 file"));
+}
+
+TEST_CASE("VerifyCheckpoint beside a load's reader of the same shard: each takes HDF5's evict-on-close setting the file has") {
+  TempDir tmp("ve");
+  const fs::path dir = tmp.path() / "c";
+  std::vector<float> w(24, 1.5f);
+  {
+    StateDict sd;
+    sd.Add("w", Tensor::Full(DType::kFloat32, {6, 4}, w.data()));
+    SingleComm comm;
+    Save(dir, sd, comm);
+  }
+  const std::string name = ReadMetadata(dir).files[0].name;
+  {
+    storage::ShardReader held(dir, name);  // a load's reader, default settings, kept open
+    for (bool quick : {false, true}) {
+      CheckOptions o;
+      o.quick = quick;
+      const VerifyReport r = VerifyCheckpoint(dir, o);
+      INFO((r.ok() ? std::string() : r.problems[0].message));
+      CHECK(r.ok());
+    }
+    CHECK(!storage::ShardReader(dir, name, /*use_index=*/false, /*evict_on_close=*/true).IndexText().empty());
+  }
+  {
+    storage::ShardReader evicting(dir, name, /*use_index=*/false, /*evict_on_close=*/true);  // verify's
+    storage::ShardReader plain(dir, name);  // a load meanwhile
+    CHECK(!plain.Index().entries.empty());
+  }
 }

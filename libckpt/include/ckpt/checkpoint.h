@@ -23,6 +23,10 @@ namespace ckpt {
 
 inline constexpr const char* kMetadataFileName = "metadata.json";
 
+// Whether `path` names a checkpoint on object storage ("s3://bucket/prefix"), which the
+// calls below taking ObjectStoreOptions read or write, rather than a local directory.
+CKPT_API bool IsObjectUrl(const std::filesystem::path& path);
+
 // Where and how a checkpoint on S3-compatible object storage (`s3://bucket/prefix/step-100`)
 // is written. Empty or unset fields come from the AWS environment (AWS_ENDPOINT_URL_S3,
 // AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
@@ -281,8 +285,25 @@ struct FileRange {
 
 // Random access to a committed checkpoint, for tools and loaders. Not collective.
 // Thread-safety: one reader per thread.
+// How CheckpointReader::Open reads a checkpoint.
+struct ReaderOptions {
+  // false: a v2 checkpoint's shard indexes are read as chunks are first wanted (each once,
+  // checked against its digest) instead of all when opening (Metadata::resolved false).
+  bool resolve = true;
+  // Refuse at open (kCorrupt) a checkpoint whose structure is unsound, as Load does (see
+  // StructureProblems). false: open it anyway, to look at a broken checkpoint; reads stay
+  // safe (a region its chunks do not fill is kCorrupt, never unwritten memory).
+  bool check_structure = true;
+  // For an s3:// checkpoint: how to reach the store (ignored for a local directory).
+  ObjectStoreOptions s3;
+};
+
 class CKPT_API CheckpointReader {
  public:
+  // A checkpoint directory or an s3:// checkpoint, read as `options` say. A directory is
+  // pinned (FORMAT.md §2.7): every file is opened through one handle on it, so the reader
+  // reads this one checkpoint to its last read, or fails with kChanged.
+  static std::unique_ptr<CheckpointReader> Open(const std::filesystem::path& dir, const ReaderOptions& options);
   // With `resolve` false, a v2 checkpoint's shard indexes are read as chunks are first
   // wanted (each once, checked against its digest) instead of all when opening.
   static std::unique_ptr<CheckpointReader> Open(const std::filesystem::path& dir, bool resolve = true);
@@ -290,7 +311,33 @@ class CKPT_API CheckpointReader {
   // (LoadOptions::s3); LocateChunk gives nullopt (no local file).
   static std::unique_ptr<CheckpointReader> Open(const std::filesystem::path& dir, const ObjectStoreOptions& s3,
                                                 bool resolve = false);
+  // One shard file (shard-*.h5) on its own, outside its checkpoint: its tensors as its
+  // ckpt_shard_index attribute lists them (bytes entries left out), each chunk's dataset
+  // checked as a read checks it. A lone shard records no checksums (they are in
+  // metadata.json), so `verify` checks nothing and VerifyChunk does nothing; a tensor may be
+  // only partly in the file (ReadRegion of a part it lacks is kInvalidArgument).
+  static std::unique_ptr<CheckpointReader> OpenShard(const std::filesystem::path& file);
   virtual ~CheckpointReader() = default;
+
+  // Another reader of the same checkpoint, for another thread (a reader is used by one
+  // thread at a time): the same pinned directory, object source or shard, and the same
+  // metadata, never a checkpoint written at dir() since this one was opened.
+  virtual std::unique_ptr<CheckpointReader> Reopen() const = 0;
+  // A path that names file `name` of the checkpoint this reader reads, through its pinned
+  // directory (valid while this reader lives), for a program that opens the files itself;
+  // nullopt where there is no such path (object storage, a lone shard).
+  virtual std::optional<std::filesystem::path> PinnedPath(std::string_view name) const = 0;
+  // Throws kChanged where the checkpoint at dir() was replaced or removed since it was
+  // opened (its files are then no longer all there for later reads).
+  virtual void ThrowIfReplaced() const = 0;
+  // What makes the checkpoint's structure unsound, one message per problem naming the key
+  // (empty when sound): chunks that do not tile their tensor -- out of bounds, overlapping,
+  // leaving elements uncovered (FORMAT.md §8.5) -- and, once every chunk record is read
+  // (Metadata::resolved), an entry whose stored_bytes is not its records' sum (§3.5).
+  virtual std::vector<std::string> StructureProblems() const = 0;
+  // Throws kCorrupt, naming metadata.json and listing them, where StructureProblems() finds
+  // any: what Open checks unless ReaderOptions::check_structure is false.
+  virtual void CheckStructure() const = 0;
 
   virtual const Metadata& metadata() const = 0;
   virtual const std::filesystem::path& dir() const = 0;

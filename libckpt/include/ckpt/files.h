@@ -11,7 +11,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
-
+#include <utility>
 #include <vector>
 
 #include "ckpt/checkpoint.h"
@@ -21,9 +21,11 @@ namespace ckpt::files {
 
 // Creates `dir` and its missing parents; kIO naming the directory that could not be made.
 CKPT_API void MakeDirs(const std::filesystem::path& dir);
-// Reads a small regular file (never a FIFO, device or symbolic link), refusing more than
-// `max_bytes`; kNotFound if it is absent.
-CKPT_API std::string ReadSmallFile(const std::filesystem::path& path, uint64_t max_bytes);
+// Reads a small regular file (never a FIFO or device), refusing more than `max_bytes`
+// (kCorrupt, before reading any); kNotFound if it is absent. A symbolic link is followed only
+// with `follow_symlinks` (a path a user named, not one a checkpoint names).
+CKPT_API std::string ReadSmallFile(const std::filesystem::path& path, uint64_t max_bytes,
+                                   bool follow_symlinks = false);
 // Writes a small file atomically: staged beside `target`, fsynced, renamed into place, the
 // parent fsynced. A reader sees the old content or the new, never a part.
 CKPT_API void CommitFile(const std::filesystem::path& target, std::string_view data);
@@ -34,6 +36,111 @@ CKPT_API void RemoveCheckpoint(const std::filesystem::path& dir);
 // `is_target`, unless another writer is at work in `parent` now. Returns how many it removed.
 CKPT_API std::size_t CleanLeftovers(const std::filesystem::path& parent,
                                     const std::function<bool(std::string_view)>& is_target);
+
+// ---- Staged outputs (FORMAT.md §2's commit, for any file or directory) -----------------
+// An output is written in full at a staging sibling of its target
+// (".<name>.ckpt-tmp-<random>"), fsynced, then committed by one atomic rename; the parent
+// directory is fsynced before any old content is removed. A commit that fails leaves the
+// target as it was. Leftovers of killed writers are removed by the next staging for the
+// same target (never a live writer's: writers hold a shared lock on the parent).
+
+// What a commit may replace at its target.
+enum class Replace {
+  kNever,     // nothing: a target that exists is kAlreadyExists
+  kExpected,  // exactly what was at the target when staging began (nothing, an empty
+              // directory, or the checkpoint the caller checked); anything else there now
+              // is kAlreadyExists: another writer got there first
+  kExisting,  // what is there now: a file by a file; a directory by a directory, which must
+              // be empty or a committed checkpoint (holding metadata.json)
+};
+
+// One output being staged. Destroying it uncommitted discards the staging (never throws).
+class CKPT_API StagedOutput {
+ public:
+  // Reserves a fresh staging path beside `target` (made as an empty directory when
+  // `directory`), creating the parent directory if needed. kInvalidArgument where the
+  // parent's file system cannot rename atomically (a FUSE mount of an object store).
+  StagedOutput(const std::filesystem::path& target, bool directory);
+  ~StagedOutput();
+  StagedOutput(StagedOutput&& other) noexcept;
+  StagedOutput& operator=(StagedOutput&& other) noexcept;
+  StagedOutput(const StagedOutput&) = delete;
+  StagedOutput& operator=(const StagedOutput&) = delete;
+
+  // Where to write the output; the target it will be committed at.
+  const std::filesystem::path& path() const { return staging_; }
+  const std::filesystem::path& target() const { return target_; }
+  // Commits the output, which the caller has written in full and fsynced (File::Sync,
+  // files::Fsync), at target(). Errors (kAlreadyExists, kIO) name the target; the staging is
+  // then still there, discarded with this object. REQUIRES: not committed or discarded.
+  void Commit(Replace replace);
+  // Removes the staging now (never throws); idempotent.
+  void Discard() noexcept;
+  bool committed() const { return committed_; }
+
+  // Commits several outputs all or nothing, in order (put last the one readers look for,
+  // such as an index naming the others): if any rename or fsync fails, the ones done are
+  // undone, last first, and every target is left as it was.
+  static void CommitAll(const std::vector<StagedOutput*>& outputs, Replace replace);
+
+ private:
+  std::filesystem::path staging_, target_;
+  bool committed_ = false;
+};
+
+// fsync of a file or a directory; kIO naming it.
+CKPT_API void Fsync(const std::filesystem::path& path);
+
+// ---- Files read and written in place, through libckpt's file-system seam ----------------
+// An open file, closed when destroyed. Errors (kIO; kNotFound where absent) name the path.
+// Threading: ReadAt, Scan and WriteAt of disjoint ranges may run on several threads.
+class CKPT_API File {
+ public:
+  File() = default;
+  ~File();
+  File(File&& other) noexcept;
+  File& operator=(File&& other) noexcept;
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+
+  // Opens a regular file for reading; a FIFO, device or directory is kCorrupt (and a FIFO
+  // does not block the open). A symbolic link is followed only with `follow_symlinks` (a
+  // path a user named, not one a checkpoint names).
+  static File OpenForRead(const std::filesystem::path& path, bool follow_symlinks = false);
+  // Creates a new file (kAlreadyExists if `path` exists) for reading and writing.
+  static File Create(const std::filesystem::path& path);
+
+  bool is_open() const { return fd_ >= 0; }
+  const std::filesystem::path& path() const { return path_; }
+  // The descriptor, owned by this File (for FileRange::fd and CopyFrom).
+  int fd() const { return fd_; }
+
+  uint64_t Size() const;
+  // Reads exactly `n` bytes at `offset`; kCorrupt naming the file where it ends early.
+  void ReadAt(void* buf, std::size_t n, uint64_t offset) const;
+  // Hands the `n` bytes at `offset` to `consume(data, length, position)` piece by piece, in
+  // order (position counted from `offset`), in bounded memory (large ranges straight from
+  // the page cache); a piece is valid during the call only. kCorrupt where the file ends early.
+  using Consumer = std::function<void(const unsigned char*, std::size_t, uint64_t)>;
+  void Scan(uint64_t offset, uint64_t n, const Consumer& consume) const;
+  void WriteAt(const void* buf, std::size_t n, uint64_t offset);
+  // Copies `n` bytes at `src_offset` of the open file `src_fd` (named `src_path` in errors)
+  // to `offset` of this file, inside the kernel where the file systems allow (a reflink or
+  // copy_file_range), else through a bounded buffer. kCorrupt if the source ends early.
+  void CopyFrom(int src_fd, const std::filesystem::path& src_path, uint64_t src_offset, uint64_t offset,
+                std::size_t n);
+  // Starts writing back what was written without waiting (a hint, so that Sync has little
+  // left); errors surface at Sync.
+  void StartWriteback();
+  // fsync; then Close reports a failed close.
+  void Sync();
+  void Close();
+
+ private:
+  File(int fd, std::filesystem::path path) : fd_(fd), path_(std::move(path)) {}
+  int fd_ = -1;
+  std::filesystem::path path_;
+};
 
 // ---- Checkpoints on object storage (s3://bucket/prefix) --------------------------------
 // `options` say how to reach the store (ckpt/checkpoint.h, ObjectStoreOptions).

@@ -137,6 +137,9 @@ struct CKPT_API EntryMeta {
   std::string value;              // scalar, json: the value as JSON text
 
   uint64_t TensorBytes() const;   // logical bytes of a tensor (shape x itemsize)
+  // The number of chunks the layout holds, whether or not `chunks` is filled: a grid's
+  // cells of non-zero volume; 1 for a tensor of zero volume.
+  int64_t ChunkCount() const;
 };
 
 struct FileMeta {

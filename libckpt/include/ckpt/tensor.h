@@ -6,6 +6,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -33,6 +35,38 @@ struct CKPT_API Box {
   std::string ToString() const;  // "[0:4, 8:16]"
   friend bool operator==(const Box&, const Box&) = default;
 };
+
+// ---- Box geometry (pure: no I/O, deterministic) ---------------------------------------
+// The intersection of two boxes of the same rank; nullopt if it is empty. A 0-D box
+// intersects another 0-D box in its one element.
+CKPT_API std::optional<Box> Intersect(const Box& a, const Box& b);
+// True if `inner` lies inside `outer` (same rank).
+CKPT_API bool Contains(const Box& outer, const Box& inner);
+// True if the boxes share at least one element.
+CKPT_API bool Overlaps(const Box& a, const Box& b);
+
+// A run of `count` consecutive elements at element offset `src` of a row-major buffer laid
+// out over one box and at offset `dst` of a buffer laid out over another.
+struct BoxRun {
+  int64_t src = 0;
+  int64_t dst = 0;
+  int64_t count = 0;
+  friend bool operator==(const BoxRun&, const BoxRun&) = default;
+};
+// Calls `fn` for each maximal contiguous run of `region` between a row-major buffer over
+// `src_box` and one over `dst_box`, in row-major order of `region`: copying `region` from
+// one buffer to the other is one memcpy per run. Trailing dimensions whole in both boxes
+// are merged (a block of whole rows is one run). REQUIRES: `region` lies inside both
+// boxes, all three of the same rank.
+CKPT_API void ForEachRun(const Box& src_box, const Box& dst_box, const Box& region,
+                         const std::function<void(const BoxRun&)>& fn);
+// The number of runs ForEachRun would produce, without producing them.
+CKPT_API int64_t CountRuns(const Box& src_box, const Box& dst_box, const Box& region);
+// Splits `box` into boxes of at most `max_bytes` each (at least one element each) for
+// elements of `itemsize` bytes, cutting along the outermost dimensions first, so that each
+// piece is a run of whole rows where one fits: for streaming a tensor in bounded memory.
+// The pieces tile `box`, in row-major order; a box that fits (or is empty) is returned whole.
+CKPT_API std::vector<Box> SplitBox(const Box& box, std::size_t itemsize, uint64_t max_bytes);
 
 // One part of a balanced split: the items [begin, begin + count).
 struct SplitPart {

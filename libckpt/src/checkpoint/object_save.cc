@@ -259,20 +259,20 @@ fs::path StagingRoot(const ObjectStoreOptions& o) {
   return fs::path(tmp && *tmp ? tmp : "/tmp") / "ckpt-s3-staging";
 }
 
-// A save's local staging directory under the staging root: "<nonce>-r<rank>" or
-// "<nonce>-writer" (LocalStaging); a Load's download cache: "load-<nonce>-r<rank>"
-// (DownloadToCache).
+// A save's local staging directory under the staging root: "<nonce>-r<rank>",
+// "<nonce>-writer" or "<nonce>-publish" (LocalStaging); a Load's download cache:
+// "load-<nonce>-r<rank>" (DownloadToCache).
 bool IsStagingName(std::string name) {
   if (name.rfind("load-", 0) == 0) name.erase(0, 5);
   if (name.size() < 18 || name[16] != '-' || !std::all_of(name.begin(), name.begin() + 16, IsHex)) return false;
   const std::string tag = name.substr(17);
-  if (tag == "writer") return true;
+  if (tag == "writer" || tag == "publish") return true;
   return tag.size() > 1 && tag[0] == 'r' && std::all_of(tag.begin() + 1, tag.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
-// Removes the staging directories under `root` that no live save holds (each save keeps an
-// flock on its own while it lives, LocalStaging; the kernel drops it when the process dies,
-// SIGKILL included) and that were last changed at least `grace_seconds` ago. Best effort.
+// Removes the staging directories under `root` that no live save holds (each save keeps a
+// shared flock on its own while it lives, LocalStaging; the kernel drops it when the process
+// dies, SIGKILL included) and that were last changed at least `grace_seconds` ago. Best effort.
 void CleanStaging(const fs::path& root, int64_t grace_seconds) {
   std::error_code ec;
   fs::directory_iterator it(root, ec);
@@ -292,10 +292,10 @@ void CleanStaging(const fs::path& root, int64_t grace_seconds) {
 }
 
 // Makes `dir` and flock's it (the fd returned, to be closed when the directory is done with:
-// CleanStaging, LOCK_EX | LOCK_NB, removes it only once nobody holds it). A shared lock: a
-// local commit into the directory (a tool's staged checkpoint, storage/commit.cc) takes one
-// on its parent too, and an exclusive one here would make it wait for ever on its own
-// process. A cleaner that removed it between the two (it was not locked yet) makes us start
+// CleanStaging, LOCK_EX | LOCK_NB, removes it only once nobody holds it). Shared, not
+// exclusive: a writer staging its output inside (a publish's merge: storage::BeginStaging
+// locks its parent shared) must not wait on it: flocks of two descriptors conflict within
+// one process too. A cleaner that removed it between the two (it was not locked yet) makes us start
 // again: the lock must be on the directory at `dir`.
 int MakeLockedStaging(const fs::path& dir) {
   for (int attempt = 0;; ++attempt) {

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <functional>
 #include <optional>
+#include <unordered_map>
 
 #include "checkpoint/object_save.h"
 #include "format/grid.h"
@@ -12,6 +13,7 @@
 #include "layout/box.h"
 #include "storage/fs.h"
 #include "storage/shard_index.h"
+#include "storage/shard_reader.h"
 
 namespace ckpt {
 
@@ -20,30 +22,168 @@ Metadata ReadMetadata(const std::filesystem::path& dir, bool resolve) {
   return *internal::OpenPinned(dir, resolve).metadata;
 }
 
-std::unique_ptr<CheckpointReader> CheckpointReader::Open(const std::filesystem::path& dir, bool resolve) {
-  if (internal::IsObjectUrl(dir)) return Open(dir, ObjectStoreOptions{}, resolve);
-  internal::Pinned p = internal::OpenPinned(dir, resolve);
-  return std::make_unique<internal::Reader>(std::move(p.dir), std::move(p.metadata));
-}
-
-std::unique_ptr<CheckpointReader> CheckpointReader::Open(const std::filesystem::path& dir,
-                                                         const ObjectStoreOptions& s3, bool resolve) {
-  if (!internal::IsObjectUrl(dir)) return Open(dir, resolve);
-  auto source = internal::OpenObjectSource(dir.string(), s3);
-  if (resolve) {  // every chunk record read now (the metadata a caller sees is then whole)
+std::unique_ptr<CheckpointReader> CheckpointReader::Open(const std::filesystem::path& dir, const ReaderOptions& o) {
+  if (!internal::IsObjectUrl(dir)) {
+    internal::Pinned p = internal::OpenPinned(dir, o.resolve);
+    return std::make_unique<internal::Reader>(std::move(p.dir), std::move(p.metadata), o.check_structure);
+  }
+  auto source = internal::OpenObjectSource(dir.string(), o.s3);
+  if (o.resolve) {  // every chunk record read now (the metadata a caller sees is then whole)
     auto m = std::make_shared<Metadata>(*source->metadata);
     internal::ChunkCatalog catalog(source);
     internal::ResolveWith(catalog, *m);
+    m->BuildIndex();
     auto resolved = std::make_shared<internal::ObjectSource>(*source);
     resolved->metadata = m;
     resolved->files.clear();
     for (const FileMeta& f : m->files) resolved->files.emplace(f.name, &f);
     source = resolved;
   }
-  return std::make_unique<internal::Reader>(std::move(source));
+  return std::make_unique<internal::Reader>(std::move(source), o.check_structure);
+}
+
+std::unique_ptr<CheckpointReader> CheckpointReader::Open(const std::filesystem::path& dir, bool resolve) {
+  ReaderOptions o;
+  o.resolve = resolve;
+  return Open(dir, o);
+}
+
+std::unique_ptr<CheckpointReader> CheckpointReader::Open(const std::filesystem::path& dir,
+                                                         const ObjectStoreOptions& s3, bool resolve) {
+  ReaderOptions o;
+  o.resolve = resolve;
+  o.s3 = s3;
+  return Open(dir, o);
+}
+
+namespace {
+
+// A lone shard read as a checkpoint (CheckpointReader::OpenShard): its tensors as its index
+// lists them, located through HDF5 (never the index: with no checksums, the dataset checks
+// -- own dataset, no virtual or external storage, allowed filters -- are all there is).
+class LoneShardReader final : public CheckpointReader {
+ public:
+  explicit LoneShardReader(const std::filesystem::path& file)
+      : file_(file),
+        reader_(std::make_unique<storage::ShardReader>(file.parent_path(), file.filename().string(),
+                                                       /*use_index=*/false)) {
+    Describe(reader_->Index().entries);
+  }
+  const Metadata& metadata() const override { return metadata_; }
+  const std::filesystem::path& dir() const override { return file_; }
+  void ReadRegion(std::string_view key, const Box& region, void* out, bool) override {
+    const EntryMeta& e = Tensor(key);
+    int64_t covered = 0;
+    const std::string k(key);
+    for (const auto& c : e.chunks) {
+      auto common = layout::Intersect(c.box, region);
+      if (!common) continue;
+      read_ += reader_->Read(k, e.dtype, c, *common, out, region, /*verify=*/false);
+      covered += common->NumElements();
+    }
+    if (covered != region.NumElements())
+      throw Error(ErrorCode::kInvalidArgument,
+                  file_.string() + ": tensor '" + k + "' region " + region.ToString() +
+                      " is not wholly in this shard (it holds part of the tensor; use the checkpoint directory)");
+  }
+  void ReadChunk(std::string_view key, std::size_t chunk_index, void* out, bool verify) override {
+    ReadRegion(key, Chunk(key, chunk_index).box, out, verify);
+  }
+  std::vector<uint8_t> ReadBytes(std::string_view key, bool) override {
+    throw Error(ErrorCode::kNotFound, file_.string() + ": bytes entry '" + std::string(key) +
+                                          "' is not listed in a lone shard; use the checkpoint directory");
+  }
+  std::optional<FileRange> LocateChunk(std::string_view key, std::size_t chunk_index) override {
+    const ChunkMeta& c = Chunk(key, chunk_index);
+    const EntryMeta& e = Tensor(key);
+    const uint64_t n = static_cast<uint64_t>(c.box.NumElements()) * DTypeSize(e.dtype);
+    if (n == 0) return std::nullopt;
+    const auto offset = reader_->Locate(std::string(key), e.dtype, c);
+    if (!offset) return std::nullopt;
+    return FileRange{file_, *offset, n};
+  }
+  void VerifyChunk(std::string_view key, std::size_t chunk_index) override { Chunk(key, chunk_index); }
+  uint64_t bytes_read() const override { return read_; }
+  std::unique_ptr<CheckpointReader> Reopen() const override { return std::make_unique<LoneShardReader>(file_); }
+  std::optional<std::filesystem::path> PinnedPath(std::string_view) const override { return std::nullopt; }
+  void ThrowIfReplaced() const override {}
+  std::vector<std::string> StructureProblems() const override { return {}; }  // a part of a checkpoint
+  void CheckStructure() const override {}
+
+ private:
+  const EntryMeta& Tensor(std::string_view key) const {
+    const EntryMeta* e = metadata_.Find(key);
+    if (!e || e->kind != EntryKind::kTensor)
+      throw Error(ErrorCode::kNotFound, file_.string() + ": no tensor '" + std::string(key) + "'");
+    return *e;
+  }
+  const ChunkMeta& Chunk(std::string_view key, std::size_t chunk_index) const {
+    const EntryMeta& e = Tensor(key);
+    if (chunk_index >= e.chunks.size())
+      throw Error(ErrorCode::kInvalidArgument, file_.string() + ": tensor '" + std::string(key) +
+                                                   "': no chunk " + std::to_string(chunk_index) + " in this shard");
+    return e.chunks[chunk_index];
+  }
+  // The shard's tensors as its index lists them (bytes entries are not presented).
+  void Describe(const std::vector<storage::ShardIndexEntry>& index) {
+    const std::string where = file_.string() + ": ckpt_shard_index";
+    const std::string name = file_.filename().string();
+    metadata_.files.push_back(FileMeta{name, 0, reader_->file_size(), {}});
+    metadata_.library_version = "";
+    metadata_.state_dict_type = StateDictType::kSharded;
+    metadata_.mesh = "null";
+    metadata_.user = "{}";
+    std::unordered_map<std::string, std::size_t> position;  // key -> index in entries
+    for (const auto& c : index) {
+      if (c.bytes) continue;
+      ChunkMeta chunk;
+      chunk.box = c.chunk.box;
+      chunk.file = name;
+      chunk.dataset = c.chunk.dataset;
+      chunk.pack_offset = c.chunk.pack_offset;
+      auto [at, fresh] = position.emplace(c.key, metadata_.entries.size());
+      EntryMeta* e = fresh ? nullptr : &metadata_.entries[at->second].second;
+      if (!e) {
+        metadata_.entries.emplace_back(c.key, EntryMeta{});
+        e = &metadata_.entries.back().second;
+        e->kind = EntryKind::kTensor;
+        e->dtype = c.dtype;
+        e->shape = c.shape;
+      } else if (e->dtype != c.dtype || e->shape != c.shape) {
+        throw Error(ErrorCode::kCorrupt, where + ": tensor '" + c.key + "' listed with different dtypes or shapes");
+      }
+      e->chunks.push_back(std::move(chunk));
+    }
+    metadata_.BuildIndex();
+  }
+
+  std::filesystem::path file_;
+  std::unique_ptr<storage::ShardReader> reader_;
+  Metadata metadata_;
+  uint64_t read_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<CheckpointReader> CheckpointReader::OpenShard(const std::filesystem::path& file) {
+  return std::make_unique<LoneShardReader>(file);
 }
 
 namespace internal {
+
+std::unique_ptr<CheckpointReader> Reader::Reopen() const {
+  if (source_) return std::make_unique<Reader>(source_, /*check_tiling=*/false, catalog_);
+  return std::make_unique<Reader>(handle_, metadata_, /*check_tiling=*/false, catalog_);
+}
+
+std::optional<std::filesystem::path> Reader::PinnedPath(std::string_view name) const {
+  if (source_) return std::nullopt;
+  return std::filesystem::path(storage::ProcPath(handle_.fd())) / name;
+}
+
+void Reader::ThrowIfReplaced() const {
+  if (!source_ && handle_.Replaced()) handle_.ThrowChanged("its files are no longer all there");
+}
 
 Pinned OpenPinned(const std::filesystem::path& dir, bool resolve) {
   constexpr int kAttempts = 4;
@@ -241,21 +381,50 @@ Reader::Reader(std::shared_ptr<const ObjectSource> source, bool check_tiling, st
 }
 
 void Reader::CheckOpen(bool check_tiling) {
-  if (!check_tiling) return;
+  if (check_tiling) CheckStructure();
+}
+
+namespace {
+
+// FORMAT.md §8.5: what keeps the entries' chunks from tiling their tensors.
+std::vector<std::string> TilingProblemsOf(const Metadata& md) {
   std::vector<std::string> problems;
-  for (const auto& [key, e] : metadata_->entries)
-    for (std::string& p : EntryTilingProblems(key, e, metadata_->resolved)) problems.push_back(std::move(p));
-  if (problems.empty()) {
-    // FORMAT.md §3.5: a v2 entry's stored_bytes sums its records' (checked once all are read).
-    if (metadata_->resolved && metadata_->format_version >= 2) {
-      for (const auto& [key, e] : metadata_->entries) {
-        if (e.kind != EntryKind::kTensor && e.kind != EntryKind::kBytes) continue;
-        uint64_t stored = 0;
-        for (const ChunkMeta& c : e.chunks)
-          stored = c.stored_bytes > UINT64_MAX - stored ? UINT64_MAX : stored + c.stored_bytes;
-        CheckStoredBytes(key, e, stored);
-      }
+  for (const auto& [key, e] : md.entries)
+    for (std::string& p : EntryTilingProblems(key, e, md.resolved)) problems.push_back(std::move(p));
+  return problems;
+}
+
+// FORMAT.md §3.5: a v2 entry's stored_bytes sums its records' (checked once all are read):
+// calls `check(key, entry, sum)` for each entry that has records.
+void ForEachStoredSum(const Metadata& md, const std::function<void(const std::string&, const EntryMeta&, uint64_t)>& check) {
+  if (!md.resolved || md.format_version < 2) return;
+  for (const auto& [key, e] : md.entries) {
+    if (e.kind != EntryKind::kTensor && e.kind != EntryKind::kBytes) continue;
+    uint64_t stored = 0;
+    for (const ChunkMeta& c : e.chunks) stored = c.stored_bytes > UINT64_MAX - stored ? UINT64_MAX : stored + c.stored_bytes;
+    check(key, e, stored);
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> Reader::StructureProblems() const {
+  std::vector<std::string> problems = TilingProblemsOf(*metadata_);
+  if (!problems.empty()) return problems;  // sums over chunks that do not tile say nothing more
+  ForEachStoredSum(*metadata_, [&](const std::string& key, const EntryMeta& e, uint64_t stored) {
+    try {
+      CheckStoredBytes(key, e, stored);
+    } catch (const Error& err) {
+      problems.push_back(err.what());
     }
+  });
+  return problems;
+}
+
+void Reader::CheckStructure() const {
+  const std::vector<std::string> problems = TilingProblemsOf(*metadata_);
+  if (problems.empty()) {
+    ForEachStoredSum(*metadata_, CheckStoredBytes);
     return;
   }
   std::string msg = (dir_ / names::kMetadataFile).string() + ": chunks do not tile their tensors:";

@@ -95,6 +95,11 @@ class Reader final : public CheckpointReader {
   std::optional<FileRange> LocateChunk(std::string_view key, std::size_t chunk_index) override;
   void VerifyChunk(std::string_view key, std::size_t chunk_index) override;
   uint64_t bytes_read() const override { return bytes_read_; }
+  std::unique_ptr<CheckpointReader> Reopen() const override;
+  std::optional<std::filesystem::path> PinnedPath(std::string_view name) const override;
+  void ThrowIfReplaced() const override;
+  std::vector<std::string> StructureProblems() const override;
+  void CheckStructure() const override;
   // Large contiguous reads with O_DIRECT under `policy` (storage::DirectReader), for the
   // shards opened from now on; nullopt (the default): buffered.
   void UseDirectIo(std::optional<storage::DirectReader::Policy> policy) { direct_ = policy; }

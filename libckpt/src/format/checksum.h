@@ -9,6 +9,7 @@
 #include <string>
 #include <string_view>
 
+#include "ckpt/digest.h"
 #include "format/names.h"
 
 namespace ckpt::format {
@@ -32,10 +33,10 @@ inline std::string ChecksumText(uint64_t hash) {
 }
 inline std::string DigestOf(std::string_view bytes) { return ChecksumText(XXH3_64bits(bytes.data(), bytes.size())); }
 
-// §7: a v2 chunk's raw bytes are hashed in blocks of a power of two in [4 KiB, 64 MiB].
-inline constexpr uint64_t kMinBlockBytes = uint64_t{4} << 10;
-inline constexpr uint64_t kMaxBlockBytes = uint64_t{64} << 20;
-// Number of blocks of a chunk of `n` bytes: ceil(n / block_bytes) (0 for n == 0).
-inline uint64_t BlockCount(uint64_t n, uint64_t block_bytes) { return n == 0 ? 0 : (n - 1) / block_bytes + 1; }
+// §7: a v2 chunk's raw bytes are hashed in blocks of a power of two in [4 KiB, 64 MiB];
+// the block count of a chunk of n bytes is ceil(n / block_bytes) (public: ckpt/digest.h).
+using ckpt::BlockCount;
+using ckpt::kMaxBlockBytes;
+using ckpt::kMinBlockBytes;
 
 }  // namespace ckpt::format

@@ -13,7 +13,9 @@ namespace {
 // (16,384 ranks x 1,024 chunks), few enough that walking them cannot hang a reader.
 constexpr int64_t kMaxCells = int64_t{1} << 24;
 
-bool Overlaps(const Box& a, const Box& b) {
+// Whether two boxes of the same rank share an element (format/ sits below layout/, whose
+// ckpt::Overlaps it cannot call).
+bool Meets(const Box& a, const Box& b) {
   for (std::size_t d = 0; d < a.offsets.size(); ++d)
     if (a.offsets[d] >= b.offsets[d] + b.sizes[d] || b.offsets[d] >= a.offsets[d] + a.sizes[d]) return false;
   return true;
@@ -421,7 +423,7 @@ void ForEachCell(const TensorLayout& l, const Shape& shape, const Box& region,
                  const std::function<void(const Box&, int32_t)>& fn) {
   if (l.kind == TensorLayout::Kind::kChunks) {
     for (const TensorLayout::Piece& p : l.pieces)
-      if (p.box.offsets.size() == region.offsets.size() && Overlaps(p.box, region)) fn(p.box, p.file);
+      if (p.box.offsets.size() == region.offsets.size() && Meets(p.box, region)) fn(p.box, p.file);
     return;
   }
   if (ZeroVolume(shape)) return;  // nothing to read
@@ -523,3 +525,5 @@ std::vector<std::string> CheckLayout(const std::string& key, const TensorLayout&
 }
 
 }  // namespace ckpt::grid
+
+int64_t ckpt::EntryMeta::ChunkCount() const { return grid::ChunkCount(layout, shape); }

@@ -5,12 +5,14 @@
 #include <climits>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 #include <numeric>
 #include <string>
 
 #include "ckpt/metadata.h"
 
-namespace ckpt::layout {
+// The public geometry (ckpt/tensor.h).
+namespace ckpt {
 
 std::optional<Box> Intersect(const Box& a, const Box& b) {
   if (a.sizes.size() != b.sizes.size() || a.offsets.size() != a.sizes.size() || b.offsets.size() != b.sizes.size()) {
@@ -43,7 +45,14 @@ bool Contains(const Box& outer, const Box& inner) {
   return true;
 }
 
-bool Overlaps(const Box& a, const Box& b) { return Intersect(a, b).has_value(); }
+bool Overlaps(const Box& a, const Box& b) {  // Intersect without building the box
+  if (a.sizes.size() != b.sizes.size() || a.offsets.size() != a.sizes.size() || b.offsets.size() != b.sizes.size())
+    return false;
+  for (std::size_t d = 0; d < a.sizes.size(); ++d)
+    if (std::max(a.offsets[d], b.offsets[d]) >= std::min(a.offsets[d] + a.sizes[d], b.offsets[d] + b.sizes[d]))
+      return false;
+  return true;
+}
 
 namespace {
 
@@ -81,7 +90,7 @@ RunPlan PlanRuns(const Box& src_box, const Box& dst_box, const Box& region) {
 }  // namespace
 
 void ForEachRun(const Box& src_box, const Box& dst_box, const Box& region,
-                const std::function<void(const Run&)>& fn) {
+                const std::function<void(const BoxRun&)>& fn) {
   const std::size_t rank = region.sizes.size();
   for (int64_t s : region.sizes) {
     if (s == 0) return;
@@ -99,7 +108,7 @@ void ForEachRun(const Box& src_box, const Box& dst_box, const Box& region,
       s += idx[d] * p.src_stride[d];
       t += idx[d] * p.dst_stride[d];
     }
-    fn(Run{s, t, p.run_len});
+    fn(BoxRun{s, t, p.run_len});
     std::size_t d = p.outer;
     while (d > 0) {
       --d;
@@ -120,6 +129,54 @@ int64_t CountRuns(const Box& src_box, const Box& dst_box, const Box& region) {
   for (std::size_t d = 0; d < p.outer; ++d) n *= region.sizes[d];
   return n;
 }
+
+std::vector<Box> SplitBox(const Box& box, std::size_t itemsize, uint64_t max_bytes) {
+  const std::size_t rank = box.sizes.size();
+  uint64_t total = itemsize;
+  for (int64_t s : box.sizes) total *= static_cast<uint64_t>(s);
+  if (rank == 0 || total <= max_bytes || total == 0) return {box};
+  // Find the outermost dim d whose slab (one index along d, all of the dims after it)
+  // fits in max_bytes; cut along d, iterating single indices over the dims before it.
+  std::vector<uint64_t> slab(rank);
+  uint64_t s = itemsize;
+  for (std::size_t d = rank; d-- > 0;) {
+    slab[d] = s;
+    s *= static_cast<uint64_t>(box.sizes[d]);
+  }
+  std::size_t d = 0;
+  while (d + 1 < rank && slab[d] > max_bytes) ++d;
+  const int64_t per = static_cast<int64_t>(std::max<uint64_t>(1, max_bytes / slab[d]));
+  std::vector<Box> out;
+  std::vector<int64_t> idx(d, 0);
+  for (;;) {
+    for (int64_t b = 0; b < box.sizes[d]; b += per) {
+      Box piece = box;
+      for (std::size_t o = 0; o < d; ++o) {
+        piece.offsets[o] = box.offsets[o] + idx[o];
+        piece.sizes[o] = 1;
+      }
+      piece.offsets[d] = box.offsets[d] + b;
+      piece.sizes[d] = std::min(per, box.sizes[d] - b);
+      out.push_back(std::move(piece));
+    }
+    std::size_t o = d;
+    bool done = true;
+    while (o > 0) {
+      --o;
+      if (++idx[o] < box.sizes[o]) {
+        done = false;
+        break;
+      }
+      idx[o] = 0;
+    }
+    if (done) break;
+  }
+  return out;
+}
+
+}  // namespace ckpt
+
+namespace ckpt::layout {
 
 namespace {
 

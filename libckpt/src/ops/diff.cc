@@ -14,12 +14,11 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "ckpt/digest.h"
 #include "ckpt/error.h"
 #include "ckpt/ops/source.h"
 #include "ops/elements.h"
 #include "ops/util.h"
-#include "storage/digest.h"
-#include "storage/pool.h"
 
 namespace ckpt::ops {
 namespace {
@@ -99,9 +98,9 @@ std::string Describe(const EntryMeta& e) {
 
 std::string ContentHash(Source& src, const std::string& key, const EntryMeta& e, uint64_t budget,
                         detail::Buffer& buf) {
-  storage::Digest d(e.dtype, false);
+  ChunkDigest d(e.dtype, false);
   const std::size_t item = DTypeSize(e.dtype);
-  for (const Box& block : detail::SplitBox(Box::Full(e.shape), item, budget)) {
+  for (const Box& block : SplitBox(Box::Full(e.shape), item, budget)) {
     const auto bytes = static_cast<std::size_t>(block.NumElements()) * item;
     uint8_t* p = buf.Get(std::max<std::size_t>(bytes, 8));
     if (bytes) src.ReadRegion(key, block, p);
@@ -116,7 +115,7 @@ ValueStats CompareTensor(Source& a, Source& b, const std::string& key, const Ent
                          const std::function<void(uint64_t)>& done) {
   ValueStats s;
   const std::size_t item = DTypeSize(e.dtype);
-  for (const Box& block : detail::SplitBox(Box::Full(e.shape), item, budget)) {
+  for (const Box& block : SplitBox(Box::Full(e.shape), item, budget)) {
     const auto n = static_cast<std::size_t>(block.NumElements());
     uint8_t* pa = ba.Get(std::max<std::size_t>(n * item, 8));
     uint8_t* pb = bb.Get(std::max<std::size_t>(n * item, 8));
@@ -174,7 +173,7 @@ std::vector<ValueStats> CompareAll(Source& a, Source& b, const std::vector<std::
       fail();
     }
   };
-  auto pool = storage::SpawnThreads(static_cast<std::size_t>(threads - 1), [&](std::size_t) {
+  auto pool = detail::StartThreads(static_cast<std::size_t>(threads - 1), [&](std::size_t) {
       try {
         auto sa = a.Reopen();  // the same checkpoints, not whatever is at their paths now
         auto sb = b.Reopen();

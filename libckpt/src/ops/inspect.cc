@@ -12,10 +12,9 @@
 #include <string_view>
 #include <vector>
 
-#include "checkpoint/object_save.h"
+#include "ckpt/checkpoint.h"
 #include "ckpt/error.h"
 #include "ckpt/ops/source.h"
-#include "format/grid.h"
 #include "ops/elements.h"
 #include "ops/table.h"
 #include "ops/util.h"
@@ -47,7 +46,7 @@ TensorStats StreamStats(Source& src, const std::string& key, const EntryMeta& e,
   detail::StatsAccumulator acc;
   const std::size_t item = DTypeSize(e.dtype);
   detail::Buffer buf;
-  for (const Box& block : detail::SplitBox(Box::Full(e.shape), item, budget)) {
+  for (const Box& block : SplitBox(Box::Full(e.shape), item, budget)) {
     const auto n = static_cast<std::size_t>(block.NumElements());
     uint8_t* p = buf.Get(std::max<std::size_t>(n * item, 8));
     if (n) src.ReadRegion(key, block, p);
@@ -72,7 +71,7 @@ namespace {
 // The same words from a v2 layout rule, without its chunk list.
 std::string DescribeRule(const EntryMeta& e, int world_size) {
   const TensorLayout& l = e.layout;
-  const int64_t n = grid::ChunkCount(l, e.shape);
+  const int64_t n = e.ChunkCount();
   if (l.kind == TensorLayout::Kind::kChunks) {
     if (n == 1 && CoversWhole(l.pieces[0].box, e.shape)) return world_size > 1 ? "replicated" : "full";
     return "irregular (" + std::to_string(n) + " chunks)";
@@ -145,7 +144,7 @@ std::map<std::string, bool> InspectFiles(Source& src, const std::filesystem::pat
   std::map<std::string, bool> file_ok;
   // On object storage only metadata.json is read: the objects' sizes are checked by
   // ckpt-verify (a HEAD each), not here.
-  const bool object = internal::IsObjectUrl(path);
+  const bool object = IsObjectUrl(path);
   for (const auto& f : md.files) {
     FileInfo fi{f.name, f.rank, f.bytes, std::nullopt, ""};
     if (object) {
@@ -184,7 +183,7 @@ KeyInfo DescribeKey(const Source& src, const std::string& key, const EntryMeta& 
     case EntryKind::kTensor:
       k.dtype = std::string(DTypeName(e.dtype));
       k.shape = e.shape;
-      k.num_chunks = e.chunks.empty() ? static_cast<std::size_t>(grid::ChunkCount(e.layout, e.shape)) : e.chunks.size();
+      k.num_chunks = e.chunks.empty() ? static_cast<std::size_t>(e.ChunkCount()) : e.chunks.size();
       k.bytes = e.TensorBytes();
       for (const auto& c : e.chunks) {
         k.stored_bytes += c.stored_bytes;

@@ -12,18 +12,15 @@
 #include <optional>
 #include <set>
 
-#include "checkpoint/object_save.h"
 #include "ckpt/checkpoint.h"
 #include "ckpt/error.h"
+#include "ckpt/files.h"
 #include "ckpt/ops/safetensors.h"
 #include "ckpt/ops/source.h"
 #include "ckpt/ops/verify.h"
-#include "layout/box.h"
+#include "ckpt/virtual_file.h"
 #include "ops/elements.h"
 #include "ops/util.h"
-#include "storage/commit.h"
-#include "storage/fs.h"
-#include "storage/virtual_file.h"
 
 namespace ckpt::ops {
 namespace {
@@ -72,15 +69,15 @@ std::optional<std::vector<Piece>> PlanCopy(Source& src, const std::string& key, 
   std::vector<Piece> pieces;
   for (std::size_t i = 0; i < e.chunks.size(); ++i) {
     const ChunkMeta& c = e.chunks[i];
-    const auto common = layout::Intersect(c.box, part);
+    const auto common = Intersect(c.box, part);
     if (!common || common->NumElements() == 0) continue;
-    const auto runs = static_cast<uint64_t>(layout::CountRuns(c.box, part, *common));
+    const auto runs = static_cast<uint64_t>(CountRuns(c.box, part, *common));
     if (runs > 64 && static_cast<uint64_t>(common->NumElements()) * item / runs < kCopyMinPieceBytes)
       return std::nullopt;
     const auto at = src.Locate(key, i);
     if (!at) return std::nullopt;
     const std::size_t first = pieces.size();
-    layout::ForEachRun(c.box, part, *common, [&](const layout::Run& run) {
+    ForEachRun(c.box, part, *common, [&](const BoxRun& run) {
       pieces.push_back({static_cast<uint64_t>(run.dst) * item,
                         FileRange{at->file, at->offset + static_cast<uint64_t>(run.src) * item,
                                   static_cast<uint64_t>(run.count) * item, at->fd},
@@ -104,8 +101,8 @@ template <typename Check>
 void CheckChunksReadInPart(const EntryMeta& e, const Box& part, const std::vector<Box>& blocks, Check&& check) {
   for (std::size_t i = 0; i < e.chunks.size(); ++i) {
     const Box& cb = e.chunks[i].box;
-    if (cb.NumElements() == 0 || !layout::Overlaps(cb, part)) continue;
-    if (std::none_of(blocks.begin(), blocks.end(), [&](const Box& b) { return layout::Contains(b, cb); })) check(i);
+    if (cb.NumElements() == 0 || !Overlaps(cb, part)) continue;
+    if (std::none_of(blocks.begin(), blocks.end(), [&](const Box& b) { return Contains(b, cb); })) check(i);
   }
 }
 
@@ -153,15 +150,16 @@ Scalar ToScalar(const std::string& key, const EntryMeta& e) {
   throw Error(ErrorCode::kCorrupt, "scalar '" + key + "' has a non-numeric value " + e.value);
 }
 
-// Commits the verified `staging` at `dst` (storage/commit.h), replacing what is there
-// only with `force`; a failure discards the staging and leaves `dst` as it was.
-void Install(const fs::path& staging, const fs::path& dst, bool force) {
+// Commits the verified `staging` at its target (ckpt/files.h), replacing what is there
+// only with `force`; a failure discards the staging and leaves the target as it was.
+void Install(files::StagedOutput& staging, bool force) {
   try {
-    storage::CommitStaged(staging, dst, force ? storage::Replace::kExisting : storage::Replace::kNever);
+    staging.Commit(force ? files::Replace::kExisting : files::Replace::kNever);
   } catch (const Error& e) {
-    storage::DiscardStaged(staging);
+    staging.Discard();
     if (e.code() == ErrorCode::kAlreadyExists && !force)
-      throw Error(ErrorCode::kAlreadyExists, dst.string() + ": already exists (use --force to replace it)");
+      throw Error(ErrorCode::kAlreadyExists,
+                  staging.target().string() + ": already exists (use --force to replace it)");
     throw;
   }
 }
@@ -242,7 +240,7 @@ void WriteTensor(Source& src, const std::string& key, const EntryMeta& e,
       t.r.bytes_copied += part_bytes;
       continue;
     }
-    const auto blocks = detail::SplitBox(part, std::max(DTypeSize(e.dtype), DTypeSize(out_dtype)), t.budget);
+    const auto blocks = SplitBox(part, std::max(DTypeSize(e.dtype), DTypeSize(out_dtype)), t.budget);
     CheckChunksReadInPart(e, part, blocks, check);
     StreamTensor(src, key, e, blocks, out_dtype, t.in, t.out,
                  [&, f = file](const Box& block, const void* data, std::size_t bytes) {
@@ -314,14 +312,9 @@ void StageCheckpoint(Source& src, const std::vector<Selected>& sel, const fs::pa
 
 void WriteCheckpoint(Source& src, const std::vector<Selected>& sel, const fs::path& dst,
                      const MergeOptions& o, uint64_t budget, MergeReport& r) {
-  const fs::path staging = storage::BeginStaging(dst, /*directory=*/false);
-  try {
-    StageCheckpoint(src, sel, staging, o, budget, r);
-  } catch (...) {
-    storage::DiscardStaged(staging);
-    throw;
-  }
-  Install(staging, dst, o.force);
+  files::StagedOutput staging(dst, /*directory=*/false);  // discarded if anything throws
+  StageCheckpoint(src, sel, staging.path(), o, budget, r);
+  Install(staging, o.force);
 }
 
 // The tensors of `sel` (others noted: safetensors holds tensors only) and the
@@ -381,7 +374,7 @@ std::unique_ptr<SafetensorsWriter> StageSafetensorsFile(
         continue;
       }
     }
-    const auto blocks = detail::SplitBox(Box::Full(s.entry->shape),
+    const auto blocks = SplitBox(Box::Full(s.entry->shape),
                                          std::max(DTypeSize(s.entry->dtype), DTypeSize(out_dtype)), budget);
     CheckChunksReadInPart(*s.entry, Box::Full(s.entry->shape), blocks,
                           [&](std::size_t chunk) { src.VerifyChunk(*s.key, chunk); });
@@ -468,7 +461,7 @@ void WriteShardedSafetensors(Source& src, const std::vector<Selected>& sel, cons
   // the later BeginStaging calls from cleaning.
   const std::string index_name = index_path.filename().string();
   if (fs::is_directory(dir, ec))
-    storage::CleanLeftovers(dir, [&](std::string_view t) {
+    files::CleanLeftovers(dir, [&](std::string_view t) {
       return t == index_name || std::find(names.begin(), names.end(), t) != names.end();
     });
   detail::Progress progress("convert", total, o.progress);
@@ -506,7 +499,7 @@ void WriteShardedSafetensors(Source& src, const std::vector<Selected>& sel, cons
 // A scalar entry as a 0-D dataset of the virtual file, so that h5ls and h5py see it by its
 // key too: its value (metadata.json's JSON number) as int64 (uint64 past int64's range) or
 // float64. False where the value is not a number.
-bool AddVirtualScalar(storage::VirtualFileWriter& file, const std::string& key, const std::string& value) {
+bool AddVirtualScalar(VirtualFileWriter& file, const std::string& key, const std::string& value) {
   const json v = json::parse(value, nullptr, /*allow_exceptions=*/false);
   if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t{std::numeric_limits<int64_t>::max()}) {
     const uint64_t x = v.get<uint64_t>();
@@ -532,13 +525,13 @@ void WriteVirtual(Source& src, const std::vector<Selected>& sel, const fs::path&
   std::error_code ec;
   if (fs::exists(dst, ec) && !o.force)
     throw Error(ErrorCode::kAlreadyExists, dst.string() + ": already exists (use --force to replace it)");
-  const fs::path tmp = storage::BeginStaging(dst, /*directory=*/false);
+  files::StagedOutput tmp(dst, /*directory=*/false);  // discarded if anything throws
   // Source files are named relative to the virtual file's directory (HDF5 resolves them
   // from there), so the two can be moved or copied together.
   const fs::path src_dir = fs::relative(fs::absolute(src.path()), fs::absolute(dst).parent_path());
   uint64_t packed = 0, packed_bytes = 0;  // packed chunks copied into the virtual file
-  try {
-    storage::VirtualFileWriter file(tmp, dst.string());
+  {
+    VirtualFileWriter file(tmp.path(), dst.string());
     for (const auto& s : sel) {
       const EntryMeta& e = *s.entry;
       if (e.kind == EntryKind::kScalar && AddVirtualScalar(file, *s.key, e.value)) {
@@ -567,17 +560,14 @@ void WriteVirtual(Source& src, const std::vector<Selected>& sel, const fs::path&
       r.bytes += e.TensorBytes();
     }
     file.Close();
-    storage::FsyncPath(tmp);
-  } catch (...) {
-    storage::DiscardStaged(tmp);
-    throw;
+    files::Fsync(tmp.path());
   }
   if (packed)
     r.notes.push_back(std::to_string(packed) + " packed chunk(s) (FORMAT.md §5.7), " +
                       detail::FormatBytes(static_cast<double>(packed_bytes)) +
                       ", copied into the virtual file: a mapping cannot retype a pack's bytes");
   r.files = 1;
-  Install(tmp, dst, o.force);
+  Install(tmp, o.force);
 }
 
 }  // namespace
@@ -591,14 +581,14 @@ MergeReport Merge(const fs::path& src_path, const fs::path& dst, const MergeOpti
                                                  std::string(DTypeName(*o.cast)));
   // An s3:// source is read by ranged GETs (every block checked, Source::Open); an s3://
   // destination is not written yet: it would need the output verified before its commit.
-  if (internal::IsObjectUrl(dst))
+  if (IsObjectUrl(dst))
     throw Error(ErrorCode::kInvalidArgument,
                 dst.string() + ": s3:// is not supported as the destination of ckpt-merge / ckpt-convert yet; "
                                "write to a local directory, check it (ckpt-verify), then upload its files, "
                                "metadata.json last (e.g. aws s3 cp DIR " + dst.string() +
                                " --recursive --exclude metadata.json, then aws s3 cp DIR/metadata.json " +
                                dst.string() + "/metadata.json)");
-  if (internal::IsObjectUrl(src_path) && o.virtual_file)
+  if (IsObjectUrl(src_path) && o.virtual_file)
     throw Error(ErrorCode::kInvalidArgument,
                 src_path.string() + ": --virtual needs the shards on a local file system (its virtual datasets "
                                     "name them); download the checkpoint first");

@@ -13,15 +13,11 @@
 #include <set>
 #include <unordered_set>
 
+#include "ckpt/digest.h"
 #include "ckpt/error.h"
+#include "ckpt/files.h"
 #include "ckpt/metadata.h"
-#include "format/checked.h"
-#include "layout/box.h"
 #include "ops/util.h"
-#include "storage/commit.h"
-#include "storage/digest.h"
-#include "storage/file_hasher.h"
-#include "storage/fs.h"
 
 namespace ckpt::ops {
 namespace {
@@ -105,7 +101,7 @@ std::string HeaderDigest(json& header) {
   }
   const std::string text = header.dump();
   if (!saved.is_null()) meta[std::string(kSafetensorsDigestKey)] = std::move(saved);
-  return storage::FormatChecksum(storage::HashBlock(text.data(), text.size()));
+  return FormatChecksum(HashBlock(text.data(), text.size()));
 }
 
 // ckpt's digest keys of a file's header (IsSafetensorsDigestKey): checks "ckpt.digest"
@@ -131,7 +127,7 @@ uint64_t ReadDigests(json& header, const std::vector<std::pair<std::string, std:
   const bool digits = !block_bytes->empty() && block_bytes->size() <= 9 &&
                       std::all_of(block_bytes->begin(), block_bytes->end(), [](char ch) { return ch >= '0' && ch <= '9'; });
   if (digits) b = std::stoull(*block_bytes);
-  if (!digits || b < storage::kMinBlockBytes || b > storage::kMaxBlockBytes || (b & (b - 1)) != 0)
+  if (!digits || b < kMinBlockBytes || b > kMaxBlockBytes || (b & (b - 1)) != 0)
     Corrupt(path, "__metadata__['ckpt.block_bytes'] = '" + *block_bytes +
                       "' is not a power of two from 4096 to 67108864");
   for (auto& t : tensors) {
@@ -139,11 +135,11 @@ uint64_t ReadDigests(json& header, const std::vector<std::pair<std::string, std:
     if (it == blocks.end()) Corrupt(path, "tensor '" + t.name + "': no ckpt.blocks entry in __metadata__");
     const std::string& hex = *it->second;
     const uint64_t n = t.end - t.begin;
-    if (hex.size() != 16 * storage::BlockCount(n, b) ||
+    if (hex.size() != 16 * BlockCount(n, b) ||
         !std::all_of(hex.begin(), hex.end(), [](char ch) { return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f'); }))
       Corrupt(path, "tensor '" + t.name + "': ckpt.blocks holds " + std::to_string(hex.size()) +
                         " characters, not the 16 lowercase hex digits of each of its " +
-                        std::to_string(storage::BlockCount(n, b)) + " blocks of " + std::to_string(b) + " bytes");
+                        std::to_string(BlockCount(n, b)) + " blocks of " + std::to_string(b) + " bytes");
     t.blocks = hex;
     blocks.erase(it);
   }
@@ -170,9 +166,7 @@ std::string_view SafetensorsDTypeName(DType dtype) {
   return "?";
 }
 
-SafetensorsReader::~SafetensorsReader() {
-  if (fd_ >= 0) ::close(fd_);
-}
+SafetensorsReader::~SafetensorsReader() = default;
 
 namespace {
 
@@ -180,11 +174,11 @@ using NamePairs = std::vector<std::pair<std::string, std::string>>;
 
 // The header's JSON text: its 8-byte little-endian length first, checked against the limit
 // and the file's size before any of it is read.
-std::string ReadHeaderText(int fd, uint64_t file_size, const std::filesystem::path& path) {
+std::string ReadHeaderText(const files::File& file, uint64_t file_size, const std::filesystem::path& path) {
   if (file_size < 8)
     Corrupt(path, "file is " + std::to_string(file_size) + " bytes, too short for the 8-byte header length");
   uint8_t len_bytes[8];
-  storage::ReadExact(fd, len_bytes, 8, 0, path);
+  file.ReadAt(len_bytes, 8, 0);
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | len_bytes[i];
   if (n > kSafetensorsMaxHeaderBytes)
@@ -194,7 +188,7 @@ std::string ReadHeaderText(int fd, uint64_t file_size, const std::filesystem::pa
     Corrupt(path, "header length " + std::to_string(n) + " runs past the end of the file (" +
                       std::to_string(file_size) + " bytes)");
   std::string text(n, '\0');
-  storage::ReadExact(fd, text.data(), n, 8, path);
+  file.ReadAt(text.data(), n, 8);
   return text;
 }
 
@@ -304,9 +298,10 @@ std::unique_ptr<SafetensorsReader> SafetensorsReader::Open(const std::filesystem
                                                            bool skip_unsupported) {
   std::unique_ptr<SafetensorsReader> r(new SafetensorsReader());
   r->path_ = path;
-  r->fd_ = detail::OpenNamedFile(path).release();  // a FIFO or device is refused, without blocking
-  r->file_size_ = storage::FileSize(r->fd_, path);
-  const std::string text = ReadHeaderText(r->fd_, r->file_size_, path);
+  // A path the user named: a symlink is followed; a FIFO or device is refused, without blocking.
+  r->file_ = files::File::OpenForRead(path, /*follow_symlinks=*/true);
+  r->file_size_ = r->file_.Size();
+  const std::string text = ReadHeaderText(r->file_, r->file_size_, path);
   r->data_start_ = 8 + text.size();
   const uint64_t buffer_len = r->file_size_ - r->data_start_;
 
@@ -353,7 +348,18 @@ void SafetensorsReader::ReadRange(const SafetensorsTensor& t, uint64_t offset, u
   if (offset > t.end - t.begin || length > t.end - t.begin - offset)
     throw Error(ErrorCode::kInvalidArgument, path_.string() + ": tensor '" + t.name +
                                                  "': read outside its bytes");
-  storage::ReadExact(fd_, out, length, data_start_ + t.begin + offset, path_);
+  file_.ReadAt(out, length, data_start_ + t.begin + offset);
+}
+
+void SafetensorsReader::ScanTensor(const SafetensorsTensor& t,
+                                   const std::function<void(const unsigned char*, std::size_t)>& consume) const {
+  try {
+    file_.Scan(data_start_ + t.begin, t.end - t.begin,
+               [&](const unsigned char* p, std::size_t n, uint64_t) { consume(p, n); });
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kCorrupt) throw;
+    throw Error(e.code(), path_.string() + ": tensor '" + t.name + "': " + e.what());
+  }
 }
 
 void SafetensorsReader::ReadRegion(const SafetensorsTensor& t, const Box& box, void* out) const {
@@ -363,7 +369,7 @@ void SafetensorsReader::ReadRegion(const SafetensorsTensor& t, const Box& box, v
     ReadRange(t, 0, item, dst);
     return;
   }
-  layout::ForEachRun(Box::Full(t.shape), box, box, [&](const layout::Run& run) {
+  ForEachRun(Box::Full(t.shape), box, box, [&](const BoxRun& run) {
     ReadRange(t, static_cast<uint64_t>(run.src) * item, static_cast<uint64_t>(run.count) * item,
               dst + run.dst * item);
   });
@@ -376,7 +382,7 @@ struct SafetensorsWriter::Digests {
   std::vector<uint64_t> ends;  // each tensor's end in the data buffer
   std::vector<std::string> blocks;
   std::size_t current = 0;  // the tensor being appended
-  std::unique_ptr<storage::Digest> digest;
+  std::unique_ptr<ChunkDigest> digest;
   uint64_t pos = 0;  // bytes hashed
   std::size_t text_bytes = 0;
 };
@@ -403,8 +409,8 @@ SafetensorsWriter::SafetensorsWriter(const std::filesystem::path& path,
     if (!digests || !IsSafetensorsDigestKey(k)) m[k] = v;
   if (digests) {
     digests_ = std::make_unique<Digests>();
-    m[std::string(kSafetensorsBlockBytesKey)] = std::to_string(storage::kDefaultBlockBytes);
-    m[std::string(kSafetensorsDigestKey)] = storage::FormatChecksum(0);  // a placeholder of the same length
+    m[std::string(kSafetensorsBlockBytesKey)] = std::to_string(kDefaultBlockBytes);
+    m[std::string(kSafetensorsDigestKey)] = FormatChecksum(0);  // a placeholder of the same length
   }
   std::set<std::string> names;
   uint64_t off = 0;
@@ -419,7 +425,8 @@ SafetensorsWriter::SafetensorsWriter(const std::filesystem::path& path,
         throw Error(ErrorCode::kInvalidArgument,
                     path.string() + ": tensor '" + t.name +
                         "': a 0-d float4_e2m1fn_x2 (one byte, two values) has no safetensors F4 shape");
-      shape.back() = internal::CheckedMul(shape.back(), int64_t{2}, t.name);
+      if (__builtin_mul_overflow(shape.back(), int64_t{2}, &shape.back()))  // as NumElements, before it
+        throw Error(ErrorCode::kCorrupt, t.name + ": size overflows 64 bits (" + std::to_string(t.shape.back()) + " x 2)");
     }
     header[t.name] = {{"dtype", SafetensorsDTypeName(t.dtype)},
                       {"shape", shape},
@@ -427,7 +434,7 @@ SafetensorsWriter::SafetensorsWriter(const std::filesystem::path& path,
     off += n;
     if (digests_) {  // placeholders of the digests' length, filled in by WriteDigests
       m[std::string(kSafetensorsBlocksPrefix) + t.name] =
-          std::string(16 * storage::BlockCount(n, storage::kDefaultBlockBytes), '0');
+          std::string(16 * BlockCount(n, kDefaultBlockBytes), '0');
       digests_->names.push_back(t.name);
       digests_->ends.push_back(off);
     }
@@ -440,20 +447,14 @@ SafetensorsWriter::SafetensorsWriter(const std::filesystem::path& path,
     digests_->text_bytes = text.size();
     digests_->blocks.resize(digests_->names.size());
   }
-  // Written at a staging sibling, committed by storage/commit.h (the one commit routine).
-  tmp_path_ = storage::BeginStaging(path, /*directory=*/false);
-  try {
-    fd_ = storage::OpenFile(tmp_path_, O_RDWR | O_CREAT | O_EXCL, 0644).release();
-    uint8_t len[8];
-    for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(text.size() >> (8 * i));
-    storage::WriteExact(fd_, len, 8, 0, tmp_path_);
-    storage::WriteExact(fd_, text.data(), text.size(), 8, tmp_path_);
-  } catch (...) {
-    if (fd_ >= 0) storage::Fd{fd_};  // closes it
-    fd_ = -1;
-    storage::DiscardStaged(tmp_path_);
-    throw;
-  }
+  // Written at a staging sibling, committed by libckpt's commit routine (ckpt/files.h); a
+  // throw from here on closes and discards it with the members.
+  staged_.emplace(path, /*directory=*/false);
+  out_ = files::File::Create(staged_->path());
+  uint8_t len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(text.size() >> (8 * i));
+  out_.WriteAt(len, 8, 0);
+  out_.WriteAt(text.data(), text.size(), 8);
   file_pos_ = 8 + text.size();
 }
 
@@ -468,7 +469,7 @@ void SafetensorsWriter::Hash(const void* data, uint64_t bytes) {
       d.digest.reset();
     }
     if (bytes == 0 || d.current == d.ends.size()) return;
-    if (!d.digest) d.digest = std::make_unique<storage::Digest>(DType::kUInt8, false, storage::kDefaultBlockBytes);
+    if (!d.digest) d.digest = std::make_unique<ChunkDigest>(DType::kUInt8, false, kDefaultBlockBytes);
     const uint64_t take = std::min(bytes, d.ends[d.current] - d.pos);
     d.digest->Update(p, static_cast<std::size_t>(take));
     p += take, bytes -= take, d.pos += take;
@@ -485,48 +486,38 @@ void SafetensorsWriter::WriteDigests() {
   meta[std::string(kSafetensorsDigestKey)] = HeaderDigest(d.header);
   const std::string text = HeaderText(d.header);
   if (text.size() != d.text_bytes)
-    throw Error(ErrorCode::kInternal, tmp_path_.string() + ": the header with its digests is " +
+    throw Error(ErrorCode::kInternal, out_.path().string() + ": the header with its digests is " +
                                           std::to_string(text.size()) + " bytes, not the " +
                                           std::to_string(d.text_bytes) + " reserved");
-  storage::WriteExact(fd_, text.data(), text.size(), 8, tmp_path_);
+  out_.WriteAt(text.data(), text.size(), 8);
 }
 
-SafetensorsWriter::~SafetensorsWriter() {
-  if (source_fd_ >= 0) storage::Fd{source_fd_};
-  if (fd_ >= 0) storage::Fd{fd_};
-  if (!tmp_path_.empty()) storage::DiscardStaged(tmp_path_);  // not committed
-}
+SafetensorsWriter::~SafetensorsWriter() = default;  // closes the files, discards an uncommitted staging
 
 void SafetensorsWriter::Append(const void* data, uint64_t bytes) {
-  if (fd_ < 0) throw Error(ErrorCode::kInvalidArgument, path_.string() + ": writer is closed");
+  if (!out_.is_open()) throw Error(ErrorCode::kInvalidArgument, path_.string() + ": writer is closed");
   if (bytes > data_total_ - written_)
     throw Error(ErrorCode::kInvalidArgument,
                 path_.string() + ": more bytes appended than the header declares");
-  storage::WriteExact(fd_, data, bytes, file_pos_, tmp_path_);
+  out_.WriteAt(data, bytes, file_pos_);
   Hash(data, bytes);
   Wrote(bytes);
 }
 
 void SafetensorsWriter::AppendCopy(const FileRange& range) {
-  if (fd_ < 0) throw Error(ErrorCode::kInvalidArgument, path_.string() + ": writer is closed");
+  if (!out_.is_open()) throw Error(ErrorCode::kInvalidArgument, path_.string() + ": writer is closed");
   if (range.length > data_total_ - written_)
     throw Error(ErrorCode::kInvalidArgument,
                 path_.string() + ": more bytes appended than the header declares");
   int source = range.fd;  // the reader's own descriptor (a pinned checkpoint's shard), if any
   if (source < 0) {
-    if (source_fd_ < 0 || source_path_ != range.file) {  // tensors come file by file: keep the last one open
-      storage::Fd in = storage::OpenRegularFile(range.file);
-      if (source_fd_ >= 0) storage::Fd{source_fd_};
-      source_fd_ = in.release();
-      source_path_ = range.file;
-    }
-    source = source_fd_;
+    if (!source_.is_open() || source_.path() != range.file)  // tensors come file by file: keep the last one open
+      source_ = files::File::OpenForRead(range.file);
+    source = source_.fd();
   }
-  storage::CopyRange(source, range.offset, fd_, file_pos_, static_cast<std::size_t>(range.length), range.file,
-                     tmp_path_);
+  out_.CopyFrom(source, range.file, range.offset, file_pos_, static_cast<std::size_t>(range.length));
   if (digests_)  // the bytes as written, read back (from the page cache)
-    storage::FileHasher(fd_, tmp_path_).Scan(file_pos_, range.length,
-                                             [&](const unsigned char* p, std::size_t n, uint64_t) { Hash(p, n); });
+    out_.Scan(file_pos_, range.length, [&](const unsigned char* p, std::size_t n, uint64_t) { Hash(p, n); });
   Wrote(range.length);
 }
 
@@ -535,34 +526,31 @@ void SafetensorsWriter::AppendCopy(const FileRange& range) {
 void SafetensorsWriter::Wrote(uint64_t bytes) {
   file_pos_ += bytes, written_ += bytes, unflushed_ += bytes;
   if (unflushed_ < (uint64_t{64} << 20)) return;
-  storage::StartWriteback(fd_, 0, 0);
+  out_.StartWriteback();
   unflushed_ = 0;
 }
 
 void SafetensorsWriter::Seal() {
-  if (fd_ < 0) throw Error(ErrorCode::kInvalidArgument, path_.string() + ": writer is closed");
+  if (!out_.is_open()) throw Error(ErrorCode::kInvalidArgument, path_.string() + ": writer is closed");
   if (written_ != data_total_)
     throw Error(ErrorCode::kInvalidArgument,
                 path_.string() + ": " + std::to_string(written_) + " data bytes written, header declares " +
                     std::to_string(data_total_));
   if (digests_) WriteDigests();
-  storage::Fd fd(fd_);
-  fd_ = -1;
-  storage::FsyncFd(fd.get(), tmp_path_);
-  fd.Close(tmp_path_);
-  SafetensorsReader::Open(tmp_path_);  // the header written parses back, before anything is committed
+  out_.Sync();
+  out_.Close();
+  SafetensorsReader::Open(staged_->path());  // the header written parses back, before anything is committed
 }
 
 void SafetensorsWriter::Commit() {
   Seal();
   try {
-    storage::CommitStaged(tmp_path_, path_, overwrite_ ? storage::Replace::kExisting : storage::Replace::kNever);
+    staged_->Commit(overwrite_ ? files::Replace::kExisting : files::Replace::kNever);
   } catch (const Error& e) {
     if (e.code() == ErrorCode::kAlreadyExists && !overwrite_)
       throw Error(ErrorCode::kAlreadyExists, path_.string() + ": already exists");
     throw;
   }
-  tmp_path_.clear();  // committed
 }
 
 std::optional<std::filesystem::path> FindSafetensorsIndex(const std::filesystem::path& path) {
@@ -647,29 +635,27 @@ std::string SafetensorsIndexText(uint64_t total_size,
 void WriteSafetensorsIndex(const std::filesystem::path& index_file, uint64_t total_size,
                            const std::vector<std::pair<std::string, std::string>>& weight_map,
                            std::optional<uint64_t> total_parameters) {
-  storage::CommitFile(index_file, SafetensorsIndexText(total_size, weight_map, total_parameters));
+  files::CommitFile(index_file, SafetensorsIndexText(total_size, weight_map, total_parameters));
 }
 
 void CommitSafetensorsShards(const std::vector<SafetensorsWriter*>& shards, const std::filesystem::path& index_file,
                              uint64_t total_size, const std::vector<std::pair<std::string, std::string>>& weight_map,
                              std::optional<uint64_t> total_parameters) {
   bool overwrite = true;
-  std::vector<std::pair<std::filesystem::path, std::filesystem::path>> staged;
+  std::vector<files::StagedOutput*> staged;
   for (SafetensorsWriter* w : shards) {
     w->Seal();
     overwrite = overwrite && w->overwrite_;
-    staged.emplace_back(w->tmp_path_, w->path_);
+    staged.push_back(&*w->staged_);
   }
-  const std::filesystem::path index_tmp = storage::BeginStaging(index_file, /*directory=*/false);
-  try {
-    storage::WriteFileSynced(index_tmp, SafetensorsIndexText(total_size, weight_map, total_parameters));
-    staged.emplace_back(index_tmp, index_file);
-    storage::CommitStagedGroup(staged, overwrite ? storage::Replace::kExisting : storage::Replace::kNever);
-  } catch (...) {
-    storage::DiscardStaged(index_tmp);
-    throw;  // the writers discard their staged shards
-  }
-  for (SafetensorsWriter* w : shards) w->tmp_path_.clear();  // committed
+  files::StagedOutput index(index_file, /*directory=*/false);  // discarded on a throw, as the shards are
+  const std::string text = SafetensorsIndexText(total_size, weight_map, total_parameters);
+  files::File out = files::File::Create(index.path());
+  out.WriteAt(text.data(), text.size(), 0);
+  out.Sync();
+  out.Close();
+  staged.push_back(&index);  // last: the file readers look for
+  files::StagedOutput::CommitAll(staged, overwrite ? files::Replace::kExisting : files::Replace::kNever);
 }
 
 std::vector<std::vector<std::size_t>> PlanSafetensorsShards(const std::vector<uint64_t>& bytes,

@@ -8,17 +8,11 @@
 #include <unordered_set>
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/object_read.h"
-#include "checkpoint/object_save.h"
-#include "checkpoint/reader.h"
 #include "ckpt/checkpoint.h"
+#include "ckpt/digest.h"
 #include "ckpt/error.h"
+#include "ckpt/files.h"
 #include "ckpt/ops/safetensors.h"
-#include "layout/box.h"
-#include "storage/digest.h"
-#include "storage/file_hasher.h"
-#include "storage/fs.h"
-#include "storage/shard_reader.h"
 #include "ops/util.h"
 
 namespace ckpt::ops {
@@ -26,33 +20,34 @@ namespace {
 
 using nlohmann::json;
 
-class CheckpointSource final : public Source {
+// A checkpoint (a directory, pinned: FORMAT.md §2.7; or s3://) or a lone shard, read
+// through libckpt's CheckpointReader. Copies made by Reopen (for other threads) read the
+// very checkpoint this one reads. Opened without the structure check, so that a broken
+// checkpoint can still be described; the check runs before the first read of data.
+// On object storage the store is reached as the library reaches it (ObjectStoreOptions{}:
+// AWS_* environment, ~/.aws files).
+class ReaderSource final : public Source {
  public:
-  // Pinned (FORMAT.md §2.7): metadata.json and every shard are read through one handle on
-  // the directory, so a source racing an overwrite reads one checkpoint or fails with
-  // kChanged; copies made by Reopen (for other threads) read the same one.
-  CheckpointSource(const std::filesystem::path& dir, bool resolve) {
-    internal::Pinned p = internal::OpenPinned(dir, resolve);
-    path_ = dir;
-    dir_ = std::move(p.dir);
-    metadata_ = *p.metadata;  // indexed by the parser
+  ReaderSource(const std::filesystem::path& path, SourceKind kind, std::unique_ptr<CheckpointReader> reader)
+      : kind_(kind), reader_(std::move(reader)) {
+    path_ = path;
+    metadata_ = reader_->metadata();
   }
-  CheckpointSource(const CheckpointSource& other) : Source(other), dir_(other.dir_) {}
-  SourceKind kind() const override { return SourceKind::kCheckpoint; }
-  std::unique_ptr<Source> Reopen() const override { return std::make_unique<CheckpointSource>(*this); }
+  SourceKind kind() const override { return kind_; }
+  std::unique_ptr<Source> Reopen() const override {
+    auto copy = std::make_unique<ReaderSource>(path_, kind_, reader_->Reopen());
+    copy->checked_ = checked_;
+    return copy;
+  }
   std::filesystem::path PinnedFile(const std::string& name) const override {
-    return std::filesystem::path(storage::ProcPath(dir_.fd())) / name;
+    return reader_->PinnedPath(name).value_or(std::filesystem::path());
   }
-  void ThrowIfReplaced() const override {
-    if (dir_.Replaced()) dir_.ThrowChanged("its files are no longer all there");
-  }
+  void ThrowIfReplaced() const override { reader_->ThrowIfReplaced(); }
   void ReadRegion(std::string_view key, const Box& region, void* out) override {
     Reader().ReadRegion(key, region, out, /*verify=*/true);
   }
-  std::vector<uint8_t> ReadBytes(std::string_view key) override {
-    return Reader().ReadBytes(key, /*verify=*/true);
-  }
-  uint64_t bytes_read() const override { return reader_ ? reader_->bytes_read() : 0; }
+  std::vector<uint8_t> ReadBytes(std::string_view key) override { return Reader().ReadBytes(key, /*verify=*/true); }
+  uint64_t bytes_read() const override { return reader_->bytes_read(); }
   std::optional<FileRange> Locate(std::string_view key, std::size_t chunk) override {
     return Reader().LocateChunk(key, chunk);
   }
@@ -60,51 +55,13 @@ class CheckpointSource final : public Source {
 
  private:
   CheckpointReader& Reader() {
-    if (!reader_) {
-      // The metadata this source holds (it outlives the reader), not read again.
-      const std::shared_ptr<const Metadata> md(&metadata_, [](const Metadata*) {});
-      reader_ = std::make_unique<internal::Reader>(dir_, md);
-    }
+    if (!checked_) reader_->CheckStructure();  // as a reader opened with the check would have
+    checked_ = true;
     return *reader_;
   }
-  storage::Dir dir_;
-  std::unique_ptr<internal::Reader> reader_;
-};
-
-// A checkpoint on object storage (s3://bucket/prefix/step, checkpoint/object_read.h): its
-// metadata.json by one GET, data by ranged GETs of the blocks needed, every block checked.
-// The store is reached as the library reaches it (ObjectStoreOptions{}: AWS_* environment,
-// ~/.aws files).
-class ObjectCheckpointSource final : public Source {
- public:
-  ObjectCheckpointSource(const std::string& url, bool resolve)
-      : source_(internal::OpenObjectSource(url, ObjectStoreOptions{})) {
-    path_ = url;
-    metadata_ = *source_->metadata;
-    if (resolve) {  // every chunk's record, from the shard indexes (a ranged GET each)
-      internal::ChunkCatalog catalog(source_);
-      internal::ResolveWith(catalog, metadata_);
-    }
-    metadata_.BuildIndex();
-  }
-  ObjectCheckpointSource(const ObjectCheckpointSource& other) : Source(other), source_(other.source_) {}
-  SourceKind kind() const override { return SourceKind::kCheckpoint; }
-  std::unique_ptr<Source> Reopen() const override { return std::make_unique<ObjectCheckpointSource>(*this); }
-  void ReadRegion(std::string_view key, const Box& region, void* out) override {
-    Reader().ReadRegion(key, region, out, /*verify=*/true);
-  }
-  std::vector<uint8_t> ReadBytes(std::string_view key) override { return Reader().ReadBytes(key, /*verify=*/true); }
-  uint64_t bytes_read() const override { return reader_ ? reader_->bytes_read() : 0; }
-  std::optional<FileRange> Locate(std::string_view, std::size_t) override { return std::nullopt; }  // no local file
-  void VerifyChunk(std::string_view key, std::size_t chunk) override { Reader().VerifyChunk(key, chunk); }
-
- private:
-  CheckpointReader& Reader() {
-    if (!reader_) reader_ = std::make_unique<internal::Reader>(source_);
-    return *reader_;
-  }
-  std::shared_ptr<const internal::ObjectSource> source_;
-  std::unique_ptr<internal::Reader> reader_;
+  SourceKind kind_;
+  std::unique_ptr<CheckpointReader> reader_;
+  bool checked_ = false;
 };
 
 // One .safetensors file, or the Hub's sharded layout (an index and the files it names):
@@ -159,7 +116,7 @@ class SafetensorsSource final : public Source {
     r->ReadRegion(*t, region, out);
     read_ += n;
     if (r->block_bytes() && whole && !verified_.count(t)) {  // the bytes just read, not read again
-      storage::Digest digest(DType::kUInt8, false, r->block_bytes());
+      ChunkDigest digest(DType::kUInt8, false, r->block_bytes());
       digest.Update(out, static_cast<std::size_t>(n));
       CheckTensorDigest(*r, *t, digest);
     }
@@ -187,13 +144,13 @@ class SafetensorsSource final : public Source {
   // Tensor `t`'s bytes, read from its file, against its digests (once per tensor).
   void VerifyTensor(const SafetensorsReader& r, const SafetensorsTensor& t) {
     if (verified_.count(&t)) return;
-    storage::Digest digest(DType::kUInt8, false, r.block_bytes());
-    storage::FileHasher(r.fd(), r.path()).Hash(r.data_start() + t.begin, t.end - t.begin, digest, {}, Where(r, t));
+    ChunkDigest digest(DType::kUInt8, false, r.block_bytes());
+    r.ScanTensor(t, [&](const unsigned char* p, std::size_t n) { digest.Update(p, n); });
     CheckTensorDigest(r, t, digest);
   }
   // `digest` of all of `t`'s bytes against the blocks its file records; `t` verified after.
-  void CheckTensorDigest(const SafetensorsReader& r, const SafetensorsTensor& t, const storage::Digest& digest) {
-    storage::CheckDigest(digest, metadata_.Find(t.name)->chunks.front(), t.end - t.begin, Where(r, t));
+  void CheckTensorDigest(const SafetensorsReader& r, const SafetensorsTensor& t, const ChunkDigest& digest) {
+    digest.Check(metadata_.Find(t.name)->chunks.front(), t.end - t.begin, Where(r, t));
     verified_.insert(&t);
   }
   void Add(std::unique_ptr<SafetensorsReader> reader) {
@@ -221,7 +178,7 @@ class SafetensorsSource final : public Source {
       if (r.block_bytes()) {  // ckpt's digests: readers and the copies of a convert check them
         c.block_bytes = r.block_bytes();
         c.blocks = t.blocks;
-        c.checksum = storage::ChecksumOfBlocks(t.blocks);
+        c.checksum = ChecksumOfBlocks(t.blocks);
       }
       e.chunks.push_back(std::move(c));
       metadata_.entries.emplace_back(t.name, std::move(e));
@@ -253,99 +210,12 @@ class SafetensorsSource final : public Source {
   uint64_t read_ = 0;
 };
 
-// A lone shard: tensors as listed by its ckpt_shard_index attribute (FORMAT.md §5.5).
-class ShardSource final : public Source {
- public:
-  explicit ShardSource(const std::filesystem::path& file) {
-    path_ = file;
-    // Located through HDF5, never the index: a lone shard has no checksums, so the dataset
-    // checks (own dataset, no virtual or external storage, allowed filters) are all there is.
-    reader_ = std::make_unique<storage::ShardReader>(file.parent_path(), file.filename().string(),
-                                                     /*use_index=*/false);
-    Describe(reader_->Index().entries);
-  }
-  SourceKind kind() const override { return SourceKind::kShard; }
-  void ReadRegion(std::string_view key, const Box& region, void* out) override {
-    const EntryMeta* e = metadata_.Find(key);
-    if (!e || e->kind != EntryKind::kTensor)
-      throw Error(ErrorCode::kNotFound, path_.string() + ": no tensor '" + std::string(key) + "'");
-    int64_t covered = 0;
-    const std::string k(key);
-    for (const auto& c : e->chunks) {
-      auto common = layout::Intersect(c.box, region);
-      if (!common) continue;
-      read_ += reader_->Read(k, e->dtype, c, *common, out, region, /*verify=*/false);
-      covered += common->NumElements();
-    }
-    if (covered != region.NumElements())
-      throw Error(ErrorCode::kInvalidArgument,
-                  path_.string() + ": tensor '" + k + "' region " + region.ToString() +
-                      " is not wholly in this shard (it holds part of the tensor; use the "
-                      "checkpoint directory)");
-  }
-  std::vector<uint8_t> ReadBytes(std::string_view key) override {
-    throw Error(ErrorCode::kNotFound, path_.string() + ": bytes entry '" + std::string(key) +
-                                          "' is not listed in a lone shard; use the checkpoint directory");
-  }
-  uint64_t bytes_read() const override { return read_; }
-  std::optional<FileRange> Locate(std::string_view key, std::size_t chunk) override {
-    const EntryMeta* e = metadata_.Find(key);
-    if (!e || e->kind != EntryKind::kTensor || chunk >= e->chunks.size())
-      throw Error(ErrorCode::kNotFound, path_.string() + ": no tensor '" + std::string(key) + "'");
-    const ChunkMeta& c = e->chunks[chunk];
-    const uint64_t n = static_cast<uint64_t>(c.box.NumElements()) * DTypeSize(e->dtype);
-    if (n == 0) return std::nullopt;
-    const auto offset = reader_->Locate(std::string(key), e->dtype, c);
-    if (!offset) return std::nullopt;
-    return FileRange{path_, *offset, n};
-  }
-  void VerifyChunk(std::string_view, std::size_t) override {}  // the shard index records no checksums
-
- private:
-  // The shard's tensors as its index lists them (bytes entries are not presented).
-  void Describe(const std::vector<storage::ShardIndexEntry>& index) {
-    const std::string where = path_.string() + ": ckpt_shard_index";
-    const std::string name = path_.filename().string();
-    metadata_.files.push_back(FileMeta{name, 0, reader_->file_size(), {}});
-    metadata_.library_version = "";
-    metadata_.state_dict_type = StateDictType::kSharded;
-    metadata_.mesh = "null";
-    metadata_.user = "{}";
-    std::unordered_map<std::string, std::size_t> position;  // key -> index in entries
-    for (const auto& c : index) {
-      if (c.bytes) continue;
-      ChunkMeta chunk;
-      chunk.box = c.chunk.box;
-      chunk.file = name;
-      chunk.dataset = c.chunk.dataset;
-      chunk.pack_offset = c.chunk.pack_offset;
-      auto [at, fresh] = position.emplace(c.key, metadata_.entries.size());
-      EntryMeta* e = fresh ? nullptr : &metadata_.entries[at->second].second;
-      if (!e) {
-        metadata_.entries.emplace_back(c.key, EntryMeta{});
-        e = &metadata_.entries.back().second;
-        e->kind = EntryKind::kTensor;
-        e->dtype = c.dtype;
-        e->shape = c.shape;
-      } else if (e->dtype != c.dtype || e->shape != c.shape) {
-        throw Error(ErrorCode::kCorrupt, where + ": tensor '" + c.key + "' listed with different dtypes or shapes");
-      }
-      e->chunks.push_back(std::move(chunk));
-    }
-    metadata_.BuildIndex();
-  }
-
-  std::unique_ptr<storage::ShardReader> reader_;
-  uint64_t read_ = 0;
-};
-
 // The first `n` bytes of a file the user named (fewer if it is shorter); refuses a FIFO,
 // device or directory without blocking on it.
 std::string Head(const std::filesystem::path& p, std::size_t n) {
-  const storage::Fd fd = detail::OpenNamedFile(p);
-  const uint64_t size = storage::FileSize(fd.get(), p);
-  std::string head(static_cast<std::size_t>(std::min<uint64_t>(n, size)), '\0');
-  storage::ReadExact(fd.get(), head.data(), head.size(), 0, p);
+  const files::File f = files::File::OpenForRead(p, /*follow_symlinks=*/true);
+  std::string head(static_cast<std::size_t>(std::min<uint64_t>(n, f.Size())), '\0');
+  f.ReadAt(head.data(), head.size(), 0);
   return head;
 }
 
@@ -372,7 +242,11 @@ bool Source::HoldsWhole(std::string_view key) const {
 std::unique_ptr<Source> Source::Reopen() const { return Open(path_, !skipped_.empty()); }
 
 std::unique_ptr<Source> Source::Open(const std::filesystem::path& path, bool skip_unsupported, bool resolve) {
-  if (internal::IsObjectUrl(path)) return std::make_unique<ObjectCheckpointSource>(path.string(), resolve);
+  ReaderOptions checkpoint;
+  checkpoint.resolve = resolve;
+  checkpoint.check_structure = false;
+  if (IsObjectUrl(path))
+    return std::make_unique<ReaderSource>(path, SourceKind::kCheckpoint, CheckpointReader::Open(path, checkpoint));
   std::error_code ec;
   const auto st = std::filesystem::status(path, ec);
   if (ec || !std::filesystem::exists(st))
@@ -387,13 +261,13 @@ std::unique_ptr<Source> Source::Open(const std::filesystem::path& path, bool ski
     if (!std::filesystem::exists(path / kMetadataFileName, ec))
       throw Error(ErrorCode::kNotFound,
                   path.string() + ": not a checkpoint (no metadata.json; an uncommitted save?)");
-    return std::make_unique<CheckpointSource>(path, resolve);
+    return std::make_unique<ReaderSource>(path, SourceKind::kCheckpoint, CheckpointReader::Open(path, checkpoint));
   }
   if (path.extension() == ".safetensors") return std::make_unique<SafetensorsSource>(path, skip_unsupported);
   if (path.filename().string().ends_with(kSafetensorsIndexSuffix))
     return std::make_unique<SafetensorsSource>(ReadSafetensorsIndex(path), skip_unsupported);
   const std::string head = Head(path, 9);
-  if (head.starts_with(std::string_view("\x89HDF\r\n\x1a\n", 8))) return std::make_unique<ShardSource>(path);
+  if (head.starts_with(std::string_view("\x89HDF\r\n\x1a\n", 8))) return std::make_unique<ReaderSource>(path, SourceKind::kShard, CheckpointReader::OpenShard(path));
   if (path.filename() == kMetadataFileName) return Open(path.parent_path(), skip_unsupported, resolve);
   // A safetensors file under another name: its header starts after 8 bytes with '{'.
   if (head.size() == 9 && head[8] == '{') return std::make_unique<SafetensorsSource>(path, skip_unsupported);

@@ -1,8 +1,6 @@
 // ops/util.cc: see util.h.
 #include "ops/util.h"
 
-#include "storage/fs.h"
-
 #include <unistd.h>
 
 #include <bitset>
@@ -12,52 +10,11 @@
 #include <cstdint>
 #include <fstream>
 #include <limits>
+#include <system_error>
+
+#include "ckpt/files.h"
 
 namespace ckpt::ops::detail {
-
-std::vector<Box> SplitBox(const Box& box, std::size_t itemsize, uint64_t max_bytes) {
-  const std::size_t rank = box.sizes.size();
-  uint64_t total = itemsize;
-  for (int64_t s : box.sizes) total *= static_cast<uint64_t>(s);
-  if (rank == 0 || total <= max_bytes || total == 0) return {box};
-  // Find the outermost dim d whose slab (one index along d, all of the dims after it)
-  // fits in max_bytes; cut along d, iterating single indices over the dims before it.
-  std::vector<uint64_t> slab(rank);
-  uint64_t s = itemsize;
-  for (std::size_t d = rank; d-- > 0;) {
-    slab[d] = s;
-    s *= static_cast<uint64_t>(box.sizes[d]);
-  }
-  std::size_t d = 0;
-  while (d + 1 < rank && slab[d] > max_bytes) ++d;
-  const int64_t per = static_cast<int64_t>(std::max<uint64_t>(1, max_bytes / slab[d]));
-  std::vector<Box> out;
-  std::vector<int64_t> idx(d, 0);
-  for (;;) {
-    for (int64_t b = 0; b < box.sizes[d]; b += per) {
-      Box piece = box;
-      for (std::size_t o = 0; o < d; ++o) {
-        piece.offsets[o] = box.offsets[o] + idx[o];
-        piece.sizes[o] = 1;
-      }
-      piece.offsets[d] = box.offsets[d] + b;
-      piece.sizes[d] = std::min(per, box.sizes[d] - b);
-      out.push_back(std::move(piece));
-    }
-    std::size_t o = d;
-    bool done = true;
-    while (o > 0) {
-      --o;
-      if (++idx[o] < box.sizes[o]) {
-        done = false;
-        break;
-      }
-      idx[o] = 0;
-    }
-    if (done) break;
-  }
-  return out;
-}
 
 namespace {
 
@@ -258,12 +215,21 @@ void Progress::Done() {
   active_ = false;
 }
 
-storage::Fd OpenNamedFile(const std::filesystem::path& path) {
-  return storage::OpenRegularFile(path, storage::Symlinks::kFollow);
+std::string ReadFileText(const std::filesystem::path& path, uint64_t max_bytes) {
+  return files::ReadSmallFile(path, max_bytes, /*follow_symlinks=*/true);
 }
 
-std::string ReadFileText(const std::filesystem::path& path, uint64_t max_bytes) {
-  return storage::ReadFileLimited(path, max_bytes, storage::Symlinks::kFollow);
+std::vector<std::jthread> StartThreads(std::size_t count, const std::function<void(std::size_t)>& fn) {
+  std::vector<std::jthread> started;
+  started.reserve(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    try {
+      started.emplace_back(fn, i);
+    } catch (const std::system_error&) {
+      break;  // no more threads now: run on those started
+    }
+  }
+  return started;
 }
 
 }  // namespace ckpt::ops::detail

@@ -11,17 +11,13 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "ckpt/error.h"
 #include "ckpt/tensor.h"
-#include "storage/fs.h"
 
 namespace ckpt::ops::detail {
-
-// Splits `box` into boxes of at most `max_bytes` (at least one element each), cutting
-// along the outermost dimensions first, so each block is a run of whole rows when it can be.
-std::vector<Box> SplitBox(const Box& box, std::size_t itemsize, uint64_t max_bytes);
 
 // Block size for streaming tensor data: small enough that a block just read is still
 // in the CPU cache when it is written or compared (measured: 2x faster than 128 MiB).
@@ -75,13 +71,16 @@ class Progress {
   std::chrono::steady_clock::time_point start_, last_;
 };
 
-// Opens a file the user named (a command-line argument: a symlink to it is followed) for
-// reading, only if it is a regular file: a FIFO, device or directory is kCorrupt, and a
-// FIFO does not block the open. kNotFound / kIO naming it. Files a checkpoint names are
-// opened with storage::OpenRegularFile instead, which refuses symlinks too.
-storage::Fd OpenNamedFile(const std::filesystem::path& path);
-// Reads a whole small file the user named (OpenNamedFile), refusing more than `max_bytes`
-// before reading any (kCorrupt).
+// Reads a whole small file the user named (a command-line argument: a symlink to it is
+// followed; a FIFO, device or directory is kCorrupt), refusing more than `max_bytes` before
+// reading any (kCorrupt). Files a checkpoint names are read by libckpt, which refuses
+// symlinks too.
 std::string ReadFileText(const std::filesystem::path& path, uint64_t max_bytes = uint64_t{256} << 20);
+
+// Starts `count` threads running fn(0) .. fn(count - 1); a thread the system refuses to
+// start is left out (the work then runs on fewer threads, never a crash), so the caller
+// writes its work to finish on however many started, its own thread included. Destroying
+// the result joins them.
+std::vector<std::jthread> StartThreads(std::size_t count, const std::function<void(std::size_t)>& fn);
 
 }  // namespace ckpt::ops::detail

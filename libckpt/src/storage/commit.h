@@ -23,19 +23,14 @@
 #include <utility>
 #include <vector>
 
+#include "ckpt/files.h"
+
 namespace ckpt::storage {
 
 namespace fs = std::filesystem;
 
-// What a commit may replace at the target.
-enum class Replace {
-  kNever,     // nothing: a target that exists is kAlreadyExists (RENAME_NOREPLACE)
-  kExpected,  // exactly what was at the target when staging began (nothing, an empty
-              // directory, or the checkpoint the caller checked); anything else there
-              // now is kAlreadyExists: another writer got there first
-  kExisting,  // what is there now: a file by a file; a directory by a directory, which
-              // must be empty or a committed checkpoint (holding metadata.json)
-};
+// What a commit may replace at the target: public (ckpt/files.h).
+using Replace = files::Replace;
 
 // Throws kInvalidArgument, naming `target` and the file system, where `target`'s directory is
 // on a FUSE file system (statfs magic 0x65735546) whose rename may not be atomic, so that

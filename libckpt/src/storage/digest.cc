@@ -577,3 +577,45 @@ std::string ChecksumOf(const void* data, std::size_t n) {
 }
 
 }  // namespace ckpt::storage
+
+// ---- The public digest API (ckpt/digest.h) ---------------------------------------------
+namespace ckpt {
+
+struct ChunkDigest::Impl {
+  Impl(DType dtype, bool with_stats, uint64_t block_bytes) : digest(dtype, with_stats, block_bytes) {}
+  storage::Digest digest;
+};
+
+ChunkDigest::ChunkDigest(DType dtype, bool with_stats, uint64_t block_bytes) {
+  if (block_bytes != 0 &&
+      (block_bytes < kMinBlockBytes || block_bytes > kMaxBlockBytes || (block_bytes & (block_bytes - 1)) != 0)) {
+    throw Error(ErrorCode::kInvalidArgument, "ChunkDigest: block size " + std::to_string(block_bytes) +
+                                                 " is not a power of two in [4 KiB, 64 MiB]");
+  }
+  impl_ = std::make_unique<Impl>(dtype, with_stats, block_bytes);
+}
+ChunkDigest::~ChunkDigest() = default;
+ChunkDigest::ChunkDigest(ChunkDigest&&) noexcept = default;
+ChunkDigest& ChunkDigest::operator=(ChunkDigest&&) noexcept = default;
+
+void ChunkDigest::Update(const void* data, std::size_t n) { impl_->digest.Update(data, n); }
+std::string ChunkDigest::Checksum() const { return impl_->digest.Checksum(); }
+std::optional<ChunkStats> ChunkDigest::Stats() const { return impl_->digest.Stats(); }
+std::vector<uint64_t> ChunkDigest::BlockDigests() const { return impl_->digest.BlockDigests(); }
+std::string ChunkDigest::Blocks() const { return impl_->digest.Blocks(); }
+uint64_t ChunkDigest::block_bytes() const { return impl_->digest.block_bytes(); }
+void ChunkDigest::Check(const ChunkMeta& expected, uint64_t n, std::string_view what) const {
+  storage::CheckDigest(impl_->digest, expected, n, what);
+}
+
+uint64_t HashBlock(const void* data, std::size_t n) { return storage::HashBlock(data, n); }
+std::string FormatChecksum(uint64_t hash) { return format::ChecksumText(hash); }
+std::string ChecksumOfBlocks(std::string_view blocks_hex) {
+  if (blocks_hex.size() % 16 != 0 || !format::IsLowerHex(blocks_hex)) {
+    throw Error(ErrorCode::kCorrupt, "ChecksumOfBlocks: \"blocks\" is not 16 lowercase hex digits per block (" +
+                                         std::to_string(blocks_hex.size()) + " characters)");
+  }
+  return storage::ChecksumOfBlocks(blocks_hex);
+}
+
+}  // namespace ckpt

@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ckpt/digest.h"
 #include "ckpt/dtype.h"
 #include "ckpt/error.h"
 #include "ckpt/metadata.h"
@@ -36,9 +37,9 @@ namespace ckpt::storage {
 // - large slices (a third of the rows), column slices and whole chunks take the same time
 //   at every block size (column slices with rows under a block read every block anyway).
 // 64 KiB is the smallest size whose index stays well under a thousandth of the data.
-inline constexpr uint64_t kDefaultBlockBytes = uint64_t{64} << 10;
-using format::kMaxBlockBytes;  // FORMAT.md §7: 4 KiB..64 MiB (format/checksum.h)
-using format::kMinBlockBytes;
+using ckpt::kDefaultBlockBytes;  // ckpt/digest.h
+using ckpt::kMaxBlockBytes;  // FORMAT.md §7: 4 KiB..64 MiB
+using ckpt::kMinBlockBytes;
 
 class Digest {
  public:
@@ -105,6 +106,6 @@ void CheckDigest(const Digest& got, const ChunkMeta& expected, uint64_t n, std::
 // where the index says `want`.
 Error BlockMismatch(std::string_view what, uint64_t i, uint64_t block_bytes, uint64_t n, uint64_t want, uint64_t got);
 
-using format::BlockCount;  // ceil(n / block_bytes) (format/checksum.h)
+using ckpt::BlockCount;  // ceil(n / block_bytes) (ckpt/digest.h)
 
 }  // namespace ckpt::storage

@@ -1,11 +1,11 @@
-// storage/virtual_file.cc
-#include "storage/virtual_file.h"
+// storage/virtual_file.cc: ckpt/virtual_file.h over HDF5.
+#include "ckpt/virtual_file.h"
 
 #include "ckpt/error.h"
 #include "format/names.h"
 #include "storage/h5.h"
 
-namespace ckpt::storage {
+namespace ckpt {
 
 namespace {
 
@@ -120,4 +120,4 @@ void VirtualFileWriter::AddScalar(const std::string& key, DType dtype, const voi
 
 void VirtualFileWriter::Close() { h5::Check(impl_->file.Close(), impl_->path.string() + ": cannot close"); }
 
-}  // namespace ckpt::storage
+}  // namespace ckpt

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -21,6 +22,7 @@
 
 #include "ckpt/checkpoint.h"
 #include "ckpt/dtype.h"
+#include "ckpt/files.h"
 #include "ckpt/tensor.h"
 
 namespace ckpt::ops {
@@ -93,7 +95,7 @@ class CKPT_API SafetensorsReader {
   const std::vector<std::pair<std::string, std::string>>& metadata() const { return metadata_; }
   uint64_t file_size() const { return file_size_; }
   // The open file (owned by the reader): every read of it goes through this descriptor.
-  int fd() const { return fd_; }
+  int fd() const { return file_.fd(); }
   // File offset of the data buffer (tensor bytes start at data_start() + begin).
   uint64_t data_start() const { return data_start_; }
   // ckpt's digest block size ("ckpt.block_bytes"); 0 when the file carries no digests.
@@ -103,11 +105,16 @@ class CKPT_API SafetensorsReader {
   void ReadRange(const SafetensorsTensor& t, uint64_t offset, uint64_t length, void* out) const;
   // Reads the region `box` (coordinates in t.shape) into `out`, row-major over box.sizes.
   void ReadRegion(const SafetensorsTensor& t, const Box& box, void* out) const;
+  // Hands tensor `t`'s bytes to `consume(data, length)` piece by piece, in order, in bounded
+  // memory (large tensors straight from the page cache). kCorrupt naming the file and the
+  // tensor where the file ends early (it shrank since it was opened).
+  void ScanTensor(const SafetensorsTensor& t,
+                  const std::function<void(const unsigned char*, std::size_t)>& consume) const;
 
  private:
   SafetensorsReader() = default;
   std::filesystem::path path_;
-  int fd_ = -1;
+  files::File file_;
   uint64_t file_size_ = 0;
   uint64_t data_start_ = 0;
   uint64_t block_bytes_ = 0;
@@ -151,15 +158,15 @@ class CKPT_API SafetensorsWriter {
                                       const std::vector<std::pair<std::string, std::string>>& weight_map,
                                       std::optional<uint64_t> total_parameters);
   // Commit() short of the rename: checks every byte was written, fsyncs, closes and parses
-  // the header back; the staging file is left for the caller to commit (tmp_path_).
+  // the header back; the staged file is left for the caller to commit (staged_).
   void Seal();
-  std::filesystem::path path_, tmp_path_;
-  int fd_ = -1;
+  std::filesystem::path path_;
+  std::optional<files::StagedOutput> staged_;  // discarded unless committed
+  files::File out_;                            // staged_'s file, open until sealed
   bool overwrite_ = false;
   uint64_t data_total_ = 0, written_ = 0, file_pos_ = 0;
   uint64_t unflushed_ = 0;  // bytes since writeback was last started
-  int source_fd_ = -1;      // the file AppendCopy last copied from, kept open
-  std::filesystem::path source_path_;
+  files::File source_;      // the file AppendCopy last copied from, kept open
   struct Digests;  // the header and the block digests so far (with `digests`)
   std::unique_ptr<Digests> digests_;
   void Wrote(uint64_t bytes);

@@ -1,5 +1,7 @@
 // ckpt/ops/verify.h: the CI gate behind ckpt-verify. Checks a checkpoint directory (or a
-// lone shard) and reports every problem found, each naming its file and key:
+// lone shard, a safetensors file) and reports every problem found, each naming its file and
+// key. A checkpoint is checked by libckpt (ckpt/verify.h: VerifyCheckpoint), plus the schema
+// and --expect checks:
 //   metadata   metadata.json parses, its digest matches (v2), and it validates against
 //              schemas/metadata.schema.json
 //   files      every listed file exists, is a regular file of the recorded size, is HDF5
@@ -24,6 +26,7 @@
 #include <vector>
 
 #include "ckpt/export.h"
+#include "ckpt/verify.h"
 
 namespace ckpt::ops {
 
@@ -42,27 +45,10 @@ struct VerifyOptions {
   int64_t group_chunks = int64_t{1} << 15;
 };
 
-struct VerifyProblem {
-  std::string check;  // "metadata", "files", "tiling", "datasets", "checksums", "finite", "expect"
-  std::string file;   // may be empty
-  std::string key;    // may be empty
-  std::string message;
-};
-
-struct VerifyReport {
-  std::string path;
-  std::vector<VerifyProblem> problems;
-  std::size_t keys = 0, chunks = 0, files = 0;
-  int format_version = 0;  // of the metadata.json read (0: not read)
-  uint64_t bytes_read = 0;
-  double seconds = 0;
-  bool quick = false;
-  // "" (a local checkpoint: every check above) or "ranged" (an s3:// checkpoint, read by
-  // ranged GETs: metadata, each object's size and index, tiling, checksums and block
-  // digests; no HDF5 header or stray-dataset check, no --check-finite).
-  std::string mode;
-  bool ok() const { return problems.empty(); }
-};
+// The report: libckpt's (ckpt/verify.h), with the problems of the checks above that only the
+// tools make ("metadata" for the schema, "expect").
+using ckpt::VerifyProblem;
+using ckpt::VerifyReport;
 
 // Problems in the checkpoint are reported, not thrown. Throws (kNotFound, kIO) only when
 // `path` itself or the `expect` reference cannot be read.

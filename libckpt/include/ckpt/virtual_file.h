@@ -1,8 +1,9 @@
-// storage/virtual_file.h: an HDF5 file of virtual datasets, one per tensor, each mapping
-// the tensor's chunks onto their datasets in the checkpoint's shards (ckpt-merge
-// --virtual): the shards are read in place. Packed chunks (FORMAT.md §5.7: slices of a
-// uint8 pack, which no mapping can retype) are the exception: their bytes are copied into
-// the virtual file (at most pack_bytes, 1 MiB, each).
+// ckpt/virtual_file.h: an HDF5 file of virtual datasets, one per tensor, each mapping the
+// tensor's chunks onto their datasets in a checkpoint's shards (what ckpt-merge --virtual
+// writes), so that any HDF5 program reads the tensors whole while the shards are read in
+// place. Packed chunks (FORMAT.md §5.7: slices of a uint8 pack, which no mapping can
+// retype) are the exception: their bytes are copied into the virtual file (at most
+// pack_bytes, 1 MiB, each).
 //
 // Threading: one VirtualFileWriter per thread.
 #pragma once
@@ -14,13 +15,15 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/export.h"
 #include "ckpt/metadata.h"
 
-namespace ckpt::storage {
+namespace ckpt {
 
-class VirtualFileWriter {
+class CKPT_API VirtualFileWriter {
  public:
-  // Creates (truncates) `path`. `label` names the output in errors.
+  // Creates (truncates) `path` (stage it: files::StagedOutput). `label` names the output in
+  // errors. kIO naming it.
   VirtualFileWriter(const std::filesystem::path& path, std::string label);
   ~VirtualFileWriter();
   VirtualFileWriter(const VirtualFileWriter&) = delete;
@@ -48,4 +51,4 @@ class VirtualFileWriter {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace ckpt::storage
+}  // namespace ckpt
