@@ -20,7 +20,7 @@ HAVE_S3 = bool(getattr(_ckpt, "have_s3", False))
 # Fields whose value is never shown (repr, errors).
 _SECRET = ("secret_access_key", "session_token")
 _TEXT = ("endpoint", "region", "profile", "access_key_id", "secret_access_key", "session_token", "addressing",
-         "staging_dir")
+         "staging_dir", "ca_bundle")
 _COUNT = ("part_bytes", "upload_concurrency", "leftover_grace_seconds", "max_attempts", "cache_max_bytes")
 
 NO_S3 = ("this build of the ckpt package has no S3 client (it was built with CKPT_WITH_S3=OFF, or without "
@@ -41,6 +41,8 @@ class S3Options:
       access_key_id, secret_access_key, session_token   credentials (never shown by repr or
                         in an error)
       addressing        "auto" (a custom endpoint path-style), "path" or "virtual"
+      ca_bundle         PEM file of the CA certificates an https endpoint is checked against
+                        (else AWS_CA_BUNDLE, the profile's ca_bundle, libcurl's default)
       staging_dir       each rank's local staging of its shard (default $TMPDIR/ckpt-s3-staging)
       part_bytes, upload_concurrency   multipart parts (5 MiB..5 GiB, default 16 MiB) and how many
                         are in flight per rank (default 8)
@@ -56,6 +58,7 @@ class S3Options:
     secret_access_key: str = None
     session_token: str = None
     addressing: str = None
+    ca_bundle: str = None
     staging_dir: str = None
     part_bytes: int = None
     upload_concurrency: int = None
@@ -81,7 +84,7 @@ class S3Options:
                 continue
             what = f"ckpt.S3Options.{f.name}"
             if f.name in _TEXT:
-                if f.name == "staging_dir" and isinstance(value, os.PathLike):
+                if f.name in ("staging_dir", "ca_bundle") and isinstance(value, os.PathLike):
                     value = os.fspath(value)
                 if not isinstance(value, str):  # the value is not shown: it may be a secret
                     raise Error("invalid argument", f"{what}: a {type(value).__name__}, not a str")

@@ -187,6 +187,7 @@ ckpt::ObjectStoreOptions S3Of(const nb::object& s3) {
                         : name == "secret_access_key" ? &o.secret_access_key
                         : name == "session_token"     ? &o.session_token
                         : name == "addressing"        ? &o.addressing
+                        : name == "ca_bundle"         ? &o.ca_bundle
                                                       : nullptr;
     if (text) {
       *text = nb::cast<std::string>(v);

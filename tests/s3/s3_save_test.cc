@@ -11,7 +11,10 @@
 #include <barrier>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <optional>
 #include <mutex>
 #include <thread>
 
@@ -37,6 +40,7 @@ class Wrapper : public s3_test::ForwardingStore {
   using ForwardingStore::ForwardingStore;
   std::function<void(const std::string& key)> before_put;   // PutIfAbsent, PutIfMatch, Put
   std::function<void(const std::string& key, int part)> before_part;
+  std::function<void(const std::string& key)> before_get_range;
   bool plain_puts = false;  // a store that ignores If-None-Match / If-Match
 
   std::string Put(const std::string& b, const std::string& k, st::ByteSpan body) override {
@@ -59,6 +63,10 @@ class Wrapper : public s3_test::ForwardingStore {
     if (before_part) before_part(k, n);
     return ForwardingStore::UploadPart(b, k, id, n, body);
   }
+  void GetRange(const std::string& b, const std::string& k, uint64_t offset, std::span<std::byte> out) override {
+    if (before_get_range) before_get_range(k);
+    ForwardingStore::GetRange(b, k, offset, out);
+  }
 };
 
 // Every store a save opens goes through one Wrapper while this lives (hooks on `hooks`).
@@ -72,6 +80,9 @@ struct Wrapped {
       };
       w->before_part = [this](const std::string& k, int n) {
         if (hooks.before_part) hooks.before_part(k, n);
+      };
+      w->before_get_range = [this](const std::string& k) {
+        if (hooks.before_get_range) hooks.before_get_range(k);
       };
       w->plain_puts = hooks.plain_puts;
       return w;
@@ -529,4 +540,97 @@ TEST_CASE("s3 save: bad options and URLs are clear errors; no secret in any mess
   CHECK(m[0].find("403") != std::string::npos);
   CHECK(m[0].find("WRONG-SECRET") == std::string::npos);
   CHECK(m[0].find(f.options.secret_access_key) == std::string::npos);
+}
+
+TEST_CASE("s3 save and load: no credentials anywhere is an error naming the URL it was for") {
+  // No AWS_* keys, no profile files: the process's environment, restored after.
+  ckpt_test::TempDir home("s3-nocreds");
+  const char* vars[] = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+                        "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "HOME"};
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved;
+  for (const char* v : vars) {
+    const char* old = std::getenv(v);
+    saved.emplace_back(v, old ? std::optional<std::string>(old) : std::nullopt);
+    ::unsetenv(v);
+  }
+  ::setenv("HOME", home.path().c_str(), 1);
+  ckpt::ObjectStoreOptions o;
+  o.endpoint = "http://127.0.0.1:9";  // never reached
+  o.staging_dir = home / "staging";
+  const std::string url = "s3://no-creds-bucket/run/step-7";
+  std::vector<std::string> messages;
+  std::vector<float> all = Values(1);
+  ckpt::SaveOptions so;
+  so.s3 = o;
+  const std::vector<ErrorCode> codes = SaveCodes(url, 1, all, 7, so, &messages);
+  ckpt::ErrorCode load_code{};
+  const std::string load_error = s3_test::ErrorOf(
+      [&] {
+        ckpt::StateDict target;
+        ckpt::SingleComm comm;
+        ckpt::LoadOptions lo;
+        lo.s3 = o;
+        ckpt::Load(url, target, comm, lo);
+      },
+      &load_code);
+  for (auto& [name, value] : saved) {
+    if (value) {
+      ::setenv(name.c_str(), value->c_str(), 1);
+    } else {
+      ::unsetenv(name.c_str());
+    }
+  }
+  CHECK(codes[0] == ErrorCode::kNotFound);
+  CHECK_MESSAGE(messages[0].find(url + ": no S3 credentials") != std::string::npos, messages[0]);
+  CHECK(load_code == ErrorCode::kNotFound);
+  CHECK_MESSAGE(load_error.find(url + ": no S3 credentials") != std::string::npos, load_error);
+}
+
+TEST_CASE("s3 Load: a killed load's download cache is collected like a save's staging; a live one never") {
+  Fixture f;
+  std::vector<float> all = Values(12);
+  ckpt::SaveOptions zstd = f.Save(false);
+  zstd.compression.codec = ckpt::Compression::Codec::kZstd;  // Load downloads it
+  for (ErrorCode code : SaveCodes(f.Url("cz"), 1, all, 5, zstd)) CHECK(code == ErrorCode::kInternal);
+  const std::filesystem::path root = f.options.staging_dir;
+  // What a load killed during its download left: its directory, nobody holding its lock.
+  const auto killed_load = [&] {
+    const std::filesystem::path dead = root / "load-0123456789abcdef-r0";
+    std::filesystem::create_directories(dead);
+    std::ofstream(dead / "metadata.json") << "{}";
+    std::filesystem::last_write_time(dead, std::filesystem::file_time_type::clock::now() - std::chrono::hours(2));
+    return dead;
+  };
+  std::filesystem::path dead = killed_load();
+  ckpt::files::CleanObjectLeftovers(f.Url("cz"), f.options);  // older than the 1 h grace
+  CHECK_FALSE(std::filesystem::exists(dead));
+  dead = killed_load();
+  SaveRanks(f, f.Url("cz2"), 1, all, 6);  // the next save
+  CHECK_FALSE(std::filesystem::exists(dead));
+
+  // A live load's cache: a cleaner with no grace at all, run while it downloads, leaves it.
+  Wrapped w;
+  int cleaned_during_download = 0;
+  w.hooks.before_get_range = [&](const std::string& key) {
+    if (key.find("/shard-") == std::string::npos || cleaned_during_download++) return;
+    bool cache_seen = false;
+    for (const auto& e : std::filesystem::directory_iterator(root)) {
+      cache_seen |= e.path().filename().string().rfind("load-", 0) == 0;
+    }
+    CHECK(cache_seen);
+    ckpt::ObjectStoreOptions now = f.options;
+    now.leftover_grace_seconds = 0;
+    ckpt::files::CleanObjectLeftovers(f.Url("cz"), now);
+  };
+  std::vector<float> back(all.size(), -1.0f);
+  ckpt::StateDict t;
+  t.Add("w", ckpt::Tensor::Full(ckpt::DType::kFloat32, {kRows, kCols}, back.data()));
+  t.Add("step", ckpt::Scalar::Int(0));
+  ckpt::SingleComm comm;
+  ckpt::LoadOptions lo;
+  lo.s3 = f.options;
+  CHECK_NOTHROW(ckpt::Load(f.Url("cz"), t, comm, lo));
+  CHECK(cleaned_during_download == 1);
+  CHECK(back == all);
+  CHECK(f.StagingEmpty());
 }

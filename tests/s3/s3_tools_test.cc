@@ -2,21 +2,26 @@
 // their mains, the store reached through the AWS_* environment as a user's shell gives it:
 // inspect reads metadata.json alone (text and --json); verify checks in "ranged" mode and
 // exits 0 on a good checkpoint, 1 naming the object, key and block on a flipped byte, 2 on a
-// missing checkpoint, a chunk larger than one fetch checked slice by slice; merge and
-// convert read an s3:// source and write an s3:// destination (staged locally, verified,
-// published by files::CheckpointPublisher: unique object names, one conditional PUT).
+// missing checkpoint, 3 when a replace collects its objects mid-verify, a chunk larger than
+// one fetch checked slice by slice; merge and convert read an s3:// source and write an
+// s3:// destination (staged locally, verified, published by files::CheckpointPublisher:
+// unique object names, one conditional PUT).
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "checkpoint/object_save.h"
 #include "cli.h"
 #include "ckpt/checkpoint.h"
 #include "ckpt/comm.h"
 #include "ckpt/files.h"
+#include "forwarding_store.h"
 #include "s3_gateway.h"
 #include "storage/s3_store.h"
 #include "test_util.h"
@@ -207,6 +212,63 @@ TEST_CASE("ckpt-verify and ckpt-inspect s3://: a missing checkpoint or object is
   CHECK(gone.code == 1);
   CHECK(gone.out.find(md.files[1].name) != std::string::npos);
   CHECK(gone.out.find("missing") != std::string::npos);
+}
+
+TEST_CASE("ckpt-verify s3://: a replace that collects the objects mid-verify exits 3 (changed), not 1") {
+  Fixture f;
+  // A checkpoint saved to s3:// (its objects under names unique to the save). At verify's
+  // first read of a shard object, another writer replaces it and the replaced version's
+  // objects are collected (grace 0): what verify was reading is gone.
+  const std::string url = "s3://" + f.bucket.name() + "/run/step-2";
+  ObjectStoreOptions now;
+  now.staging_dir = f.tmp / "staging";
+  now.leftover_grace_seconds = 0;
+  const auto save = [&](int64_t step) {
+    SingleComm comm;
+    std::vector<float> w(4096, static_cast<float>(step));
+    StateDict sd;
+    sd.Add("model.w", Tensor::Full(DType::kFloat32, {64, 64}, w.data()));
+    sd.Add("step", Scalar::Int(step));
+    SaveOptions so;
+    so.overwrite = true;
+    so.s3 = now;
+    Save(url, sd, comm, so);
+  };
+  save(2);
+  std::atomic<int> replaced{0};
+  const auto replace = [&] {
+    save(3);
+    files::CleanObjectLeftovers(url, now);
+  };
+  class Replacing : public s3_test::ForwardingStore {
+   public:
+    Replacing(std::shared_ptr<st::ObjectStore> in, std::function<void(const std::string&)> hook)
+        : ForwardingStore(std::move(in)), hook_(std::move(hook)) {}
+    void GetRange(const std::string& b, const std::string& k, uint64_t offset, std::span<std::byte> out) override {
+      hook_(k);
+      ForwardingStore::GetRange(b, k, offset, out);
+    }
+
+   private:
+    std::function<void(const std::string&)> hook_;
+  };
+  std::mutex mu;  // the readers of verify wait for the replace to be done
+  internal::SetObjectStoreWrapperForTest([&](std::shared_ptr<st::ObjectStore> in) {
+    return std::make_shared<Replacing>(std::move(in), [&](const std::string& key) {
+      if (key.find("/shard-") == std::string::npos) return;
+      std::lock_guard lock(mu);
+      if (replaced++ == 0) replace();
+    });
+  });
+  const Ran r = RunTool(tools::VerifyMain, {"ckpt-verify", url});
+  const Ran js = RunTool(tools::VerifyMain, {"ckpt-verify", url, "--json"});  // the new one
+  internal::SetObjectStoreWrapperForTest(nullptr);
+  INFO(r.out, r.err);
+  CHECK(replaced >= 1);
+  CHECK(r.code == 3);
+  CHECK(r.err.find("run/step-2") != std::string::npos);
+  CHECK(r.err.find("changed") != std::string::npos);
+  CHECK(js.code == 0);  // verified again: the replacement, whole
 }
 
 TEST_CASE("ckpt-merge, ckpt-convert and ckpt-diff from s3:// to a local destination") {

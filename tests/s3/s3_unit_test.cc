@@ -3,12 +3,17 @@
 // no secret in any error, and s3:// URLs. No server needed.
 #include <doctest/doctest.h>
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <fstream>
 #include <map>
 
 #include "ckpt/error.h"
 #include "storage/s3_config.h"
 #include "storage/s3_sign.h"
+#include "storage/s3_store.h"
 #include "error_of.h"
 #include "test_util.h"
 
@@ -276,6 +281,73 @@ TEST_CASE("config: errors name the variable, file and line, and never a secret")
   o.secret_access_key = "S";
   o.max_attempts = 0;
   CHECK_THROWS_AS(ResolveS3Config(o, env.lookup()), ckpt::Error);
+}
+
+TEST_CASE("config: the CA bundle from options, AWS_CA_BUNDLE or the profile; an unreadable one names the file") {
+  ckpt_test::TempDir home("s3-home");
+  const std::string pem = (home / "ca.pem").string();
+  WriteFile(home / "ca.pem", "not a certificate\n");
+  WriteFile(home / ".aws/credentials", "[default]\naws_access_key_id = K\naws_secret_access_key = S\n");
+  WriteFile(home / ".aws/config", "[default]\nca_bundle = " + pem + "\n");
+  Env env;
+  env.vars["HOME"] = home.path().string();
+  env.vars["AWS_ENDPOINT_URL"] = "https://minio.example:9000";
+
+  S3Config c = ResolveS3Config({}, env.lookup());  // the profile's ca_bundle
+  CHECK(c.ca_bundle == pem);
+  CHECK(c.ca_bundle_source.find("config [default] ca_bundle") != std::string::npos);
+  const std::string missing = (home / "no-such-ca.pem").string();
+  env.vars["AWS_CA_BUNDLE"] = missing;  // the environment beats the profile...
+  ckpt::ErrorCode code{};
+  std::string e = ErrorOf([&] { ResolveS3Config({}, env.lookup()); }, &code);
+  CHECK(code == ckpt::ErrorCode::kInvalidArgument);
+  CHECK(e.find("AWS_CA_BUNDLE") != std::string::npos);
+  CHECK(e.find(missing) != std::string::npos);
+  CHECK(e.find("https://minio.example:9000") != std::string::npos);
+  S3Options o;  // ...and the options beat the environment
+  o.ca_bundle = pem;
+  c = ResolveS3Config(o, env.lookup());
+  CHECK(c.ca_bundle == pem);
+  CHECK(c.ca_bundle_source == "S3 options ca_bundle");
+  o.ca_bundle = home.path().string();  // a directory is no bundle
+  e = ErrorOf([&] { ResolveS3Config(o, env.lookup()); });
+  CHECK(e.find("'" + home.path().string() + "'") != std::string::npos);
+  // An http endpoint does not read it (as botocore): no error for a missing one.
+  env.vars["AWS_ENDPOINT_URL"] = "http://127.0.0.1:7480";
+  CHECK(ResolveS3Config({}, env.lookup()).ca_bundle == missing);
+  env.vars.erase("AWS_CA_BUNDLE");
+  env.vars.erase("AWS_ENDPOINT_URL");
+  CHECK(ResolveS3Config({}, env.lookup()).ca_bundle == pem);  // AWS's https endpoint: checked, readable
+}
+
+TEST_CASE("config: the CA bundle reaches libcurl: a file with no certificate fails the first https request, named") {
+  // No TLS server here: a listening socket that never answers is enough, as libcurl loads the
+  // CA file when it sets up TLS on the connection, before any byte is exchanged.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(::listen(fd, 4) == 0);
+  socklen_t len = sizeof addr;
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  ckpt_test::TempDir dir("s3-ca");
+  const std::string pem = (dir / "empty-ca.pem").string();
+  WriteFile(dir / "empty-ca.pem", "no certificate in here\n");
+  S3Options o;
+  o.endpoint = "https://127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  o.access_key_id = "K";
+  o.secret_access_key = "S";
+  o.ca_bundle = pem;
+  o.max_attempts = 1;
+  o.connect_timeout_ms = 2000;
+  o.stall_timeout_s = 2;
+  ckpt::storage::S3Store store(o);
+  const std::string e = ErrorOf([&] { store.Head("bucket", "key"); });
+  ::close(fd);
+  CHECK(e.find("CA bundle '" + pem + "'") != std::string::npos);
+  CHECK(e.find("bucket") != std::string::npos);
 }
 
 TEST_CASE("s3:// URLs: bucket and prefix; bad ones are clear errors") {

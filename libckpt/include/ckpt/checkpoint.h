@@ -51,6 +51,9 @@ struct ObjectStoreOptions {
   std::string secret_access_key;
   std::string session_token;
   std::string addressing = "auto";  // "auto", "path" or "virtual"
+  // PEM file of the CA certificates an https endpoint is checked against; empty:
+  // AWS_CA_BUNDLE, else the profile's `ca_bundle`, else libcurl's default.
+  std::string ca_bundle;
   // Each rank's local staging; empty: $TMPDIR (else /tmp) / "ckpt-s3-staging".
   std::filesystem::path staging_dir;
   uint64_t part_bytes = uint64_t{16} << 20;  // 5 MiB..5 GiB; a shard up to it goes in one PUT

@@ -280,15 +280,9 @@ LoadReport Load(const std::filesystem::path& dir, StateDict& target, Comm& comm,
     // ObjectStoreOptions::cache_max_bytes): each rank downloads the checkpoint into a
     // directory of its own and loads it there. Ranks that downloaded different versions (a
     // replace in between) fail below with kChanged, as on disk.
-    std::filesystem::path local;
-    struct Remove {
-      std::filesystem::path& p;
-      ~Remove() {
-        if (!p.empty()) storage::RemoveAllQuietly(p);
-      }
-    } remove{local};
+    std::unique_ptr<internal::CacheDir> local;  // removed when the load returns or throws
     internal::Phase(comm, [&] { local = internal::DownloadToCache(dir.string(), options.s3, comm.rank()); });
-    return Load(local, target, comm, options);
+    return Load(local->path(), target, comm, options);
   }
   LoadReport report;
   std::shared_ptr<DeviceBackend> device;

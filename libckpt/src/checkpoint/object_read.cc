@@ -37,15 +37,16 @@ constexpr std::size_t kParallel = 8;
 std::mutex g_store_mu;
 std::shared_ptr<storage::ObjectStore> g_store;  // SetObjectStoreForTesting
 
-std::shared_ptr<storage::ObjectStore> MakeStore(const ObjectStoreOptions& o) {
+std::shared_ptr<storage::ObjectStore> MakeStore(const ObjectStoreOptions& o, const std::string& url) {
   {
     std::lock_guard lock(g_store_mu);
     if (g_store) return g_store;
   }
 #if CKPT_HAVE_S3
-  return OpenObjectStore(o);
+  return OpenObjectStore(o, url);
 #else
   (void)o;
+  (void)url;
   throw Error(ErrorCode::kUnsupported, "this libckpt was built without the S3 client (CKPT_WITH_S3=OFF)");
 #endif
 }
@@ -106,12 +107,12 @@ std::shared_ptr<const ObjectSource> OpenObjectSource(const std::string& url_in, 
 #else
   (void)url_in;
   (void)text_hash;
-  MakeStore(options);  // throws: no S3 client
+  MakeStore(options, url_in);  // throws: no S3 client
   return nullptr;
 #endif
 #if CKPT_HAVE_S3
   auto src = std::make_shared<ObjectSource>();
-  src->store = MakeStore(options);
+  src->store = MakeStore(options, url_in);
   src->bucket = parsed.bucket;
   src->prefix = parsed.prefix;
   while (!src->prefix.empty() && src->prefix.back() == '/') src->prefix.pop_back();

@@ -57,12 +57,15 @@ void RemoveObjectCheckpoint(const std::string& url, const ObjectStoreOptions&) {
 void DownloadObjectCheckpoint(const std::string& url, const ObjectStoreOptions&, const fs::path&, uint64_t) {
   NoS3(url);
 }
-std::filesystem::path DownloadToCache(const std::string& url, const ObjectStoreOptions&, int) { NoS3(url); }
+CacheDir::~CacheDir() = default;
+std::unique_ptr<CacheDir> DownloadToCache(const std::string& url, const ObjectStoreOptions&, int) { NoS3(url); }
 void ThrowIfCommitChanged(storage::ObjectStore&, const std::string&, const std::string&, const std::string& url,
                           uint64_t, const Error&) {
   NoS3(url);
 }
-std::shared_ptr<storage::ObjectStore> OpenObjectStore(const ObjectStoreOptions&) { NoS3("s3://"); }
+std::shared_ptr<storage::ObjectStore> OpenObjectStore(const ObjectStoreOptions&, const std::string& url) {
+  NoS3(url);
+}
 void SetObjectStoreWrapperForTest(
     std::function<std::shared_ptr<storage::ObjectStore>(std::shared_ptr<storage::ObjectStore>)>) {}
 
@@ -100,8 +103,15 @@ struct Target {
 };
 
 // An S3Store of `options` (its endpoint in `endpoint`), through the test wrapper if one is set.
-std::shared_ptr<storage::ObjectStore> OpenStore(const ObjectStoreOptions& options, std::string* endpoint) {
-  auto store = std::make_shared<storage::S3Store>(ToS3Options(options));
+// A configuration error (no credentials, a bad endpoint) names the URL it was opened for.
+std::shared_ptr<storage::ObjectStore> OpenStore(const ObjectStoreOptions& options, std::string* endpoint,
+                                                const std::string& url) {
+  std::shared_ptr<storage::S3Store> store;
+  try {
+    store = std::make_shared<storage::S3Store>(ToS3Options(options));
+  } catch (const Error& e) {
+    throw Error(e.code(), url + ": " + e.what());
+  }
   if (endpoint) *endpoint = store->config().endpoint;
   std::lock_guard lock(g_mu);
   if (g_wrap) return g_wrap(store);
@@ -119,7 +129,7 @@ Target Open(const std::string& url, const ObjectStoreOptions& options, bool need
   if (need_prefix && t.prefix.empty()) {
     throw Error(ErrorCode::kInvalidArgument, url + ": a checkpoint needs a prefix below the bucket (s3://bucket/name)");
   }
-  t.store = OpenStore(options, &t.endpoint);
+  t.store = OpenStore(options, &t.endpoint, url);
   return t;
 }
 
@@ -250,8 +260,10 @@ fs::path StagingRoot(const ObjectStoreOptions& o) {
 }
 
 // A save's local staging directory under the staging root: "<nonce>-r<rank>",
-// "<nonce>-writer" or "<nonce>-publish" (LocalStaging).
-bool IsStagingName(const std::string& name) {
+// "<nonce>-writer" or "<nonce>-publish" (LocalStaging); a Load's download cache:
+// "load-<nonce>-r<rank>" (DownloadToCache).
+bool IsStagingName(std::string name) {
+  if (name.rfind("load-", 0) == 0) name.erase(0, 5);
   if (name.size() < 18 || name[16] != '-' || !std::all_of(name.begin(), name.begin() + 16, IsHex)) return false;
   const std::string tag = name.substr(17);
   if (tag == "writer" || tag == "publish") return true;
@@ -279,6 +291,26 @@ void CleanStaging(const fs::path& root, int64_t grace_seconds) {
   }
 }
 
+// Makes `dir` and flock's it (the fd returned, to be closed when the directory is done with:
+// CleanStaging, LOCK_EX | LOCK_NB, removes it only once nobody holds it). Shared, not
+// exclusive: a writer staging its output inside (a publish's merge: storage::BeginStaging
+// locks its parent shared) must not wait on it: flocks of two descriptors conflict within
+// one process too. A cleaner that removed it between the two (it was not locked yet) makes us start
+// again: the lock must be on the directory at `dir`.
+int MakeLockedStaging(const fs::path& dir) {
+  for (int attempt = 0;; ++attempt) {
+    storage::MakeDirs(dir);
+    const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+    struct stat locked {}, now {};
+    if (fd >= 0 && ::flock(fd, LOCK_SH) == 0 && ::fstat(fd, &locked) == 0 && ::stat(dir.c_str(), &now) == 0 &&
+        locked.st_ino == now.st_ino && locked.st_dev == now.st_dev) {
+      return fd;
+    }
+    if (fd >= 0) ::close(fd);
+    if (attempt >= 8) throw Error(ErrorCode::kIO, dir.string() + ": cannot make and lock the staging directory");
+  }
+}
+
 }  // namespace
 
 storage::s3::S3Options ToS3Options(const ObjectStoreOptions& o) {
@@ -289,6 +321,7 @@ storage::s3::S3Options ToS3Options(const ObjectStoreOptions& o) {
   s.access_key_id = o.access_key_id;
   s.secret_access_key = o.secret_access_key;
   s.session_token = o.session_token;
+  s.ca_bundle = o.ca_bundle;
   if (o.addressing == "auto" || o.addressing.empty()) {
     s.addressing = storage::s3::Addressing::kAuto;
   } else if (o.addressing == "path") {
@@ -395,23 +428,7 @@ const fs::path& ObjectSave::LocalStaging(const std::string& tag) {
     // What killed saves left here (their locks died with them).
     CleanStaging(root, impl_->options.leftover_grace_seconds);
     const fs::path dir = root / (nonce_ + "-" + tag);
-    // Made, then locked; a cleaner that removed it between the two (it was not locked yet)
-    // makes us start again: the lock must be on the directory at `dir`. Shared, not
-    // exclusive: it only has to stop a cleaner's LOCK_EX | LOCK_NB, and a writer staging its
-    // output inside (a publish's merge: storage::BeginStaging locks its parent shared) must
-    // not wait on it: flocks of two descriptors conflict within one process too.
-    for (int attempt = 0;; ++attempt) {
-      storage::MakeDirs(dir);
-      const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
-      struct stat locked {}, now {};
-      if (fd >= 0 && ::flock(fd, LOCK_SH) == 0 && ::fstat(fd, &locked) == 0 && ::stat(dir.c_str(), &now) == 0 &&
-          locked.st_ino == now.st_ino && locked.st_dev == now.st_dev) {
-        impl_->staging_lock = fd;
-        break;
-      }
-      if (fd >= 0) ::close(fd);
-      if (attempt >= 8) throw Error(ErrorCode::kIO, dir.string() + ": cannot make and lock the staging directory");
-    }
+    impl_->staging_lock = MakeLockedStaging(dir);
     impl_->staging = dir;
   }
   return impl_->staging;
@@ -551,19 +568,23 @@ void DownloadObjectCheckpoint(const std::string& url, const ObjectStoreOptions& 
   storage::WriteFileSynced(dir / names::kMetadataFile, text);
 }
 
-fs::path DownloadToCache(const std::string& url, const ObjectStoreOptions& options, int rank) {
-  const fs::path dir = StagingRoot(options) / ("load-" + storage::SaveNonce() + "-r" + std::to_string(rank));
-  try {
-    DownloadObjectCheckpoint(url, options, dir, options.cache_max_bytes);
-  } catch (...) {
-    storage::RemoveAllQuietly(dir);
-    throw;
-  }
-  return dir;
+CacheDir::~CacheDir() {
+  if (!path_.empty()) storage::RemoveAllQuietly(path_);
+  if (lock_ >= 0) ::close(lock_);
 }
 
-std::shared_ptr<storage::ObjectStore> OpenObjectStore(const ObjectStoreOptions& options) {
-  return OpenStore(options, nullptr);
+std::unique_ptr<CacheDir> DownloadToCache(const std::string& url, const ObjectStoreOptions& options, int rank) {
+  const fs::path root = StagingRoot(options);
+  CleanStaging(root, options.leftover_grace_seconds);  // what killed saves and loads left
+  const fs::path dir = root / ("load-" + storage::SaveNonce() + "-r" + std::to_string(rank));
+  // Locked while this load lives, as a save's staging: a killed load's is collected.
+  auto cache = std::unique_ptr<CacheDir>(new CacheDir(dir, MakeLockedStaging(dir)));
+  DownloadObjectCheckpoint(url, options, dir, options.cache_max_bytes);  // on error, ~CacheDir
+  return cache;
+}
+
+std::shared_ptr<storage::ObjectStore> OpenObjectStore(const ObjectStoreOptions& options, const std::string& url) {
+  return OpenStore(options, nullptr, url);
 }
 
 void SetObjectStoreWrapperForTest(

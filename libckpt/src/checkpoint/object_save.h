@@ -114,13 +114,30 @@ void ThrowIfCommitChanged(storage::ObjectStore& store, const std::string& bucket
 void DownloadObjectCheckpoint(const std::string& url, const ObjectStoreOptions& options,
                               const std::filesystem::path& dir, uint64_t max_bytes);
 
-// Load's interim path: DownloadObjectCheckpoint into a fresh directory under
-// options.staging_dir (bounded by options.cache_max_bytes), whose path it returns.
-std::filesystem::path DownloadToCache(const std::string& url, const ObjectStoreOptions& options, int rank);
+// A Load's download cache directory, flock'ed while this lives (so that only a killed
+// load's is collected, as a save's staging directories are: the next save, the next such
+// load, CleanObjectLeftovers) and removed when it goes.
+class CacheDir {
+ public:
+  CacheDir(std::filesystem::path path, int lock) : path_(std::move(path)), lock_(lock) {}
+  ~CacheDir();
+  CacheDir(const CacheDir&) = delete;
+  CacheDir& operator=(const CacheDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+  int lock_ = -1;
+};
+
+// Load's interim path: DownloadObjectCheckpoint into a fresh directory
+// "load-<nonce>-r<rank>" under options.staging_dir (bounded by options.cache_max_bytes).
+std::unique_ptr<CacheDir> DownloadToCache(const std::string& url, const ObjectStoreOptions& options, int rank);
 
 // The store of `options` (an S3Store), through the test wrapper below if one is set: what
-// saves, leftover cleaning, downloads and ranged reads of s3:// use.
-std::shared_ptr<storage::ObjectStore> OpenObjectStore(const ObjectStoreOptions& options);
+// saves, leftover cleaning, downloads and ranged reads of s3:// use. Its configuration errors
+// (no credentials, ...) name `url`, what it is opened for.
+std::shared_ptr<storage::ObjectStore> OpenObjectStore(const ObjectStoreOptions& options, const std::string& url);
 
 // For tests: wraps every store s3:// opens from now on (saves and reads; nullptr: none).
 void SetObjectStoreWrapperForTest(

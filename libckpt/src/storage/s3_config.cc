@@ -1,6 +1,7 @@
 #include "storage/s3_config.h"
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -192,6 +193,29 @@ S3Config ResolveS3Config(const S3Options& opts, const EnvLookup& env_in) {
       throw Error(ErrorCode::kInvalidArgument, profile_source("s3.addressing_style") +
                                                    ": s3 addressing_style must be path, virtual or auto, not '" +
                                                    style + "'");
+    }
+  }
+  c.ca_bundle = opts.ca_bundle;
+  c.ca_bundle_source = "S3 options ca_bundle";
+  if (c.ca_bundle.empty() && !var("AWS_CA_BUNDLE").empty()) {
+    c.ca_bundle = var("AWS_CA_BUNDLE");
+    c.ca_bundle_source = "AWS_CA_BUNDLE";
+  }
+  if (c.ca_bundle.empty() && !profile_value("ca_bundle").empty()) {
+    c.ca_bundle = profile_value("ca_bundle");
+    c.ca_bundle_source = profile_source("ca_bundle") + " ca_bundle";
+  }
+  if (c.ca_bundle.empty()) c.ca_bundle_source.clear();
+  // Only an https endpoint reads it (botocore ignores it for http): checked here, so that a
+  // wrong path is this error, not a TLS failure at the first request.
+  if (!c.ca_bundle.empty() && endpoint.compare(0, scheme, "https") == 0) {
+    std::error_code ec;
+    const auto st = std::filesystem::status(c.ca_bundle, ec);
+    std::ifstream probe(c.ca_bundle);
+    if (ec || !std::filesystem::is_regular_file(st) || !probe) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  c.ca_bundle_source + ": CA bundle '" + c.ca_bundle + "' for " + endpoint + " is not a readable file" +
+                      (ec ? " (" + ec.message() + ")" : ""));
     }
   }
   c.path_style = addressing == Addressing::kAuto ? !aws_endpoint : addressing == Addressing::kPath;

@@ -13,6 +13,9 @@
 //                   `endpoint_url`; else https://s3.<region>.amazonaws.com
 //   addressing      profile `s3 = addressing_style` (path, virtual, auto); auto means
 //                   virtual-hosted on AWS's own endpoint, path-style on any other
+//   CA bundle       AWS_CA_BUNDLE, profile `ca_bundle`: the PEM file of the certificates an
+//                   https endpoint is checked against (else libcurl's built-in default);
+//                   one that cannot be read is an error naming it, for an https endpoint
 // Errors name the file and the line or the variable, never a value read from them (a line of
 // a credentials file may hold a secret).
 #pragma once
@@ -38,6 +41,7 @@ struct S3Options {
   std::string session_token;
   std::string profile;
   Addressing addressing = Addressing::kAuto;
+  std::string ca_bundle;  // PEM file of trusted CA certificates (AWS_CA_BUNDLE)
   // Transfers: connections kept for parallel requests (0: none kept, a new connection per
   // request); attempts of an idempotent request
   // (1 = no retry); the first backoff (doubled per retry, full jitter, capped at
@@ -57,6 +61,9 @@ struct S3Config {
   std::string region;
   Credentials credentials;
   bool path_style = true;
+  // The CA bundle of an https endpoint (empty: libcurl's default), and where it was set.
+  std::string ca_bundle;
+  std::string ca_bundle_source;
   // Where the credentials came from ("options", "environment", "<file> [profile]"), for
   // messages; never the credentials themselves.
   std::string credentials_source;

@@ -384,6 +384,7 @@ S3Store::Response S3Store::SendOnce(void* handle, Request& req, std::string& tra
   curl_easy_setopt(curl, CURLOPT_HEADERFUNCTION, WriteHeader);
   curl_easy_setopt(curl, CURLOPT_HEADERDATA, &t);
   curl_easy_setopt(curl, CURLOPT_PROTOCOLS_STR, "http,https");
+  if (!config_.ca_bundle.empty()) curl_easy_setopt(curl, CURLOPT_CAINFO, config_.ca_bundle.c_str());
   if (req.method == "GET") {
     curl_easy_setopt(curl, CURLOPT_HTTPGET, 1L);
   } else if (req.method == "HEAD") {
@@ -413,6 +414,10 @@ S3Store::Response S3Store::SendOnce(void* handle, Request& req, std::string& tra
   curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &resp.status);
   if (rc != CURLE_OK && !resp.overflow && !(resp.error_cut && rc == CURLE_WRITE_ERROR)) {
     transport_error = std::string(curl_easy_strerror(rc)) + (errbuf[0] ? std::string(" (") + errbuf + ")" : "");
+    if (!config_.ca_bundle.empty() &&
+        (rc == CURLE_SSL_CACERT_BADFILE || rc == CURLE_PEER_FAILED_VERIFICATION || rc == CURLE_SSL_CONNECT_ERROR)) {
+      transport_error += "; CA bundle '" + config_.ca_bundle + "' from " + config_.ca_bundle_source;
+    }
     if (!RetryableCurl(rc)) transport_error = "!" + transport_error;  // marks "do not retry"
     resp.status = 0;
   }
