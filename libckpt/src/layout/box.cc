@@ -242,15 +242,10 @@ std::optional<bool> ExactCover(const Shape& shape, const std::vector<const Box*>
   return true;
 }
 
-}  // namespace
-
-// Linear or n log n in the number of boxes on every input (no pairwise comparison of all
-// boxes, no report per pair): rank and bounds box by box; exact duplicates by sorting,
-// each reported once with its count; then the exact-cover check above. Only when that
-// fails (or cannot run) are overlapping pairs searched for, by a sweep along the dimension
-// with the most distinct offsets, within kPairBudget comparisons and kMaxReports reports.
-std::vector<std::string> TilingProblems(const Shape& shape, const std::vector<Box>& boxes) {
-  std::vector<std::string> problems;
+// The boxes of the tensor's rank that lie inside it and hold an element; each box of the
+// wrong rank or outside is a problem (the first kMaxReports of each kind, then a count).
+std::vector<const Box*> BoxesInside(const Shape& shape, const std::vector<Box>& boxes,
+                                    std::vector<std::string>& problems) {
   const Box whole = Box::Full(shape);
   std::size_t bad_rank = 0, outside = 0;
   std::vector<const Box*> valid;
@@ -280,21 +275,19 @@ std::vector<std::string> TilingProblems(const Shape& shape, const std::vector<Bo
     problems.push_back("... and " + std::to_string(bad_rank - kMaxReports) + " more chunks of the wrong rank");
   if (outside > kMaxReports)
     problems.push_back("... and " + std::to_string(outside - kMaxReports) + " more chunks outside the tensor");
-  // FORMAT.md §3.3, §9.1: a tensor of zero volume is exactly one chunk, the whole tensor.
-  if (NumElements(shape) == 0 && problems.empty() && (boxes.size() != 1 || boxes[0] != whole)) {
-    problems.push_back("a tensor of zero volume " + whole.ToString() + " has exactly one chunk, the whole tensor; " +
-                       std::to_string(boxes.size()) + " chunks" +
-                       (boxes.empty() ? std::string() : " from " + boxes[0].ToString()) + " given");
-    return problems;
-  }
+  return valid;
+}
 
-  // Exact duplicates: sorted, each run reported once.
+// `valid` sorted, each box once; a box listed more than once is a problem, reported once
+// with its count. `duplicated` receives how many boxes were.
+std::vector<const Box*> WithoutDuplicates(std::vector<const Box*> valid, std::vector<std::string>& problems,
+                                          std::size_t& duplicated) {
   const auto less = [](const Box* a, const Box* b) {
     return a->offsets != b->offsets ? a->offsets < b->offsets : a->sizes < b->sizes;
   };
   std::sort(valid.begin(), valid.end(), less);
   std::vector<const Box*> unique;
-  std::size_t duplicated = 0;
+  duplicated = 0;
   for (std::size_t i = 0; i < valid.size();) {
     std::size_t j = i + 1;
     while (j < valid.size() && *valid[j] == *valid[i]) ++j;
@@ -306,43 +299,58 @@ std::vector<std::string> TilingProblems(const Shape& shape, const std::vector<Bo
   }
   if (duplicated > kMaxReports)
     problems.push_back("... and " + std::to_string(duplicated - kMaxReports) + " more chunks listed more than once");
+  return unique;
+}
 
-  uint64_t covered = 0;  // saturating: more than the tensor is an overlap anyway
-  for (const Box* b : unique) {
+// The elements the boxes hold together, saturating: more than the tensor is an overlap anyway.
+uint64_t CoveredElements(const std::vector<const Box*>& boxes) {
+  uint64_t covered = 0;
+  for (const Box* b : boxes) {
     const auto n = static_cast<uint64_t>(b->NumElements());
     covered = n > UINT64_MAX - covered ? UINT64_MAX : covered + n;
   }
-  const auto total = static_cast<uint64_t>(NumElements(shape));
+  return covered;
+}
 
-  // The dims some box does not span whole: the others do not change the coverage.
+// The dims some box does not span whole: the others do not change the coverage.
+std::vector<std::size_t> PartlySpannedDims(const Shape& shape, const std::vector<const Box*>& boxes) {
   std::vector<std::size_t> dims;
   for (std::size_t d = 0; d < shape.size(); ++d)
-    for (const Box* b : unique)
+    for (const Box* b : boxes)
       if (b->offsets[d] != 0 || b->sizes[d] != shape[d]) {
         dims.push_back(d);
         break;
       }
-  if (duplicated == 0 && covered == total &&
-      (total == 0 || ExactCover(shape, unique, dims) == std::optional<bool>(true)))
-    return problems;
+  return dims;
+}
 
-  // Overlapping pairs: sweep along the dim with the most distinct offsets.
+// Of `dims`, the one along which the boxes have the most distinct offsets (0 if none).
+std::size_t SweepDim(const std::vector<const Box*>& boxes, const std::vector<std::size_t>& dims) {
   std::size_t sweep = 0, most = 0;
   for (const std::size_t d : dims) {
     std::vector<int64_t> offs;
-    offs.reserve(unique.size());
-    for (const Box* b : unique) offs.push_back(b->offsets[d]);
+    offs.reserve(boxes.size());
+    for (const Box* b : boxes) offs.push_back(b->offsets[d]);
     std::sort(offs.begin(), offs.end());
     const auto distinct = static_cast<std::size_t>(std::unique(offs.begin(), offs.end()) - offs.begin());
     if (distinct > most) most = distinct, sweep = d;
   }
+  return sweep;
+}
+
+// Overlapping pairs of the (distinct) boxes, found by a sweep along SweepDim within
+// kPairBudget comparisons, reported up to kMaxReports. Returns how many were reported;
+// `complete` is false where the budget ran out first.
+std::size_t ReportOverlaps(const Shape& shape, const std::vector<const Box*>& unique,
+                           const std::vector<std::size_t>& dims, std::vector<std::string>& problems, bool& complete) {
+  const std::size_t sweep = SweepDim(unique, dims);
   std::vector<const Box*> order = unique;
   if (!shape.empty())
     std::stable_sort(order.begin(), order.end(),
                      [&](const Box* a, const Box* b) { return a->offsets[sweep] < b->offsets[sweep]; });
   std::size_t overlaps = 0;
   uint64_t budget = kPairBudget;
-  bool complete = true;
+  complete = true;
   for (std::size_t i = 0; i < order.size() && complete && overlaps < kMaxReports; ++i) {
     const Box& a = *order[i];
     for (std::size_t j = i + 1; j < order.size(); ++j) {
@@ -361,9 +369,15 @@ std::vector<std::string> TilingProblems(const Shape& shape, const std::vector<Bo
       }
     }
   }
-  if (overlaps > 0 || duplicated > 0) return problems;
-  // No overlap found: the volume tells a gap; pairwise disjoint and of the full volume
-  // is an exact tiling.
+  return overlaps;
+}
+
+// Where no overlap was found: the volume tells a gap; pairwise disjoint and of the full
+// volume is an exact tiling (unless the overlap search did not complete).
+void ReportCoverage(const Shape& shape, std::size_t boxes, uint64_t covered, bool complete,
+                    std::vector<std::string>& problems) {
+  const Box whole = Box::Full(shape);
+  const auto total = static_cast<uint64_t>(NumElements(shape));
   if (covered < total) {
     problems.push_back("chunks cover " + std::to_string(covered) + " of " + std::to_string(total) +
                        " elements of " + whole.ToString() + " (a gap)");
@@ -371,9 +385,41 @@ std::vector<std::string> TilingProblems(const Shape& shape, const std::vector<Bo
     problems.push_back("chunks cover " + std::to_string(covered) + " elements of " + whole.ToString() +
                        ", which has " + std::to_string(total) + ": some overlap (too many chunks to name them)");
   } else if (!complete) {
-    problems.push_back(std::to_string(unique.size()) + " chunks may not tile " + whole.ToString() +
+    problems.push_back(std::to_string(boxes) + " chunks may not tile " + whole.ToString() +
                        " exactly: too many chunks, in too many dimensions, to check");
   }
+}
+
+}  // namespace
+
+// Linear or n log n in the number of boxes on every input (no pairwise comparison of all
+// boxes, no report per pair): rank and bounds box by box; exact duplicates by sorting,
+// each reported once with its count; then the exact-cover check above. Only when that
+// fails (or cannot run) are overlapping pairs searched for, by a sweep along the dimension
+// with the most distinct offsets, within kPairBudget comparisons and kMaxReports reports.
+std::vector<std::string> TilingProblems(const Shape& shape, const std::vector<Box>& boxes) {
+  std::vector<std::string> problems;
+  const std::vector<const Box*> valid = BoxesInside(shape, boxes, problems);
+  // FORMAT.md §3.3, §9.1: a tensor of zero volume is exactly one chunk, the whole tensor.
+  const Box whole = Box::Full(shape);
+  if (NumElements(shape) == 0 && problems.empty() && (boxes.size() != 1 || boxes[0] != whole)) {
+    problems.push_back("a tensor of zero volume " + whole.ToString() + " has exactly one chunk, the whole tensor; " +
+                       std::to_string(boxes.size()) + " chunks" +
+                       (boxes.empty() ? std::string() : " from " + boxes[0].ToString()) + " given");
+    return problems;
+  }
+  std::size_t duplicated = 0;
+  const std::vector<const Box*> unique = WithoutDuplicates(valid, problems, duplicated);
+  const uint64_t covered = CoveredElements(unique);
+  const auto total = static_cast<uint64_t>(NumElements(shape));
+  const std::vector<std::size_t> dims = PartlySpannedDims(shape, unique);
+  if (duplicated == 0 && covered == total &&
+      (total == 0 || ExactCover(shape, unique, dims) == std::optional<bool>(true)))
+    return problems;
+  bool complete = true;
+  const std::size_t overlaps = ReportOverlaps(shape, unique, dims, problems, complete);
+  if (overlaps > 0 || duplicated > 0) return problems;
+  ReportCoverage(shape, unique.size(), covered, complete, problems);
   return problems;
 }
 
