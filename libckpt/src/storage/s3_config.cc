@@ -80,48 +80,69 @@ bool ValidBucket(std::string_view b) {
   return alnum(b.front()) && alnum(b.back()) && b.find("..") == std::string_view::npos;
 }
 
-}  // namespace
-
-S3Config ResolveS3Config(const S3Options& opts, const EnvLookup& env_in) {
-  const EnvLookup env = env_in ? env_in : EnvLookup([](const char* n) { return std::getenv(n); });
-  const auto var = [&](const char* name) -> std::string {
-    const char* v = env(name);
+// The environment, a variable at a time ("" where unset).
+class Env {
+ public:
+  explicit Env(const EnvLookup& lookup)
+      : lookup_(lookup ? lookup : EnvLookup([](const char* n) { return std::getenv(n); })) {}
+  std::string operator()(const char* name) const {
+    const char* v = lookup_(name);
     return v ? std::string(v) : std::string();
-  };
-  const std::string home = var("HOME");
-  std::string cred_path = var("AWS_SHARED_CREDENTIALS_FILE");
-  if (cred_path.empty() && !home.empty()) cred_path = home + "/.aws/credentials";
-  std::string conf_path = var("AWS_CONFIG_FILE");
-  if (conf_path.empty() && !home.empty()) conf_path = home + "/.aws/config";
-  std::string profile = opts.profile;
-  if (profile.empty()) profile = var("AWS_PROFILE");
-  const bool profile_named = !profile.empty();
-  if (profile.empty()) profile = "default";
-
-  std::optional<IniFile> cred_file, conf_file;
-  if (!cred_path.empty()) cred_file = ReadIni(cred_path);
-  if (!conf_path.empty()) conf_file = ReadIni(conf_path);
-  // The config file names a profile "[profile NAME]", except "default" (either form).
-  const std::string conf_section =
-      conf_file && conf_file->count("profile " + profile) ? "profile " + profile : profile;
-  if (profile_named && !(cred_file && cred_file->count(profile)) && !(conf_file && conf_file->count(conf_section))) {
-    throw Error(ErrorCode::kNotFound, "AWS profile '" + profile + "' is in neither " +
-                                          (cred_path.empty() ? "(no credentials file)" : cred_path) + " nor " +
-                                          (conf_path.empty() ? "(no config file)" : conf_path));
   }
-  const auto profile_value = [&](const std::string& key) -> std::string {
-    if (const std::string* v = Find(cred_file, profile, key)) return *v;
+
+ private:
+  EnvLookup lookup_;
+};
+
+// The AWS profile in use, from ~/.aws/credentials and ~/.aws/config (or the files
+// AWS_SHARED_CREDENTIALS_FILE and AWS_CONFIG_FILE name): its settings and where each is.
+struct Profile {
+  std::string name;  // "default" unless one is named
+  std::string cred_path, conf_path;
+  std::optional<IniFile> cred_file, conf_file;
+  std::string conf_section;  // "profile NAME" in the config file, or NAME (either form for "default")
+
+  // The setting `key`, the credentials file first; "" where neither has it.
+  std::string Value(const std::string& key) const {
+    if (const std::string* v = Find(cred_file, name, key)) return *v;
     if (const std::string* v = Find(conf_file, conf_section, key)) return *v;
     return "";
-  };
-  const auto profile_source = [&](const std::string& key) -> std::string {
-    if (Find(cred_file, profile, key)) return cred_path + " [" + profile + "]";
+  }
+  // Where `key` is (for errors): "FILE [SECTION]".
+  std::string Source(const std::string& key) const {
+    if (Find(cred_file, name, key)) return cred_path + " [" + name + "]";
     return conf_path + " [" + conf_section + "]";
-  };
+  }
+};
 
-  S3Config c;
-  c.transfer = opts;
-  // Credentials: as a set, from the first place that has an access key id.
+// The profile the options or AWS_PROFILE name (else "default"), its files read. A profile
+// named but in neither file is kNotFound.
+Profile ReadProfile(const S3Options& opts, const Env& var) {
+  Profile p;
+  const std::string home = var("HOME");
+  p.cred_path = var("AWS_SHARED_CREDENTIALS_FILE");
+  if (p.cred_path.empty() && !home.empty()) p.cred_path = home + "/.aws/credentials";
+  p.conf_path = var("AWS_CONFIG_FILE");
+  if (p.conf_path.empty() && !home.empty()) p.conf_path = home + "/.aws/config";
+  p.name = opts.profile;
+  if (p.name.empty()) p.name = var("AWS_PROFILE");
+  const bool named = !p.name.empty();
+  if (p.name.empty()) p.name = "default";
+  if (!p.cred_path.empty()) p.cred_file = ReadIni(p.cred_path);
+  if (!p.conf_path.empty()) p.conf_file = ReadIni(p.conf_path);
+  // The config file names a profile "[profile NAME]", except "default" (either form).
+  p.conf_section = p.conf_file && p.conf_file->count("profile " + p.name) ? "profile " + p.name : p.name;
+  if (named && !(p.cred_file && p.cred_file->count(p.name)) && !(p.conf_file && p.conf_file->count(p.conf_section))) {
+    throw Error(ErrorCode::kNotFound, "AWS profile '" + p.name + "' is in neither " +
+                                          (p.cred_path.empty() ? "(no credentials file)" : p.cred_path) + " nor " +
+                                          (p.conf_path.empty() ? "(no config file)" : p.conf_path));
+  }
+  return p;
+}
+
+// Credentials as a set, from the first place that has an access key id: the options, the
+// environment, the profile. Sets c.credentials and c.credentials_source.
+void ResolveCredentials(const S3Options& opts, const Env& var, const Profile& profile, S3Config& c) {
   if (!opts.access_key_id.empty() || !opts.secret_access_key.empty()) {
     if (opts.access_key_id.empty() || opts.secret_access_key.empty()) {
       throw Error(ErrorCode::kInvalidArgument, "S3 options: access_key_id and secret_access_key must be set together");
@@ -137,26 +158,34 @@ S3Config ResolveS3Config(const S3Options& opts, const EnvLookup& env_in) {
     }
     c.credentials = {var("AWS_ACCESS_KEY_ID"), var("AWS_SECRET_ACCESS_KEY"), var("AWS_SESSION_TOKEN")};
     c.credentials_source = "environment";
-  } else if (!profile_value("aws_access_key_id").empty()) {
-    const std::string source = profile_source("aws_access_key_id");
-    c.credentials = {profile_value("aws_access_key_id"), profile_value("aws_secret_access_key"),
-                     profile_value("aws_session_token")};
+  } else if (!profile.Value("aws_access_key_id").empty()) {
+    const std::string source = profile.Source("aws_access_key_id");
+    c.credentials = {profile.Value("aws_access_key_id"), profile.Value("aws_secret_access_key"),
+                     profile.Value("aws_session_token")};
     if (c.credentials.secret_access_key.empty()) {
       throw Error(ErrorCode::kInvalidArgument, source + ": aws_access_key_id without aws_secret_access_key");
     }
     c.credentials_source = source;
   } else {
     throw Error(ErrorCode::kNotFound,
-                "no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or profile '" + profile +
-                    "' in " + (cred_path.empty() ? "~/.aws/credentials (HOME is not set)" : cred_path));
+                "no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or profile '" + profile.name +
+                    "' in " + (profile.cred_path.empty() ? "~/.aws/credentials (HOME is not set)" : profile.cred_path));
   }
+}
 
-  c.region = opts.region;
-  if (c.region.empty()) c.region = var("AWS_REGION");
-  if (c.region.empty()) c.region = var("AWS_DEFAULT_REGION");
-  if (c.region.empty()) c.region = profile_value("region");
-  if (c.region.empty()) c.region = "us-east-1";
+std::string ResolveRegion(const S3Options& opts, const Env& var, const Profile& profile) {
+  std::string region = opts.region;
+  if (region.empty()) region = var("AWS_REGION");
+  if (region.empty()) region = var("AWS_DEFAULT_REGION");
+  if (region.empty()) region = profile.Value("region");
+  if (region.empty()) region = "us-east-1";
+  return region;
+}
 
+// The endpoint, http(s)://host[:port] without a trailing '/': from the options, the
+// environment, the profile, else AWS's of `region` (then `aws` is true).
+std::string ResolveEndpoint(const S3Options& opts, const Env& var, const Profile& profile, const std::string& region,
+                            bool& aws) {
   std::string endpoint = opts.endpoint;
   std::string endpoint_source = "S3 options";
   for (const char* name : {"AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"}) {
@@ -166,13 +195,13 @@ S3Config ResolveS3Config(const S3Options& opts, const EnvLookup& env_in) {
     }
   }
   for (const char* key : {"s3.endpoint_url", "endpoint_url"}) {
-    if (endpoint.empty() && !profile_value(key).empty()) {
-      endpoint = profile_value(key);
-      endpoint_source = profile_source(key) + " " + key;
+    if (endpoint.empty() && !profile.Value(key).empty()) {
+      endpoint = profile.Value(key);
+      endpoint_source = profile.Source(key) + " " + key;
     }
   }
-  const bool aws_endpoint = endpoint.empty();
-  if (aws_endpoint) endpoint = "https://s3." + c.region + ".amazonaws.com";
+  aws = endpoint.empty();
+  if (aws) endpoint = "https://s3." + region + ".amazonaws.com";
   while (!endpoint.empty() && endpoint.back() == '/') endpoint.pop_back();
   const auto scheme = endpoint.find("://");
   if (scheme == std::string::npos || (endpoint.compare(0, scheme, "http") != 0 && endpoint.compare(0, scheme, "https") != 0) ||
@@ -180,51 +209,75 @@ S3Config ResolveS3Config(const S3Options& opts, const EnvLookup& env_in) {
     throw Error(ErrorCode::kInvalidArgument,
                 endpoint_source + ": endpoint '" + endpoint + "' is not http(s)://host[:port]");
   }
-  c.endpoint = endpoint;
+  return endpoint;
+}
 
-  Addressing addressing = opts.addressing;
-  if (addressing == Addressing::kAuto) {
-    const std::string style = profile_value("s3.addressing_style");
-    if (style == "path") {
-      addressing = Addressing::kPath;
-    } else if (style == "virtual") {
-      addressing = Addressing::kVirtual;
-    } else if (!style.empty() && style != "auto") {
-      throw Error(ErrorCode::kInvalidArgument, profile_source("s3.addressing_style") +
-                                                   ": s3 addressing_style must be path, virtual or auto, not '" +
-                                                   style + "'");
-    }
+// The options' addressing; where they leave it kAuto, the profile's s3 addressing_style.
+Addressing ResolveAddressing(const S3Options& opts, const Profile& profile) {
+  if (opts.addressing != Addressing::kAuto) return opts.addressing;
+  const std::string style = profile.Value("s3.addressing_style");
+  if (style == "path") return Addressing::kPath;
+  if (style == "virtual") return Addressing::kVirtual;
+  if (!style.empty() && style != "auto") {
+    throw Error(ErrorCode::kInvalidArgument, profile.Source("s3.addressing_style") +
+                                                 ": s3 addressing_style must be path, virtual or auto, not '" + style +
+                                                 "'");
   }
+  return Addressing::kAuto;
+}
+
+// The CA bundle from the options, AWS_CA_BUNDLE or the profile, and where it came from.
+// Only an https endpoint reads it (botocore ignores it for http): checked here, so that a
+// wrong path is this error, not a TLS failure at the first request.
+void ResolveCaBundle(const S3Options& opts, const Env& var, const Profile& profile, S3Config& c) {
   c.ca_bundle = opts.ca_bundle;
   c.ca_bundle_source = "S3 options ca_bundle";
   if (c.ca_bundle.empty() && !var("AWS_CA_BUNDLE").empty()) {
     c.ca_bundle = var("AWS_CA_BUNDLE");
     c.ca_bundle_source = "AWS_CA_BUNDLE";
   }
-  if (c.ca_bundle.empty() && !profile_value("ca_bundle").empty()) {
-    c.ca_bundle = profile_value("ca_bundle");
-    c.ca_bundle_source = profile_source("ca_bundle") + " ca_bundle";
+  if (c.ca_bundle.empty() && !profile.Value("ca_bundle").empty()) {
+    c.ca_bundle = profile.Value("ca_bundle");
+    c.ca_bundle_source = profile.Source("ca_bundle") + " ca_bundle";
   }
   if (c.ca_bundle.empty()) c.ca_bundle_source.clear();
-  // Only an https endpoint reads it (botocore ignores it for http): checked here, so that a
-  // wrong path is this error, not a TLS failure at the first request.
-  if (!c.ca_bundle.empty() && endpoint.compare(0, scheme, "https") == 0) {
+  if (!c.ca_bundle.empty() && c.endpoint.compare(0, c.endpoint.find("://"), "https") == 0) {
     std::error_code ec;
     const auto st = std::filesystem::status(c.ca_bundle, ec);
     std::ifstream probe(c.ca_bundle);
     if (ec || !std::filesystem::is_regular_file(st) || !probe) {
       throw Error(ErrorCode::kInvalidArgument,
-                  c.ca_bundle_source + ": CA bundle '" + c.ca_bundle + "' for " + endpoint + " is not a readable file" +
+                  c.ca_bundle_source + ": CA bundle '" + c.ca_bundle + "' for " + c.endpoint + " is not a readable file" +
                       (ec ? " (" + ec.message() + ")" : ""));
     }
   }
-  c.path_style = addressing == Addressing::kAuto ? !aws_endpoint : addressing == Addressing::kPath;
+}
+
+void CheckTransferOptions(const S3Options& opts) {
   if (opts.max_connections < 0 || opts.max_attempts < 1 || opts.base_backoff_ms < 0 || opts.max_backoff_ms < 0 ||
       opts.connect_timeout_ms < 1 || opts.stall_timeout_s < 1) {
     throw Error(ErrorCode::kInvalidArgument, "S3 options: attempts and timeouts must be positive, connections not negative");
   }
+}
+
+}  // namespace
+
+S3Config ResolveS3Config(const S3Options& opts, const EnvLookup& env) {
+  const Env var(env);
+  const Profile profile = ReadProfile(opts, var);
+  S3Config c;
+  c.transfer = opts;
+  ResolveCredentials(opts, var, profile, c);
+  c.region = ResolveRegion(opts, var, profile);
+  bool aws_endpoint = false;
+  c.endpoint = ResolveEndpoint(opts, var, profile, c.region, aws_endpoint);
+  const Addressing addressing = ResolveAddressing(opts, profile);
+  ResolveCaBundle(opts, var, profile, c);
+  c.path_style = addressing == Addressing::kAuto ? !aws_endpoint : addressing == Addressing::kPath;
+  CheckTransferOptions(opts);
   return c;
 }
+
 
 bool IsS3Url(std::string_view path) { return path.substr(0, 5) == "s3://"; }
 
