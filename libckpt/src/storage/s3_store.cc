@@ -272,6 +272,134 @@ bool RetryableStatus(const S3Store::Response& r) {
   return false;
 }
 
+
+// Where a request goes: the Host header, the path as signed, the whole URL (query included).
+struct Target {
+  std::string host, path, url;
+};
+
+Target TargetOf(const s3::S3Config& config, const S3Store::Request& req) {
+  const auto scheme_end = config.endpoint.find("://") + 3;
+  const std::string scheme = config.endpoint.substr(0, scheme_end);
+  Target t;
+  t.host = config.endpoint.substr(scheme_end);
+  t.path = "/";
+  if (!req.bucket.empty()) {
+    if (config.path_style) {
+      t.path += req.bucket;
+      if (!req.key.empty()) t.path += "/" + s3::UriEncode(req.key, true);
+    } else {
+      t.host = req.bucket + "." + t.host;
+      t.path += s3::UriEncode(req.key, true);
+    }
+  }
+  t.url = scheme + t.host + t.path;
+  std::string query_string;
+  for (const auto& [k, v] : req.query) {
+    query_string += query_string.empty() ? "?" : "&";
+    query_string += s3::UriEncode(k, false);
+    if (!v.empty()) query_string += "=" + s3::UriEncode(v, false);
+  }
+  t.url += query_string;
+  return t;
+}
+
+// A request's header lines for curl, freed with it.
+class HeaderLines {
+ public:
+  HeaderLines() = default;
+  HeaderLines(const HeaderLines&) = delete;
+  HeaderLines& operator=(const HeaderLines&) = delete;
+  ~HeaderLines() { curl_slist_free_all(list_); }
+  void Add(const std::string& line) {
+    curl_slist* n = curl_slist_append(list_, line.c_str());
+    if (!n) throw Error(ErrorCode::kInternal, "curl_slist_append failed");
+    list_ = n;
+  }
+  curl_slist* get() const { return list_; }
+
+ private:
+  curl_slist* list_ = nullptr;
+};
+
+// The headers of `req` to `target`: those SigV4 signs and the Authorization over them,
+// then the unsigned ones (no 100-continue, the content type of a POST, the request's extras).
+void AddSignedHeaders(const s3::S3Config& config, const S3Store::Request& req, const Target& target,
+                      HeaderLines& headers) {
+  s3::SignRequest sr;
+  sr.method = req.method;
+  sr.path = target.path;
+  sr.query = req.query;
+  const std::string amz_date = s3::AmzDate(
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+  // A body under a signed Content-MD5 (which the server checks) is sent as UNSIGNED-PAYLOAD,
+  // as the AWS SDKs do over HTTPS: hashing every part by SHA-256 as well as by MD5 cost
+  // about a third of the client's CPU of a save (bench/s3.sh, docs/benchmarks.md).
+  sr.payload_sha256 = req.content_md5 && !req.body.empty() ? "UNSIGNED-PAYLOAD" : s3::Sha256Hex(req.body);
+  sr.headers["host"] = target.host;
+  sr.headers["x-amz-date"] = amz_date;
+  sr.headers["x-amz-content-sha256"] = sr.payload_sha256;
+  if (!config.credentials.session_token.empty()) {
+    sr.headers["x-amz-security-token"] = config.credentials.session_token;
+  }
+  if (req.content_md5) sr.headers["content-md5"] = req.md5_base64.empty() ? s3::Md5Base64(req.body) : req.md5_base64;
+  const s3::Signature sig = s3::SignV4(sr, config.credentials, config.region, "s3", amz_date);
+  for (const auto& [k, v] : sr.headers) headers.Add(k + ": " + v);
+  headers.Add("Authorization: " + sig.authorization);
+  headers.Add("Expect:");  // no 100-continue round trip
+  if (req.method == "POST") headers.Add("Content-Type: application/xml");
+  for (const auto& [k, v] : req.headers) headers.Add(k + ": " + v);
+}
+
+// The options of one transfer on `curl`: the URL and headers, the connection's timeouts, the
+// callbacks into `t`, the CA bundle, and the method of t.req with its body.
+void SetTransferOptions(CURL* curl, const s3::S3Config& config, const std::string& url, curl_slist* headers,
+                        Transfer& t) {
+  const S3Store::Request& req = *t.req;
+  curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(curl, CURLOPT_PATH_AS_IS, 1L);  // keys like "a/../b" stay as they are
+  curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
+  curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(curl, CURLOPT_TCP_KEEPALIVE, 1L);
+  curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(config.transfer.connect_timeout_ms));
+  curl_easy_setopt(curl, CURLOPT_LOW_SPEED_LIMIT, 1024L);
+  curl_easy_setopt(curl, CURLOPT_LOW_SPEED_TIME, static_cast<long>(config.transfer.stall_timeout_s));
+  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, WriteBody);
+  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &t);
+  curl_easy_setopt(curl, CURLOPT_HEADERFUNCTION, WriteHeader);
+  curl_easy_setopt(curl, CURLOPT_HEADERDATA, &t);
+  curl_easy_setopt(curl, CURLOPT_PROTOCOLS_STR, "http,https");
+  if (!config.ca_bundle.empty()) curl_easy_setopt(curl, CURLOPT_CAINFO, config.ca_bundle.c_str());
+  if (req.method == "GET") {
+    curl_easy_setopt(curl, CURLOPT_HTTPGET, 1L);
+  } else if (req.method == "HEAD") {
+    curl_easy_setopt(curl, CURLOPT_NOBODY, 1L);
+  } else if (req.method == "PUT") {
+    curl_easy_setopt(curl, CURLOPT_UPLOAD, 1L);
+    curl_easy_setopt(curl, CURLOPT_READFUNCTION, ReadBody);
+    curl_easy_setopt(curl, CURLOPT_READDATA, &t);
+    curl_easy_setopt(curl, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(req.body.size()));
+  } else if (req.method == "POST") {
+    curl_easy_setopt(curl, CURLOPT_POST, 1L);
+    curl_easy_setopt(curl, CURLOPT_READFUNCTION, ReadBody);
+    curl_easy_setopt(curl, CURLOPT_READDATA, &t);
+    curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(req.body.size()));
+  } else {
+    curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, req.method.c_str());
+  }
+}
+
+// What a failed transfer says (curl's text and its error buffer), the CA bundle and where it
+// came from where TLS failed; a "!" in front marks an error not to retry.
+std::string TransportError(const s3::S3Config& config, CURLcode rc, const char* errbuf) {
+  std::string e = std::string(curl_easy_strerror(rc)) + (errbuf[0] ? std::string(" (") + errbuf + ")" : "");
+  if (!config.ca_bundle.empty() &&
+      (rc == CURLE_SSL_CACERT_BADFILE || rc == CURLE_PEER_FAILED_VERIFICATION || rc == CURLE_SSL_CONNECT_ERROR)) {
+    e += "; CA bundle '" + config.ca_bundle + "' from " + config.ca_bundle_source;
+  }
+  return RetryableCurl(rc) ? e : "!" + e;
+}
+
 }  // namespace
 
 S3Store::S3Store(s3::S3Config config) : config_(std::move(config)) {
@@ -312,96 +440,12 @@ void S3Store::Release(void* h) {
 S3Store::Response S3Store::SendOnce(void* handle, Request& req, std::string& transport_error) {
   CURL* curl = static_cast<CURL*>(handle);
   curl_easy_reset(curl);  // keeps the connection cache
-  const auto scheme_end = config_.endpoint.find("://") + 3;
-  const std::string scheme = config_.endpoint.substr(0, scheme_end);
-  std::string host = config_.endpoint.substr(scheme_end);
-  std::string path = "/";
-  if (!req.bucket.empty()) {
-    if (config_.path_style) {
-      path += req.bucket;
-      if (!req.key.empty()) path += "/" + s3::UriEncode(req.key, true);
-    } else {
-      host = req.bucket + "." + host;
-      path += s3::UriEncode(req.key, true);
-    }
-  }
-  std::string url = scheme + host + path;
-  std::string query_string;
-  for (const auto& [k, v] : req.query) {
-    query_string += query_string.empty() ? "?" : "&";
-    query_string += s3::UriEncode(k, false);
-    if (!v.empty()) query_string += "=" + s3::UriEncode(v, false);
-  }
-  url += query_string;
-
-  s3::SignRequest sr;
-  sr.method = req.method;
-  sr.path = path;
-  sr.query = req.query;
-  const std::string amz_date = s3::AmzDate(
-      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count());
-  // A body under a signed Content-MD5 (which the server checks) is sent as UNSIGNED-PAYLOAD,
-  // as the AWS SDKs do over HTTPS: hashing every part by SHA-256 as well as by MD5 cost
-  // about a third of the client's CPU of a save (bench/s3.sh, docs/benchmarks.md).
-  sr.payload_sha256 = req.content_md5 && !req.body.empty() ? "UNSIGNED-PAYLOAD" : s3::Sha256Hex(req.body);
-  sr.headers["host"] = host;
-  sr.headers["x-amz-date"] = amz_date;
-  sr.headers["x-amz-content-sha256"] = sr.payload_sha256;
-  if (!config_.credentials.session_token.empty()) {
-    sr.headers["x-amz-security-token"] = config_.credentials.session_token;
-  }
-  if (req.content_md5) sr.headers["content-md5"] = req.md5_base64.empty() ? s3::Md5Base64(req.body) : req.md5_base64;
-  const s3::Signature sig = s3::SignV4(sr, config_.credentials, config_.region, "s3", amz_date);
-
-  curl_slist* headers = nullptr;
-  const auto add = [&](const std::string& h) {
-    curl_slist* n = curl_slist_append(headers, h.c_str());
-    if (!n) throw Error(ErrorCode::kInternal, "curl_slist_append failed");
-    headers = n;
-  };
-  struct SlistFree {
-    curl_slist** l;
-    ~SlistFree() { curl_slist_free_all(*l); }
-  } free_headers{&headers};
-  for (const auto& [k, v] : sr.headers) add(k + ": " + v);
-  add("Authorization: " + sig.authorization);
-  add("Expect:");  // no 100-continue round trip
-  if (req.method == "POST") add("Content-Type: application/xml");
-  for (const auto& [k, v] : req.headers) add(k + ": " + v);
-
+  const Target target = TargetOf(config_, req);
+  HeaderLines headers;
+  AddSignedHeaders(config_, req, target, headers);
   Response resp;
   Transfer t{&req, &resp, curl};
-  curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
-  curl_easy_setopt(curl, CURLOPT_PATH_AS_IS, 1L);  // keys like "a/../b" stay as they are
-  curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
-  curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(curl, CURLOPT_TCP_KEEPALIVE, 1L);
-  curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(config_.transfer.connect_timeout_ms));
-  curl_easy_setopt(curl, CURLOPT_LOW_SPEED_LIMIT, 1024L);
-  curl_easy_setopt(curl, CURLOPT_LOW_SPEED_TIME, static_cast<long>(config_.transfer.stall_timeout_s));
-  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, WriteBody);
-  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &t);
-  curl_easy_setopt(curl, CURLOPT_HEADERFUNCTION, WriteHeader);
-  curl_easy_setopt(curl, CURLOPT_HEADERDATA, &t);
-  curl_easy_setopt(curl, CURLOPT_PROTOCOLS_STR, "http,https");
-  if (!config_.ca_bundle.empty()) curl_easy_setopt(curl, CURLOPT_CAINFO, config_.ca_bundle.c_str());
-  if (req.method == "GET") {
-    curl_easy_setopt(curl, CURLOPT_HTTPGET, 1L);
-  } else if (req.method == "HEAD") {
-    curl_easy_setopt(curl, CURLOPT_NOBODY, 1L);
-  } else if (req.method == "PUT") {
-    curl_easy_setopt(curl, CURLOPT_UPLOAD, 1L);
-    curl_easy_setopt(curl, CURLOPT_READFUNCTION, ReadBody);
-    curl_easy_setopt(curl, CURLOPT_READDATA, &t);
-    curl_easy_setopt(curl, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(req.body.size()));
-  } else if (req.method == "POST") {
-    curl_easy_setopt(curl, CURLOPT_POST, 1L);
-    curl_easy_setopt(curl, CURLOPT_READFUNCTION, ReadBody);
-    curl_easy_setopt(curl, CURLOPT_READDATA, &t);
-    curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(req.body.size()));
-  } else {
-    curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, req.method.c_str());
-  }
+  SetTransferOptions(curl, config_, target.url, headers.get(), t);
   char errbuf[CURL_ERROR_SIZE] = {0};
   curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, errbuf);
 
@@ -413,12 +457,7 @@ S3Store::Response S3Store::SendOnce(void* handle, Request& req, std::string& tra
   }
   curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &resp.status);
   if (rc != CURLE_OK && !resp.overflow && !(resp.error_cut && rc == CURLE_WRITE_ERROR)) {
-    transport_error = std::string(curl_easy_strerror(rc)) + (errbuf[0] ? std::string(" (") + errbuf + ")" : "");
-    if (!config_.ca_bundle.empty() &&
-        (rc == CURLE_SSL_CACERT_BADFILE || rc == CURLE_PEER_FAILED_VERIFICATION || rc == CURLE_SSL_CONNECT_ERROR)) {
-      transport_error += "; CA bundle '" + config_.ca_bundle + "' from " + config_.ca_bundle_source;
-    }
-    if (!RetryableCurl(rc)) transport_error = "!" + transport_error;  // marks "do not retry"
+    transport_error = TransportError(config_, rc, errbuf);
     resp.status = 0;
   }
   return resp;
