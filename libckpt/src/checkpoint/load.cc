@@ -123,6 +123,70 @@ std::string Summarize(const std::filesystem::path& dir, const LoadReport& r) {
   return msg;
 }
 
+// One read of a load: a chunk of the target whole (host or device), or the part of a host
+// chunk that one stored chunk holds.
+struct ReadTask {
+  const std::string* key;
+  Chunk* chunk;
+  const ChunkMeta* part;  // the one stored chunk read; nullptr: all that meet `chunk`
+  uint64_t order;         // whole: the chunk's bytes (read largest first); part: its file offset
+  std::size_t item;
+};
+
+// The reads of `target`'s tensor chunks (but `skip`'s), as ReadTensors hands them out: whole
+// chunks largest first, then the parts of host chunks whose stored chunks all lie at a known
+// offset.
+struct ReadPlan {
+  std::vector<ReadTask> whole, parts;
+};
+
+ReadPlan PlanReads(internal::Reader& planner, const Metadata& metadata, StateDict& target,
+                   const std::unordered_set<std::string>& skip) {
+  std::vector<ReadTask> whole, parts;
+  for (auto& [key, entry] : target) {
+    const EntryMeta* e = metadata.Find(key);
+    auto* t = std::get_if<Tensor>(&entry);
+    if (!e || !t || skip.count(key) || e->kind != EntryKind::kTensor) continue;
+    for (Chunk& c : t->chunks) {
+      const std::size_t item = DTypeSize(t->dtype);
+      std::vector<const ChunkMeta*> stored;
+      if (c.device == kHostDevice) stored = planner.ChunksMeeting(key, *e, c.box);
+      const bool placed = !stored.empty() && std::all_of(stored.begin(), stored.end(), [](const ChunkMeta* m) {
+        return m->offset.has_value();
+      });
+      if (!placed) {
+        whole.push_back(ReadTask{&key, &c, nullptr, static_cast<uint64_t>(c.box.NumElements()) * item, item});
+        continue;
+      }
+      for (const ChunkMeta* m : stored) parts.push_back(ReadTask{&key, &c, m, *m->offset, item});
+    }
+  }
+  std::stable_sort(whole.begin(), whole.end(), [](const ReadTask& a, const ReadTask& b) { return a.order > b.order; });
+  // Parts of host chunks of 256 KiB and more first, then those of smaller ones, each group
+  // in file order: the small ones lie packed together, and read first (strict file order)
+  // they held the large reads back.
+  constexpr uint64_t kSmall = 256u << 10;
+  const auto small = [](const ReadTask& t) {
+    return static_cast<uint64_t>(t.chunk->box.NumElements()) * t.item < kSmall;
+  };
+  std::stable_sort(parts.begin(), parts.end(), [&small](const ReadTask& a, const ReadTask& b) {
+    return std::forward_as_tuple(small(a), a.part->file, a.order) < std::forward_as_tuple(small(b), b.part->file, b.order);
+  });
+  return {std::move(whole), std::move(parts)};
+}
+
+// Object storage: where the small stored chunks that `parts` read lie, so that each reader
+// fetches a run of them by one GET (internal::ObjectWindow).
+std::shared_ptr<internal::ObjectSpans> SmallChunkSpans(const std::vector<ReadTask>& parts) {
+  auto spans = std::make_shared<internal::ObjectSpans>();
+  for (const ReadTask& t : parts) {
+    const uint64_t n = static_cast<uint64_t>(t.part->box.NumElements()) * t.item;
+    if (n > 0 && n <= internal::kWindowChunkBytes) (*spans)[t.part->file].emplace_back(*t.part->offset, *t.part->offset + n);
+  }
+  for (auto& [file, v] : *spans) std::sort(v.begin(), v.end());
+  return spans;
+}
+
 // Reads every tensor chunk of `target` with up to `threads` readers, each with its own
 // shard handles. Where every stored chunk a host chunk meets lies at a known offset (v2,
 // contiguous), the chunk is read a stored chunk at a time and those reads are handed out
@@ -139,62 +203,16 @@ void ReadTensors(const storage::Dir& dir, const std::shared_ptr<const internal::
                  const std::shared_ptr<internal::ChunkCatalog>& catalog,
                  StateDict& target, const std::unordered_set<std::string>& skip, const LoadOptions& options,
                  DeviceBackend* device, uint64_t& bytes_read, uint64_t& bytes_direct) {
-  struct Task {
-    const std::string* key;
-    Chunk* chunk;
-    const ChunkMeta* part;  // the one stored chunk read; nullptr: all that meet `chunk`
-    uint64_t order;         // whole: the chunk's bytes (read largest first); part: its file offset
-    std::size_t item;
-  };
-  std::vector<Task> whole, parts;
   // A reader of the checkpoint: its shard files, or (`source`) its objects.
   const auto open = [&] {
     return source ? internal::Reader(source, /*check_tiling=*/false, catalog)
                   : internal::Reader(dir, metadata, /*check_tiling=*/false, catalog);
   };
   internal::Reader planner = open();
-  for (auto& [key, entry] : target) {
-    const EntryMeta* e = metadata->Find(key);
-    auto* t = std::get_if<Tensor>(&entry);
-    if (!e || !t || skip.count(key) || e->kind != EntryKind::kTensor) continue;
-    for (Chunk& c : t->chunks) {
-      const std::size_t item = DTypeSize(t->dtype);
-      std::vector<const ChunkMeta*> stored;
-      if (c.device == kHostDevice) stored = planner.ChunksMeeting(key, *e, c.box);
-      const bool placed = !stored.empty() && std::all_of(stored.begin(), stored.end(), [](const ChunkMeta* m) {
-        return m->offset.has_value();
-      });
-      if (!placed) {
-        whole.push_back(Task{&key, &c, nullptr, static_cast<uint64_t>(c.box.NumElements()) * item, item});
-        continue;
-      }
-      for (const ChunkMeta* m : stored) parts.push_back(Task{&key, &c, m, *m->offset, item});
-    }
-  }
-  std::stable_sort(whole.begin(), whole.end(), [](const Task& a, const Task& b) { return a.order > b.order; });
-  // Parts of host chunks of 256 KiB and more first, then those of smaller ones, each group
-  // in file order: the small ones lie packed together, and read first (strict file order)
-  // they held the large reads back.
-  constexpr uint64_t kSmall = 256u << 10;
-  const auto small = [](const Task& t) {
-    return static_cast<uint64_t>(t.chunk->box.NumElements()) * t.item < kSmall;
-  };
-  std::stable_sort(parts.begin(), parts.end(), [&small](const Task& a, const Task& b) {
-    return std::forward_as_tuple(small(a), a.part->file, a.order) < std::forward_as_tuple(small(b), b.part->file, b.order);
-  });
-  // Object storage: where the small stored chunks to be read lie, so that each reader
-  // fetches a run of them by one GET (internal::ObjectWindow).
-  std::shared_ptr<internal::ObjectSpans> spans;
-  if (source) {
-    spans = std::make_shared<internal::ObjectSpans>();
-    for (const Task& t : parts) {
-      const uint64_t n = static_cast<uint64_t>(t.part->box.NumElements()) * t.item;
-      if (n > 0 && n <= internal::kWindowChunkBytes) (*spans)[t.part->file].emplace_back(*t.part->offset, *t.part->offset + n);
-    }
-    for (auto& [file, v] : *spans) std::sort(v.begin(), v.end());
-  }
-  std::vector<Task> tasks = std::move(whole);
-  tasks.insert(tasks.end(), parts.begin(), parts.end());
+  ReadPlan plan = PlanReads(planner, *metadata, target, skip);
+  const std::shared_ptr<internal::ObjectSpans> spans = source ? SmallChunkSpans(plan.parts) : nullptr;
+  std::vector<ReadTask> tasks = std::move(plan.whole);
+  tasks.insert(tasks.end(), plan.parts.begin(), plan.parts.end());
   const std::size_t n_threads =
       std::clamp<std::size_t>(static_cast<std::size_t>(std::max(options.io_threads, 1)), 1, std::max<std::size_t>(tasks.size(), 1));
   std::atomic<std::size_t> next{0};
@@ -215,7 +233,7 @@ void ReadTensors(const storage::Dir& dir, const std::shared_ptr<const internal::
       std::unique_ptr<DeviceStaging> staging;
       std::unique_ptr<internal::DeviceWriter> to_device;
       for (std::size_t i; !failed && (i = next.fetch_add(1)) < tasks.size();) {
-        const Task& task = tasks[i];
+        const ReadTask& task = tasks[i];
         if (task.part) {
           reader.ReadRegionPart(*task.key, *task.part, task.chunk->box, task.chunk->data, options.verify_checksums);
           continue;
