@@ -93,4 +93,23 @@ TestBucket::~TestBucket() {
   }
 }
 
+StoreFixture::StoreFixture(const std::string& tmp_tag)
+    : config(GatewayConfig()),
+      s3(std::make_shared<ckpt::storage::S3Store>(config)),
+      store(*s3),
+      bucket(store),
+      tmp(tmp_tag),
+      options(GatewayOptions(config)) {
+  options.staging_dir = tmp / "staging";
+  options.part_bytes = 5ull << 20;
+}
+
+std::string StoreFixture::Url(const std::string& name) const { return "s3://" + bucket.name() + "/" + name; }
+
+std::vector<std::string> StoreFixture::Keys(const std::string& prefix) const {
+  std::vector<std::string> out;
+  for (const ckpt::storage::ObjectInfo& o : ckpt::storage::ListAll(store, bucket.name(), prefix)) out.push_back(o.key);
+  return out;
+}
+
 }  // namespace s3_test

@@ -4,10 +4,12 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "ckpt/checkpoint.h"
 #include "storage/s3_config.h"
 #include "storage/s3_store.h"
+#include "test_util.h"
 
 namespace s3_test {
 
@@ -35,6 +37,26 @@ class TestBucket {
  private:
   ckpt::storage::ObjectStore& store_;
   std::string name_;
+};
+
+// What a test case of Save, Load or the tools on s3:// needs: the gateway (a store on it), a
+// bucket of the case's own, a scratch directory (`tmp_tag`: its name's start), and `options`
+// that reach them as a caller gives them, with the local staging under the scratch directory
+// and parts of 5 MiB (the least S3 allows: a few MiB make a multipart upload).
+struct StoreFixture {
+  explicit StoreFixture(const std::string& tmp_tag);
+
+  ckpt::storage::s3::S3Config config;
+  std::shared_ptr<ckpt::storage::S3Store> s3;  // for a store that wraps it
+  ckpt::storage::S3Store& store;               // *s3
+  TestBucket bucket;
+  ckpt_test::TempDir tmp;
+  ckpt::ObjectStoreOptions options;
+
+  // "s3://<bucket>/<name>".
+  std::string Url(const std::string& name) const;
+  // The keys of the objects under `prefix` in the bucket, in order.
+  std::vector<std::string> Keys(const std::string& prefix) const;
 };
 
 }  // namespace s3_test

@@ -18,17 +18,12 @@ using namespace ckpt::demo;
 namespace st = ckpt::storage;
 
 TEST_CASE("s3 checkpoint manager: keeps the last N, latest is the newest committed, loads back") {
-  const st::s3::S3Config config = s3_test::GatewayConfig();
-  st::S3Store store(config);
-  s3_test::TestBucket bucket(store);
-  ckpt_test::TempDir tmp("s3mgr");
-  ckpt::ObjectStoreOptions options = s3_test::GatewayOptions(config);
-  options.staging_dir = tmp / "staging";
-  const std::string root = "s3://" + bucket.name() + "/run";
+  s3_test::StoreFixture f("s3mgr");
+  const std::string root = f.Url("run");
   const auto prefixes = [&] {
     std::vector<std::string> out;
-    for (const st::ObjectInfo& o : st::ListAll(store, bucket.name(), "run/")) {
-      std::string p = o.key.substr(4, o.key.find('/', 4) - 4);
+    for (const std::string& key : f.Keys("run/")) {
+      std::string p = key.substr(4, key.find('/', 4) - 4);
       if (out.empty() || out.back() != p) out.push_back(p);
     }
     return out;
@@ -36,7 +31,7 @@ TEST_CASE("s3 checkpoint manager: keeps the last N, latest is the newest committ
   rt_test::FullState saved;
   ckpt::RunThreads(2, [&](ckpt::Comm& c) {
     Trainer t(c, rt_test::SmallConfig(Strategy::kFsdp));
-    CheckpointManager mgr(t.accelerator(), root, 2, options);
+    CheckpointManager mgr(t.accelerator(), root, 2, f.options);
     CHECK_FALSE(mgr.Latest().has_value());
     for (int step = 1; step <= 3; ++step) {
       t.Step();
@@ -59,16 +54,16 @@ TEST_CASE("s3 checkpoint manager: keeps the last N, latest is the newest committ
       // Pruned steps are gone entirely: metadata.json and their objects.
       CHECK(prefixes() == std::vector<std::string>{"step-00000003", "step-00000004"});
       // A newer save that never committed (its shard only) is not latest.
-      store.Put(bucket.name(), "run/step-00000009/shard-00000-of-00002.0123456789abcdef.h5",
-                st::s3::AsBytes(std::string("partial")));
+      f.store.Put(f.bucket.name(), "run/step-00000009/shard-00000-of-00002.0123456789abcdef.h5",
+                  st::s3::AsBytes(std::string("partial")));
     }
     c.Barrier();
     CHECK(mgr.Latest()->first == 4);
     // The latest checkpoint, downloaded, loads into the trainer bit-equal to what was saved.
     for (int i = 0; i < 2; ++i) t.Step();
-    if (c.rank() == 0) ckpt::files::DownloadObjectCheckpoint(root + "/step-00000004", options, tmp / "dl", 64 << 20);
+    if (c.rank() == 0) ckpt::files::DownloadObjectCheckpoint(root + "/step-00000004", f.options, f.tmp / "dl", 64 << 20);
     c.Barrier();
-    t.accelerator().LoadState(tmp / "dl");
+    t.accelerator().LoadState(f.tmp / "dl");
     const rt_test::FullState back = rt_test::Gather(t.accelerator());
     if (c.rank() == 0) {
       REQUIRE(back.size() == saved.size());
@@ -85,8 +80,8 @@ TEST_CASE("s3 checkpoint manager: keeps the last N, latest is the newest committ
   });
   // The uncommitted step's object is a leftover: removed past the grace period (0 here),
   // the committed steps stay.
-  ckpt::ObjectStoreOptions now = options;
+  ckpt::ObjectStoreOptions now = f.options;
   now.leftover_grace_seconds = 0;
   CHECK(ckpt::files::CleanObjectLeftovers(root, now) == 1);
-  CHECK(ckpt::files::ListObjectCheckpoints(root, options) == std::vector<std::string>{"step-00000003", "step-00000004"});
+  CHECK(ckpt::files::ListObjectCheckpoints(root, f.options) == std::vector<std::string>{"step-00000003", "step-00000004"});
 }

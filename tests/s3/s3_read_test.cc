@@ -131,19 +131,16 @@ Loaded LoadRanks(const std::string& path, int world, const ObjectStoreOptions& s
 }
 
 // A fresh bucket with the checkpoint saved locally and uploaded under "run/step-1".
-struct Fixture {
-  std::shared_ptr<st::S3Store> s3 = std::make_shared<st::S3Store>(s3_test::GatewayConfig());
-  s3_test::TestBucket bucket{*s3};
-  ckpt_test::TempDir tmp{"s3read"};
+struct Fixture : s3_test::StoreFixture {
   fs::path local = tmp / "step-1";
-  std::string url = "s3://" + bucket.name() + "/run/step-1";
-  Fixture() {
+  std::string url = Url("run/step-1");
+  Fixture() : StoreFixture("s3read") {
     SaveLocal(local);
-    Upload(*s3, bucket.name(), "run/step-1", local);
+    Upload(store, bucket.name(), "run/step-1", local);
   }
   // The options of the gateway, as a caller gives them (they override the environment).
   ObjectStoreOptions Options(const std::string& endpoint = "") const {
-    ObjectStoreOptions o = s3_test::GatewayOptions(s3->config());
+    ObjectStoreOptions o = s3_test::GatewayOptions(config);
     if (!endpoint.empty()) o.endpoint = endpoint;
     o.max_attempts = 2;
     return o;

@@ -87,24 +87,10 @@ ckpt::StateDict Part(std::vector<float>& all, int64_t rows, int64_t r0, int64_t 
   return s;
 }
 
-// The gateway, a bucket of the test's own, options that reach them (staging under a
-// temporary directory, 5 MiB parts).
-struct Fixture {
-  st::s3::S3Config config = s3_test::GatewayConfig();
-  st::S3Store store{config};
-  s3_test::TestBucket bucket{store};
-  ckpt_test::TempDir tmp{"s3rel"};
-  ckpt::ObjectStoreOptions options = s3_test::GatewayOptions(config);
-  Fixture() {
-    options.staging_dir = tmp / "staging";
-    options.part_bytes = 5ull << 20;
-  }
-  std::string Url(const std::string& name) const { return "s3://" + bucket.name() + "/" + name; }
-  std::vector<std::string> Keys(const std::string& prefix) {
-    std::vector<std::string> out;
-    for (const st::ObjectInfo& o : st::ListAll(store, bucket.name(), prefix)) out.push_back(o.key);
-    return out;
-  }
+// The gateway, a bucket of the test's own, options that reach them (s3_test::StoreFixture:
+// staging under a temporary directory, 5 MiB parts); a save of one rank through them.
+struct Fixture : s3_test::StoreFixture {
+  Fixture() : StoreFixture("s3rel") {}
   // Saves `rows` rows of seed `step` to `url` from one rank (through `o`).
   void Save(const std::string& url, int64_t rows, int64_t step, const ckpt::ObjectStoreOptions& o,
             bool overwrite = true) const {

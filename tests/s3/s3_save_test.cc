@@ -91,23 +91,10 @@ struct Wrapped {
   ~Wrapped() { ckpt::internal::SetObjectStoreWrapperForTest(nullptr); }
 };
 
-// The gateway, a bucket of the test's own, and options that reach them.
-struct Fixture {
-  st::s3::S3Config config = s3_test::GatewayConfig();
-  st::S3Store store{config};
-  s3_test::TestBucket bucket{store};
-  ckpt_test::TempDir tmp{"s3save"};
-  ckpt::ObjectStoreOptions options = s3_test::GatewayOptions(config);
-  Fixture() {
-    options.staging_dir = tmp / "staging";
-    options.part_bytes = 5ull << 20;
-  }
-  std::string Url(const std::string& name) const { return "s3://" + bucket.name() + "/" + name; }
-  std::vector<std::string> Keys(const std::string& prefix) {
-    std::vector<std::string> out;
-    for (const st::ObjectInfo& o : st::ListAll(store, bucket.name(), prefix)) out.push_back(o.key);
-    return out;
-  }
+// The gateway, a bucket of the test's own, and options that reach them
+// (s3_test::StoreFixture); save options over them, and whether the staging is empty.
+struct Fixture : s3_test::StoreFixture {
+  Fixture() : StoreFixture("s3save") {}
   ckpt::SaveOptions Save(bool overwrite = false) const {
     ckpt::SaveOptions o;
     o.overwrite = overwrite;

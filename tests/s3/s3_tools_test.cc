@@ -74,39 +74,35 @@ Ran RunTool(int (*tool)(int, char**), std::vector<std::string> args) {
   return r;
 }
 
+// Saves a checkpoint to `dir` from `world` ranks: model.w row-sharded (the values CheckModelW
+// expects), where `with_blob` a bytes entry "blob" of rank 0, and the step (7).
+void SaveModelW(const fs::path& dir, int world, bool with_blob) {
+  RunThreads(world, [&](Comm& comm) {
+    const int64_t rows = kRows / world, r0 = rows * comm.rank();
+    std::vector<float> w(static_cast<std::size_t>(rows * kCols));
+    for (std::size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(r0 * kCols + static_cast<int64_t>(i)) * 0.5f;
+    StateDict sd;
+    sd.Add("model.w", Tensor::Slice(DType::kFloat32, {kRows, kCols}, 0, r0, rows, w.data()));
+    if (with_blob && comm.rank() == 0) sd.Add("blob", Bytes{ckpt_test::RandomBytes(3000, 5)});
+    sd.Add("step", Scalar::Int(7));
+    Save(dir, sd, comm);
+  });
+}
+
 // A fresh bucket holding a checkpoint saved locally by 2 ranks (model.w row-sharded, a bytes
 // entry, a scalar) and uploaded object by object under "run/step-1".
-struct Fixture {
-  std::shared_ptr<st::S3Store> s3 = std::make_shared<st::S3Store>(s3_test::GatewayConfig());
-  s3_test::TestBucket bucket{*s3};
-  ckpt_test::TempDir tmp{"s3tools"};
+struct Fixture : s3_test::StoreFixture {
   fs::path local = tmp / "step-1";
-  std::string url = "s3://" + bucket.name() + "/run/step-1";
-  Fixture() {
-    SetAwsEnvironment(s3->config(), tmp.path());
-    RunThreads(2, [&](Comm& comm) {
-      const int64_t rows = kRows / 2, r0 = rows * comm.rank();
-      std::vector<float> w(static_cast<std::size_t>(rows * kCols));
-      for (std::size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(r0 * kCols + static_cast<int64_t>(i)) * 0.5f;
-      StateDict sd;
-      sd.Add("model.w", Tensor::Slice(DType::kFloat32, {kRows, kCols}, 0, r0, rows, w.data()));
-      if (comm.rank() == 0) sd.Add("blob", Bytes{ckpt_test::RandomBytes(3000, 5)});
-      sd.Add("step", Scalar::Int(7));
-      Save(local, sd, comm);
-    });
+  std::string url = Url("run/step-1");
+  Fixture() : StoreFixture("s3tools") {
+    SetAwsEnvironment(config, tmp.path());
+    SaveModelW(local, 2, /*with_blob=*/true);
     for (const auto& e : fs::directory_iterator(local)) {
       const std::string body = ReadFile(e.path());
-      s3->Put(bucket.name(), "run/step-1/" + e.path().filename().string(), st::s3::AsBytes(body));
+      store.Put(bucket.name(), "run/step-1/" + e.path().filename().string(), st::s3::AsBytes(body));
     }
   }
 };
-
-// The objects under `prefix` ("run/x/"), by key.
-std::vector<std::string> Keys(st::ObjectStore& store, const std::string& bucket, const std::string& prefix) {
-  std::vector<std::string> keys;
-  for (const st::ObjectInfo& o : st::ListAll(store, bucket, prefix)) keys.push_back(o.key);
-  return keys;
-}
 
 // model.w of an s3:// or local checkpoint, loaded whole; its values as the fixtures wrote them.
 void CheckModelW(const std::string& path) {
@@ -307,15 +303,7 @@ TEST_CASE("ckpt-merge and ckpt-convert write s3://: local->S3, S3->local, S3->S3
   };
   // A 4-rank checkpoint, saved locally.
   const fs::path four = f.tmp / "four";
-  RunThreads(4, [&](Comm& comm) {
-    const int64_t rows = kRows / 4, r0 = rows * comm.rank();
-    std::vector<float> w(static_cast<std::size_t>(rows * kCols));
-    for (std::size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(r0 * kCols + static_cast<int64_t>(i)) * 0.5f;
-    StateDict sd;
-    sd.Add("model.w", Tensor::Slice(DType::kFloat32, {kRows, kCols}, 0, r0, rows, w.data()));
-    sd.Add("step", Scalar::Int(7));
-    Save(four, sd, comm);
-  });
+  SaveModelW(four, 4, /*with_blob=*/false);
   const std::string b = f.bucket.name();
 
   // local -> S3: merged 4 -> 1, then verified and loaded from the store.
@@ -333,7 +321,7 @@ TEST_CASE("ckpt-merge and ckpt-convert write s3://: local->S3, S3->local, S3->S3
   REQUIRE(ins.code == 0);
   CHECK(nlohmann::json::parse(ins.out)["state_dict_type"] == "FULL");
   // One shard object, named uniquely to that run, and metadata.json.
-  std::vector<std::string> keys = Keys(*f.s3, b, "out/merged/");
+  std::vector<std::string> keys = f.Keys("out/merged/");
   REQUIRE(keys.size() == 2);
   CHECK(keys[0] == "out/merged/metadata.json");
   CHECK(keys[1].rfind("out/merged/shard-00000-of-00001.", 0) == 0);
@@ -349,7 +337,7 @@ TEST_CASE("ckpt-merge and ckpt-convert write s3://: local->S3, S3->local, S3->S3
     CHECK(again.err.find(merged) != std::string::npos);
   }
   CHECK(f.s3->Head(b, "out/merged/metadata.json")->etag == etag);
-  CHECK(Keys(*f.s3, b, "out/merged/") == keys);
+  CHECK(f.Keys("out/merged/") == keys);
 
   // --force replaces it (If-Match on the ETag seen at the start): a new commit naming a new object.
   const Ran forced = run(tools::MergeMain, {"ckpt-merge", f.url, merged, "--force", "--json"});
@@ -409,8 +397,8 @@ TEST_CASE("ckpt-merge and ckpt-convert write s3://: local->S3, S3->local, S3->S3
   const Ran virt = run(tools::MergeMain, {"ckpt-merge", four.string(), "s3://" + b + "/out/v", "--virtual"});
   CHECK(virt.code == 2);
   CHECK(virt.err.find("--virtual") != std::string::npos);
-  CHECK(Keys(*f.s3, b, "out/v").empty());
-  CHECK(Keys(*f.s3, b, "out/m.").empty());
+  CHECK(f.Keys("out/v").empty());
+  CHECK(f.Keys("out/m.").empty());
 
   // No run left its staging behind, and none printed the secret.
   const fs::path staging = f.tmp / "ckpt-s3-staging";
@@ -438,7 +426,7 @@ TEST_CASE("files::CheckpointPublisher: of two publishers of one new path one com
     CHECK(std::string(e.what()).find("another writer committed first") != std::string::npos);
   }
   // Nothing of the loser stays: the first's two objects and metadata.json.
-  CHECK(Keys(*f.s3, b, "pub/ck/").size() == 3);
+  CHECK(f.Keys("pub/ck/").size() == 3);
   CheckModelW(url);
   // Without overwrite the destination is refused at the start, before any work.
   CHECK_THROWS_WITH_AS(files::CheckpointPublisher(url, o, false), doctest::Contains("already"), Error);
@@ -456,7 +444,7 @@ TEST_CASE("files::CheckpointPublisher: of two publishers of one new path one com
   fs::resize_file(bad / md.files[0].name, md.files[0].bytes - 1);
   files::CheckpointPublisher r3(url, o, true);
   CHECK_THROWS_WITH_AS(r3.Publish(bad), doctest::Contains(md.files[0].name.c_str()), Error);
-  CHECK(Keys(*f.s3, b, "pub/ck/").size() == 3 + 2);  // r1's new ones + the replaced two (leftovers)
+  CHECK(f.Keys("pub/ck/").size() == 3 + 2);  // r1's new ones + the replaced two (leftovers)
 
   // A checkpoint downloaded from the store and published again: its objects get the new
   // publish's nonce in place of the old one (one nonce a name, as the schema wants).
@@ -479,27 +467,25 @@ TEST_CASE("files::CheckpointPublisher: of two publishers of one new path one com
 }
 
 TEST_CASE("ckpt-verify s3://: a chunk larger than one fetch (40 MiB) is checked slice by slice, a flip in its tail found") {
-  st::S3Store store(s3_test::GatewayConfig());
-  s3_test::TestBucket bucket{store};
-  ckpt_test::TempDir tmp{"s3tools-big"};
-  SetAwsEnvironment(store.config(), tmp.path());
+  s3_test::StoreFixture f("s3tools-big");
+  SetAwsEnvironment(f.config, f.tmp.path());
   constexpr int64_t kBigRows = 10240, kBigCols = 1024;  // float32: 40 MiB, one chunk
   std::vector<float> w(static_cast<std::size_t>(kBigRows * kBigCols));
   for (std::size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i % 100003);
   StateDict sd;
   sd.Add("big", Tensor::Full(DType::kFloat32, {kBigRows, kBigCols}, w.data()));
   SingleComm comm;
-  Save(tmp / "ckpt", sd, comm);
-  const Metadata md = ReadMetadata(tmp / "ckpt", /*resolve=*/true);
+  Save(f.tmp / "ckpt", sd, comm);
+  const Metadata md = ReadMetadata(f.tmp / "ckpt", /*resolve=*/true);
   REQUIRE(md.Find("big")->chunks.size() == 1);  // one chunk of 40 MiB: more than one fetch (32 MiB)
   const ChunkMeta& chunk = md.Find("big")->chunks.at(0);
   REQUIRE(chunk.offset);
-  const std::string url = "s3://" + bucket.name() + "/big";
+  const std::string url = f.Url("big");
   auto upload = [&](const std::function<void(std::string&)>& edit) {
-    for (const auto& e : fs::directory_iterator(tmp / "ckpt")) {
+    for (const auto& e : fs::directory_iterator(f.tmp / "ckpt")) {
       std::string body = ReadFile(e.path());
       if (e.path().filename().string() == chunk.file) edit(body);
-      store.Put(bucket.name(), "big/" + e.path().filename().string(), st::s3::AsBytes(body));
+      f.store.Put(f.bucket.name(), "big/" + e.path().filename().string(), st::s3::AsBytes(body));
     }
   };
   upload([](std::string&) {});
