@@ -159,15 +159,40 @@ void LoadRowsAndCheck(const std::string& url, Comm& comm) {
   CHECK(same);
 }
 
+// Resharded: all but the last process load row blocks of their own count.
+void LoadRowsOnAllButLast(const std::string& url, Comm& comm) {
+  const bool last = comm.rank() == comm.size() - 1;
+  auto sub = comm.Split(last ? 1 : 0, comm.rank());
+  if (!last) LoadRowsAndCheck(url, *sub);
+}
+
+// Since the last TakeCommits: exactly one PUT of metadata.json, made once every process's
+// shard was complete on the store.
+void CheckOneCommitOfCompleteShards(Comm& comm) {
+  const Commits c = TakeCommits(comm);
+  CHECK(c.puts == 1);
+  CHECK(c.complete == comm.size());
+}
+
+// This process in a test case: the world, and its row block of model.w (with its rng entry
+// and the step) to save, with options that reach the gateway.
+struct Process {
+  std::unique_ptr<Comm> comm = MpiWorld();
+  int rank = comm->rank(), size = comm->size();
+  std::vector<float> rows;
+  StateDict sd = RowShards(rank, size, rows);
+  SaveOptions so = [] {
+    SaveOptions o;
+    o.s3 = Options();
+    return o;
+  }();
+};
+
 }  // namespace
 
 TEST_CASE("4 processes save to s3://: one PUT of metadata.json after every shard is complete; 4 load columns, 3 load rows") {
-  auto comm = MpiWorld();
-  const int rank = comm->rank(), size = comm->size();
-  std::vector<float> rows;
-  StateDict sd = RowShards(rank, size, rows);
-  SaveOptions so;
-  so.s3 = Options();
+  Process p;
+  auto& [comm, rank, size, rows, sd, so] = p;
   Save(Url("ck"), sd, *comm, so);
   const Commits c = TakeCommits(*comm);
   CHECK(c.puts == 1);
@@ -196,51 +221,38 @@ TEST_CASE("4 processes save to s3://: one PUT of metadata.json after every shard
         std::vector<uint8_t>(16, static_cast<uint8_t>(size - 1)));
   CHECK(std::get<Scalar>(target.At("step")).AsInt() == 42);
 
-  // Resharded: all but the last process load row blocks of their own count.
-  auto sub = comm->Split(rank == size - 1 ? 1 : 0, rank);
-  if (rank != size - 1) LoadRowsAndCheck(Url("ck"), *sub);
+  LoadRowsOnAllButLast(Url("ck"), *comm);
 
   // An overwrite: If-Match on what rank 0 saw; still one PUT, the new values loaded.
   so.overwrite = true;
   std::vector<float> rows2;
   StateDict sd2 = RowShards(rank, size, rows2);
   Save(Url("ck"), sd2, *comm, so);
-  const Commits c2 = TakeCommits(*comm);
-  CHECK(c2.puts == 1);
-  CHECK(c2.complete == size);
+  CheckOneCommitOfCompleteShards(*comm);
   LoadRowsAndCheck(Url("ck"), *comm);
   comm->Barrier();
 }
 
 TEST_CASE("SaveAsync from 4 processes to s3://: the upload in the background, one commit, loaded back by 3") {
-  auto comm = MpiWorld();
-  const int rank = comm->rank(), size = comm->size();
-  std::vector<float> rows;
-  StateDict sd = RowShards(rank, size, rows);
+  Process p;
+  auto& [comm, rank, size, rows, sd, so] = p;
   AsyncSaveOptions ao;
-  ao.s3 = Options();
+  ao.s3 = so.s3;
   SaveHandle h = SaveAsync(Url("async"), sd, *comm, ao);
   std::fill(rows.begin(), rows.end(), -1.0f);  // the snapshot was taken: not saved
   comm->Barrier();
   h.Wait();
-  const Commits c = TakeCommits(*comm);
-  CHECK(c.puts == 1);
-  CHECK(c.complete == size);
+  CheckOneCommitOfCompleteShards(*comm);
   const Metadata md = CheckpointReader::Open(Url("async"), Options())->metadata();
   REQUIRE(md.save_timings.has_value());
   CHECK(md.save_timings->async);
-  auto sub = comm->Split(rank == size - 1 ? 1 : 0, rank);
-  if (rank != size - 1) LoadRowsAndCheck(Url("async"), *sub);
+  LoadRowsOnAllButLast(Url("async"), *comm);
   comm->Barrier();
 }
 
 TEST_CASE("one process's upload failing fails the s3:// save on every process, nothing visible") {
-  auto comm = MpiWorld();
-  const int rank = comm->rank(), size = comm->size();
-  std::vector<float> rows;
-  StateDict sd = RowShards(rank, size, rows);
-  SaveOptions so;
-  so.s3 = Options();
+  Process p;
+  auto& [comm, rank, size, rows, sd, so] = p;
   const int failing = size - 2;  // not rank 0, which commits
   const std::string expected = "rank " + std::to_string(failing) + ": ";
   g_watch.fail = rank == failing;
