@@ -17,6 +17,9 @@
 //     endless error document; a metadata.json with an absurd size or a name outside the prefix
 //     on the download path.
 // Counts are printed (MESSAGE). Under the sanitizers the counts are smaller.
+// Each doctest suite here (torn_reads, fault_proxy, hostile, sigkill) is a CTest test of its
+// own, s3_reliability_<suite> (tests/s3/CMakeLists.txt): CTest runs them in parallel, and a
+// failure names its area. A test case belongs to one of them, or no CTest test runs it.
 #include <doctest/doctest.h>
 
 #include <signal.h>
@@ -198,7 +201,8 @@ const char* Name(A a) {
 
 // ---- 1. readers during overwrites ----------------------------------------------------------
 
-TEST_CASE("readers during overwrites: every read is one committed version or kChanged, never a mix") {
+TEST_CASE("readers during overwrites: every read is one committed version or kChanged, never a mix" *
+          doctest::test_suite("torn_reads")) {
   Fixture f;
   constexpr int64_t kRows = 16;  // 64 KiB
   const std::string url = f.Url("ow/step");
@@ -291,7 +295,8 @@ TEST_CASE("readers during overwrites: every read is one committed version or kCh
 
 // The download path (what ranged GETs cannot read: compressed chunks) likewise: a download
 // whose version is replaced and collected before it fetches its shard is kChanged.
-TEST_CASE("readers during overwrites, download path: a version collected before its shard is fetched is kChanged") {
+TEST_CASE("readers during overwrites, download path: a version collected before its shard is fetched is kChanged" *
+          doctest::test_suite("torn_reads")) {
   Fixture f;
   constexpr int64_t kRows = 16;
   const std::string url = f.Url("dl/step");
@@ -351,7 +356,8 @@ TEST_CASE("readers during overwrites, download path: a version collected before 
 
 // ---- 3. a fault at every request of a save and of a load -----------------------------------
 
-TEST_CASE("a fault at every request of a save and of a load: retried to the right bytes, or a clear error") {
+TEST_CASE("a fault at every request of a save and of a load: retried to the right bytes, or a clear error" *
+          doctest::test_suite("fault_proxy")) {
   Fixture f;
   constexpr int64_t kRows = 1344;  // 5.25 MiB: two parts of a multipart upload
   const int port = s3_test::PortOf(f.config.endpoint);
@@ -449,7 +455,8 @@ TEST_CASE("a fault at every request of a save and of a load: retried to the righ
 
 // ---- 4. hostile servers and input ---------------------------------------------------------
 
-TEST_CASE("hostile server: endless, oversized and wrong-length bodies, an endless error; bounded, clear") {
+TEST_CASE("hostile server: endless, oversized and wrong-length bodies, an endless error; bounded, clear" *
+          doctest::test_suite("hostile")) {
   Fixture f;
   const int port = s3_test::PortOf(f.config.endpoint);
   std::string body(100000, '\0');
@@ -542,7 +549,8 @@ TEST_CASE("hostile server: endless, oversized and wrong-length bodies, an endles
   }
 }
 
-TEST_CASE("hostile metadata.json on the download path: an absurd size, sizes that would wrap, a name outside") {
+TEST_CASE("hostile metadata.json on the download path: an absurd size, sizes that would wrap, a name outside" *
+          doctest::test_suite("hostile")) {
   Fixture f;
   f.Save(f.Url("d/step"), 64, 5, f.options, false);
   const std::vector<std::byte> raw = f.store.Get(f.bucket.name(), "d/step/metadata.json", 1 << 20);
@@ -638,7 +646,7 @@ std::vector<std::string> StagingEntries(const fs::path& root) {
 
 // Run by the test below as a child process (this binary again, CKPT_S3_KILL_CHILD set to
 // "<endpoint> <url> <step> <staging dir>"); without it, nothing.
-TEST_CASE("SIGKILL child: saves a checkpoint to s3:// until it is killed") {
+TEST_CASE("SIGKILL child: saves a checkpoint to s3:// until it is killed" * doctest::test_suite("sigkill")) {
   const char* plan = std::getenv("CKPT_S3_KILL_CHILD");
   if (!plan) return;
   std::istringstream in(plan);
@@ -653,7 +661,8 @@ TEST_CASE("SIGKILL child: saves a checkpoint to s3:// until it is killed") {
   SaveTwoRanks(url, step, o);
 }
 
-TEST_CASE("SIGKILL of a saving process at every request and over time: old or new, whole; leftovers collected") {
+TEST_CASE("SIGKILL of a saving process at every request and over time: old or new, whole; leftovers collected" *
+          doctest::test_suite("sigkill")) {
   Fixture f;
   const int port = s3_test::PortOf(f.config.endpoint);
   const std::string prefix = "kill/step", url = f.Url(prefix);
