@@ -1,13 +1,15 @@
 """ckpt's Python API on s3:// against the project's own Ceph gateway (s3_gateway.py): save, load,
 open and Writer round trips, ranks as threads saving and a resharded load, DCP through
 ckpt.torch, two writers racing on one new path, a flipped byte refused, secrets never shown,
-and boto3 as an independent client reading what ckpt wrote (the objects listed, metadata.json
-valid against schemas/, a shard opened by h5py). SKIPPED without the gateway, FAILS where CI=true.
-PyTorch's own DCP scenarios on s3:// (multi-rank, plan caching) are in test_dcp_scenarios.py."""
+S3Options.ca_bundle reaching the client (a bad one named), and boto3 as an independent client
+reading what ckpt wrote (the objects listed, metadata.json valid against schemas/, a shard
+opened by h5py). SKIPPED without the gateway, FAILS where CI=true. PyTorch's own DCP
+scenarios on s3:// (multi-rank, plan caching) are in test_dcp_scenarios.py."""
 import importlib
 import io
 import json
 import os
+import socket
 import threading
 import traceback
 
@@ -302,6 +304,34 @@ def test_secrets_never_appear_in_errors_or_reprs(bucket, s3, no_aws_env):
     ckpt_torch = need("ckpt.torch")
     for obj in (ckpt_torch.StorageWriter(url, s3=opts), ckpt_torch.StorageReader(url, s3=opts)):
         assert SECRET not in repr(vars(obj)) and SECRET not in repr(obj)
+
+
+def test_ca_bundle_reaches_the_client_and_a_bad_one_is_an_error_naming_it(no_aws_env, tmp):
+    """S3Options(ca_bundle=...), as tests/s3's C++ CA-bundle tests: on an https endpoint a bundle
+    that is no readable file is refused before any request, naming it and where it came from; a
+    readable one without a certificate fails the first request, named. No TLS server is needed:
+    a local socket that never answers will do, as libcurl loads the CA file before the handshake."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(4)
+        endpoint = f"https://127.0.0.1:{listener.getsockname()[1]}"
+        url = "s3://no-bucket/ck"
+        missing = os.path.join(tmp, "no-such-ca.pem")
+        for bundle in (missing, tmp):  # a missing file, a directory
+            with pytest.raises(ckpt.Error) as e:
+                ckpt.read_metadata(url, s3=ckpt.S3Options(endpoint=endpoint, access_key_id="k", secret_access_key="s",
+                                                          ca_bundle=bundle, max_attempts=1))
+            assert f"S3 options ca_bundle: CA bundle '{bundle}' for {endpoint} is not a readable file" in str(e.value)
+        empty = os.path.join(tmp, "empty-ca.pem")
+        with open(empty, "w") as f:
+            f.write("no certificate in here\n")
+        with pytest.raises(ckpt.Error) as e:
+            ckpt.read_metadata(url, s3=ckpt.S3Options(endpoint=endpoint, access_key_id="k", secret_access_key="s",
+                                                      ca_bundle=empty, max_attempts=1))
+        assert f"CA bundle '{empty}' from S3 options ca_bundle" in str(e.value) and url in str(e.value)
+    finally:
+        listener.close()
 
 
 def test_boto3_reads_what_ckpt_wrote(bucket, s3, tmp):
