@@ -6,6 +6,20 @@ target_compile_options(ckpt_warnings INTERFACE
     -Wconversion-null -Wno-sign-conversion
     $<$<CXX_COMPILER_ID:GNU>:-Wno-maybe-uninitialized -Wno-restrict>>
   $<$<BOOL:${CKPT_WERROR}>:$<$<COMPILE_LANGUAGE:CXX>:-Werror>>)
+# Debug sections compressed (-gz) where the compiler and linker take it: the test programs
+# link libckpt's layers statically, and their debug info was 40-70 MB each uncompressed; with
+# -gz a build tree takes about a third of the disk (gdb, addr2line and ASan read it as before).
+option(CKPT_COMPRESS_DEBUG "Compress debug sections (-gz) when the toolchain supports it" ON)
+if(CKPT_COMPRESS_DEBUG AND NOT MSVC)
+  include(CheckCXXCompilerFlag)
+  include(CheckLinkerFlag)
+  check_cxx_compiler_flag(-gz CKPT_CXX_HAS_GZ)
+  check_linker_flag(CXX -gz CKPT_LINKER_HAS_GZ)
+  if(CKPT_CXX_HAS_GZ AND CKPT_LINKER_HAS_GZ)
+    add_compile_options($<$<COMPILE_LANGUAGE:C,CXX>:-gz>)
+    add_link_options($<$<LINK_LANGUAGE:C,CXX>:-gz>)
+  endif()
+endif()
 if(CKPT_SANITIZE)
   add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
   add_link_options(-fsanitize=address,undefined)

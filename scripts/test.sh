@@ -16,6 +16,16 @@
 # .pth file. CKPT_SKIP_PYTHON=1 leaves the package and its tests out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Disk: the Python venv is about 6 GB (torch's CUDA wheels), each build tree 1-2 GB. pip keeps
+# no second copy of the wheels it downloads, and under CI=true each build tree is removed
+# once its pass is green (CKPT_KEEP_BUILDS=1 keeps them), so that a machine with about 12 GB
+# free runs the whole suite.
+export PIP_NO_CACHE_DIR=1
+disk() { echo "== disk: $(df -h --output=avail . | tail -1 | tr -d ' ') free in $PWD ($1)"; }
+prune() {  # build trees of a pass that is green, in CI only
+  if [ "${CI:-}" = true ] && [ "${CKPT_KEEP_BUILDS:-0}" != 1 ]; then rm -rf "$@"; fi
+}
+disk start
 scripts/install-deps.sh
 jobs=$(nproc)
 launcher=()
@@ -99,9 +109,12 @@ fi
 
 echo "== build and test (RelWithDebInfo, -Werror)"
 run_suite build/test -DCMAKE_BUILD_TYPE=RelWithDebInfo "${python_args[@]}"
+disk "first pass done"
+prune build/test build/wheel build/wheel-venv
 if [ "${CKPT_SKIP_STATIC:-0}" != 1 ]; then
   echo "== static libckpt (BUILD_SHARED_LIBS=OFF): install and build a consumer against it"
   run_static
+  prune build/static
 fi
 if [ "${CKPT_SKIP_SANITIZE:-0}" != 1 ]; then
   echo "== build and test under AddressSanitizer + UndefinedBehaviorSanitizer"
@@ -116,3 +129,4 @@ if [ "${CKPT_SKIP_SANITIZE:-0}" != 1 ]; then
   run_suite build/asan -DCMAKE_BUILD_TYPE=Debug -DCKPT_SANITIZE=ON -DCKPT_WITH_CUDA=OFF -DCKPT_WITH_NCCL=OFF \
     -DCKPT_WITH_PYTHON=OFF
 fi
+disk end

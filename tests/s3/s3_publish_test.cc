@@ -5,12 +5,18 @@
 // committed metadata.json names only the winner's objects, all there and intact.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <barrier>
+#include <chrono>
+#include <functional>
+#include <mutex>
 #include <fstream>
 #include <thread>
 
 #include "ckpt/error.h"
 #include "error_of.h"
+#include "forwarding_store.h"
 #include "s3_gateway.h"
 #include "storage/object_commit.h"
 #include "storage/s3_sign.h"
@@ -132,6 +138,99 @@ TEST_CASE("UploadFile: multipart in parallel with the ETag and size checked by H
   CHECK(e.find("up/small") != std::string::npos);
   CHECK_THROWS_AS(st::UploadFile(store, b.name(), "up/x", dir / "big", {1 << 20, 3}), ckpt::Error);  // part < 5 MiB
   CHECK_THROWS_AS(st::UploadFile(store, b.name(), "up/x", dir / "absent", {kPart, 3}), ckpt::Error);
+}
+
+// Writes `data[from, to)` at the same place of the open file `out`.
+void WriteAt(std::fstream& out, const std::string& data, uint64_t from, uint64_t to) {
+  out.seekp(static_cast<std::streamoff>(from));
+  out.write(data.data() + from, static_cast<std::streamsize>(to - from));
+  out.flush();
+}
+
+TEST_CASE("StreamingUpload: parts of final bytes go while the file is written, the rest at Finish; equal object") {
+  auto store = std::make_shared<S3Store>(s3_test::GatewayConfig());
+  s3_test::TestBucket b(*store);
+  ckpt_test::TempDir dir("s3-stream");
+  // Five parts: data everywhere but two "metadata" ranges (in parts 0 and 2) that are
+  // written again after the data, as HDF5 does at close; part 4 is the short last one.
+  const uint64_t size = 4 * kPart + 1000;
+  const std::string first = RandomBytes(size, 11), last = RandomBytes(size, 12);
+  const std::vector<std::pair<uint64_t, uint64_t>> meta{{0, 4096}, {2 * kPart + 100, 2 * kPart + 200}};
+  std::vector<std::pair<uint64_t, uint64_t>> data;  // 1 MiB pieces of the rest, out of order
+  for (uint64_t at = 4096; at < size;) {
+    const uint64_t end = at < meta[1].first ? std::min(meta[1].first, at + (1u << 20)) : std::min(size, at + (1u << 20));
+    data.emplace_back(at, end);
+    at = end == meta[1].first ? meta[1].second : end;
+  }
+  std::reverse(data.begin(), data.end());
+  struct Watch : s3_test::ForwardingStore {
+    using ForwardingStore::ForwardingStore;
+    std::function<void(int)> part;
+    std::string UploadPart(const std::string& bk, const std::string& k, const std::string& id, int n,
+                           st::ByteSpan body) override {
+      if (part) part(n);
+      return ForwardingStore::UploadPart(bk, k, id, n, body);
+    }
+  };
+  auto watch = std::make_shared<Watch>(store);
+  std::vector<int> order;
+  std::mutex mu;
+  watch->part = [&](int n) {
+    std::lock_guard<std::mutex> lock(mu);
+    order.push_back(n);
+  };
+  {
+    std::fstream out;
+    {
+      std::ofstream create(dir / "f", std::ios::binary);
+      create << first;  // the metadata ranges' first version
+    }
+    out.open(dir / "f", std::ios::in | std::ios::out | std::ios::binary);
+    st::StreamingUpload up(*watch, b.name(), "stream/f", dir / "f", {kPart, 3});
+    for (const auto& [from, to] : data) {
+      WriteAt(out, last, from, to);
+      up.Final(from, to - from);
+    }
+    for (const auto& [from, to] : meta) WriteAt(out, last, from, to);  // the close: final only now
+    out.close();
+    const st::ObjectInfo info = up.Finish();
+    CHECK(up.early_parts() == 2);  // parts 1 and 3 (numbers 2 and 4): only final bytes
+    CHECK(info.size == size);
+    CHECK(info.etag.substr(info.etag.size() - 2) == "-5");
+  }
+  CHECK(GetAll(*store, b.name(), "stream/f") == last);
+  REQUIRE(order.size() == 5);
+  CHECK(std::count(order.begin(), order.end(), 1) == 1);
+  CHECK(order[0] != 1);  // part 1 held the superblock-like range: sent last, at Finish
+  CHECK(store->ListMultipartUploads(b.name(), "").empty());
+
+  // Destroyed unfinished after early parts (a failed save): its multipart upload is aborted.
+  {
+    st::StreamingUpload up(*store, b.name(), "stream/g", dir / "f", {kPart, 2});
+    up.Final(kPart, 3 * kPart);
+    while (up.early_parts() < 3) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    CHECK(store->ListMultipartUploads(b.name(), "stream/g").size() == 1);
+  }
+  CHECK(store->ListMultipartUploads(b.name(), "").empty());
+  CHECK(!store->Head(b.name(), "stream/g"));
+
+  // A part the server refuses fails Finish, naming the object; nothing is left.
+  struct Refuse : s3_test::ForwardingStore {
+    using ForwardingStore::ForwardingStore;
+    std::string UploadPart(const std::string& bk, const std::string& k, const std::string& id, int n,
+                           st::ByteSpan body) override {
+      if (n == 3) throw ckpt::Error(ckpt::ErrorCode::kIO, "s3://" + bk + "/" + k + ": part 3: HTTP 500");
+      return ForwardingStore::UploadPart(bk, k, id, n, body);
+    }
+  } refuse(store);
+  {
+    st::StreamingUpload up(refuse, b.name(), "stream/h", dir / "f", {kPart, 2});
+    up.Final(kPart, 3 * kPart);
+    const std::string e = ErrorOf([&] { up.Finish(); });
+    CHECK(e.find("stream/h") != std::string::npos);
+  }
+  CHECK(store->ListMultipartUploads(b.name(), "").empty());
+  CHECK(!store->Head(b.name(), "stream/h"));
 }
 
 TEST_CASE("two publishers racing for a new checkpoint: exactly one commits, in each of 3 rounds") {

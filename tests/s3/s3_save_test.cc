@@ -21,6 +21,7 @@
 #include "checkpoint/object_save.h"
 #include "ckpt/checkpoint.h"
 #include "ckpt/files.h"
+#include "ckpt/verify.h"
 #include "error_of.h"
 #include "forwarding_store.h"
 #include "s3_gateway.h"
@@ -227,6 +228,46 @@ TEST_CASE("s3 save: a shard larger than a part goes up in parts, checked, and re
   CHECK(s3_test::ErrorOf([&] {
           ckpt::files::DownloadObjectCheckpoint(f.Url("big"), f.options, local / "d", 1 << 20);
         }).find("more than the 1048576 allowed") != std::string::npos);
+}
+
+TEST_CASE("s3 save: the shard's parts go up while it is written, part 1 (HDF5's superblock) last; verified") {
+  Fixture f;
+  // 26 MiB of one rank: six parts of 5 MiB. Those made only of the tensor's bytes are final
+  // once written and go while the rest is written; part 1 holds the superblock, which HDF5
+  // writes again at the close, so it goes with the last one at the end.
+  std::vector<float> big((26u << 20) / sizeof(float));
+  for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i % 65521) * 0.5f;
+  ckpt::StateDict s;
+  s.Add("big", ckpt::Tensor::Full(ckpt::DType::kFloat32, {static_cast<int64_t>(big.size())}, big.data()));
+  ckpt::SingleComm comm;
+  // One part in flight at a time, so that the order is the one they were sent in: without
+  // streaming 1, 2, ..., 6 once the shard is complete.
+  f.options.upload_concurrency = 1;
+  std::vector<int> order;
+  std::mutex mu;
+  {
+    Wrapped wrap;
+    wrap.hooks.before_part = [&](const std::string&, int n) {
+      std::lock_guard<std::mutex> lock(mu);
+      order.push_back(n);
+    };
+    ckpt::Save(f.Url("stream"), s, comm, f.Save());
+  }
+  CHECK(order == std::vector<int>{2, 3, 4, 5, 1, 6});
+  CHECK(f.StagingEmpty());
+  // The object is the shard HDF5 closed: every check of ckpt-verify passes on a download.
+  ckpt_test::TempDir local("s3stream");
+  ckpt::files::DownloadObjectCheckpoint(f.Url("stream"), f.options, local / "c", 64 << 20);
+  const ckpt::VerifyReport report = ckpt::VerifyCheckpoint(local / "c", {});
+  for (const auto& p : report.problems) INFO(p.check << ": " << p.message);
+  CHECK(report.ok());
+  std::vector<float> back(big.size());
+  ckpt::StateDict t;
+  t.Add("big", ckpt::Tensor::Full(ckpt::DType::kFloat32, {static_cast<int64_t>(big.size())}, back.data()));
+  ckpt::LoadOptions lo;
+  lo.s3 = f.options;
+  ckpt::Load(f.Url("stream"), t, comm, lo);
+  CHECK(back == big);
 }
 
 TEST_CASE("s3 save: an existing checkpoint is refused without overwrite, replaced with it") {

@@ -47,6 +47,7 @@ std::unique_ptr<ObjectSave> ObjectSave::Join(const std::string& url, const Objec
 }
 std::string ObjectSave::ObjectName(const std::string& file) const { return file; }
 const fs::path& ObjectSave::LocalStaging(const std::string&) { NoS3("s3://"); }
+std::function<void(uint64_t, uint64_t)> ObjectSave::StreamUpload(const std::string&) { NoS3("s3://"); }
 void ObjectSave::Upload(const std::string&) { NoS3("s3://"); }
 void ObjectSave::UploadFrom(const fs::path&, const std::string&) { NoS3("s3://"); }
 void ObjectSave::Commit(const Metadata&) { NoS3("s3://"); }
@@ -346,6 +347,9 @@ struct ObjectSave::Impl {
   fs::path staging;
   int staging_lock = -1;  // the staging directory, flock'ed while this save lives
   std::vector<std::string> uploaded;  // keys
+  // Uploads begun while their files are written (StreamUpload), by name; destroyed before
+  // the store they use (declared after `target`): an unfinished one is aborted.
+  std::map<std::string, std::unique_ptr<storage::StreamingUpload>> streams;
 };
 
 ObjectSave::ObjectSave(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -434,13 +438,26 @@ const fs::path& ObjectSave::LocalStaging(const std::string& tag) {
   return impl_->staging;
 }
 
+std::function<void(uint64_t, uint64_t)> ObjectSave::StreamUpload(const std::string& name) {
+  const Target& t = impl_->target;
+  auto& stream = impl_->streams[name];
+  stream = std::make_unique<storage::StreamingUpload>(*t.store, t.bucket, t.Key(name), impl_->staging / name,
+                                                      impl_->upload);
+  return [up = stream.get()](uint64_t offset, uint64_t n) { up->Final(offset, n); };
+}
+
 void ObjectSave::Upload(const std::string& name) {
   const fs::path path = impl_->staging / name;
   struct Remove {
     const fs::path& p;
     ~Remove() { storage::RemoveAllQuietly(p); }
   } remove{path};
-  UploadFrom(path, name);
+  const auto stream = impl_->streams.find(name);
+  if (stream == impl_->streams.end()) return UploadFrom(path, name);
+  impl_->uploaded.push_back(impl_->target.Key(name));  // an upload that fails half-way may still have made it
+  std::unique_ptr<storage::StreamingUpload> up = std::move(stream->second);
+  impl_->streams.erase(stream);
+  up->Finish();
 }
 
 void ObjectSave::UploadFrom(const fs::path& path, const std::string& name) {

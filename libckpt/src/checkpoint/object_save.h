@@ -64,8 +64,12 @@ class ObjectSave {
   std::string ObjectName(const std::string& file) const;
   // This rank's local staging directory (`tag` tells ranks apart), made on first use.
   const std::filesystem::path& LocalStaging(const std::string& tag);
-  // Uploads LocalStaging()/name as prefix/name, checked by HEAD; the local file is removed
-  // after, uploaded or not.
+  // Begins the upload of LocalStaging()/name while it is being written: the observer to
+  // give its ShardWriter (OnFinalBytes), which sends each part made only of final bytes
+  // at once (storage::StreamingUpload). Upload(name) then sends the rest.
+  std::function<void(uint64_t, uint64_t)> StreamUpload(const std::string& name);
+  // Uploads LocalStaging()/name as prefix/name (what StreamUpload did not send), checked by
+  // HEAD; the local file is removed after, uploaded or not.
   void Upload(const std::string& name);
   // Uploads the local file `path` (kept) as prefix/name, checked by HEAD: the publish of a
   // checkpoint built elsewhere (files::CheckpointPublisher).

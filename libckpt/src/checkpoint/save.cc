@@ -206,11 +206,14 @@ ByteBuffer Distribute(const fs::path& dir, Comm& comm, const SaveOptions& option
 // through one staging pipeline in write order, each copied while the one before is written.
 // `check` runs before each chunk; the shard's fsync time goes to `fsync_seconds`. A
 // `transient` shard (an s3:// save's local staging copy, uploaded then removed) is not
-// fsynced and starts no writeback: 1.49 GB of gpt2s went to the disk for nothing.
+// fsynced and starts no writeback: 1.49 GB of gpt2s went to the disk for nothing; its
+// upload hears of each range of final bytes (`on_final`: ShardWriter::OnFinalBytes) and sends
+// the parts they fill while the rest is written.
 layout::RankResult WriteShard(const fs::path& staging, const std::string& file, const layout::PlanMessage& plan,
                               const StateDict& state, StagedBytes staged, const Compression& compression,
                               uint64_t pack_bytes, DeviceBackend* device, const std::function<void()>& check,
-                              std::vector<layout::KeyTotals>& totals, double& fsync_seconds, bool transient) {
+                              std::vector<layout::KeyTotals>& totals, double& fsync_seconds, bool transient,
+                              const storage::ShardWriter::FinalBytes& on_final) {
   const std::vector<layout::ChunkRef>& writes = plan.writes;
   layout::RankResult result;
   totals.assign(plan.key_count, {});
@@ -218,6 +221,7 @@ layout::RankResult WriteShard(const fs::path& staging, const std::string& file, 
   result.file = file;
   storage::ShardWriter writer(staging, result.file, compression, storage::kDefaultBlockBytes, pack_bytes);
   if (transient) writer.SetTransient();
+  if (on_final) writer.OnFinalBytes(on_final);
   auto written = [&](std::size_t i, const ChunkMeta& chunk) {
     totals[plan.keys[i]].Add(chunk);
     ++result.chunks;
@@ -405,16 +409,19 @@ void SaveWithContext(const std::filesystem::path& dir, const StateDict& state, C
     const std::vector<layout::Write> fast_writes = layout::FastWrites(fast.table, fast.keys, rank);
     const layout::PlanMessage mine = layout::DecodePlan(plan_message, rank, world, fast.keys, fast_writes);
     std::string file = internal::ShardFileName(rank, world);
+    storage::ShardWriter::FinalBytes on_final;
     if (internal::IsObjectUrl(dir)) {
-      // Each rank stages its shard locally, under the name unique to the save, and uploads it.
+      // Each rank stages its shard locally, under the name unique to the save, and uploads
+      // it: the parts of final bytes while it is written, the rest once it is complete.
       if (!root) object = internal::ObjectSave::Join(dir.string(), options.s3, mine.staging);
       staging = object->LocalStaging("r" + std::to_string(rank));
       file = object->ObjectName(file);
+      on_final = object->StreamUpload(file);
     } else {
       staging = mine.staging;
     }
     written = WriteShard(staging, file, mine, state, staged, options.compression, options.pack_bytes,
-                         device.get(), context.check, totals, seconds[3], /*transient=*/object != nullptr);
+                         device.get(), context.check, totals, seconds[3], /*transient=*/object != nullptr, on_final);
     if (object && !written.file.empty()) object->Upload(written.file);
     if (context.check) context.check();
   } catch (...) {

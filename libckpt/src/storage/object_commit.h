@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -39,6 +40,34 @@ struct UploadOptions {
 // aborted on failure. Returns the object's HEAD.
 ObjectInfo UploadFile(ObjectStore& store, const std::string& bucket, const std::string& key,
                       const std::filesystem::path& path, const UploadOptions& options = {});
+
+// A file uploaded while it is being written. Final(offset, n) says that those bytes of the
+// file are written and will not change (ShardWriter::OnFinalBytes); every part of
+// options.part_bytes made only of such bytes is sent at once, on up to options.parallel
+// threads of the upload's own (the multipart upload begins with the first such part).
+// Finish, once the file is complete, sends the parts left (those that held bytes written
+// later, such as HDF5's metadata, and the last one), completes and checks the object as
+// UploadFile does; a file of at most part_bytes with no part sent early goes in one
+// PutIfAbsent. Memory: parallel * part_bytes. Destroyed unfinished (a failed save): its
+// threads stop and the multipart upload is aborted (best effort; else a leftover). A
+// failed part fails Finish, naming the object; the parts after it are not sent.
+class StreamingUpload {
+ public:
+  StreamingUpload(ObjectStore& store, std::string bucket, std::string key, std::filesystem::path path,
+                  const UploadOptions& options = {});
+  ~StreamingUpload();
+  StreamingUpload(const StreamingUpload&) = delete;
+  StreamingUpload& operator=(const StreamingUpload&) = delete;
+  // Thread-safe. Each byte must be reported at most once.
+  void Final(uint64_t offset, uint64_t n);
+  ObjectInfo Finish();
+  // Parts sent before Finish (for tests and the save's report).
+  std::size_t early_parts() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 // The ETag of `prefix`/metadata.json now, or nullopt when there is none (a new checkpoint).
 std::optional<std::string> CommittedEtag(ObjectStore& store, const std::string& bucket, const std::string& prefix);

@@ -72,8 +72,8 @@ class Copier {
     std::size_t len;
     std::filesystem::path in_path;
   };
-  // `done(n)` is called on the copier thread after each block.
-  Copier(int out_fd, std::filesystem::path out_path, std::function<void(std::size_t)> done)
+  // `done(out_offset, n)` is called on the copier thread after each block.
+  Copier(int out_fd, std::filesystem::path out_path, std::function<void(uint64_t, std::size_t)> done)
       : out_fd_(out_fd), out_path_(std::move(out_path)), done_(std::move(done)) {}
   ~Copier() {
     {
@@ -96,7 +96,7 @@ class Copier {
     if (inline_) {
       lock.unlock();
       CopyRange(task.in_fd, task.in_offset, out_fd_, task.out_offset, task.len, task.in_path, out_path_);
-      done_(task.len);
+      done_(task.out_offset, task.len);
       return;
     }
     cv_.wait(lock, [&] { return queue_.size() < kCopyQueue || error_; });
@@ -126,7 +126,7 @@ class Copier {
       std::exception_ptr failed;
       try {
         CopyRange(t.in_fd, t.in_offset, out_fd_, t.out_offset, t.len, t.in_path, out_path_);
-        done_(t.len);
+        done_(t.out_offset, t.len);
       } catch (...) {
         failed = std::current_exception();
       }
@@ -140,7 +140,7 @@ class Copier {
 
   const int out_fd_;
   const std::filesystem::path out_path_;
-  const std::function<void(std::size_t)> done_;
+  const std::function<void(uint64_t, std::size_t)> done_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Task> queue_;
@@ -172,10 +172,16 @@ struct ShardWriter::Impl {
 
   // Called after data is written (by this thread, the pool or the copier): every kWritebackBytes,
   // starts writeback of the file so the disk works while the rest is produced and the
-  // final fsync has little left.
+  // final fsync has little left. `offset` is where this writer itself wrote the `n` bytes
+  // with pwrite, into a dataset's space that nothing writes again: they are final, and the
+  // observer (ShardWriter::OnFinalBytes) hears of them. kNotFinal: HDF5 wrote them (it
+  // may hold them in its sieve buffer until the dataset closes), not reported.
+  static constexpr uint64_t kNotFinal = ~uint64_t{0};
   bool transient = false;  // ShardWriter::SetTransient: no writeback, no fsync
+  FinalBytes on_final;     // ShardWriter::OnFinalBytes
 
-  void Wrote(std::size_t n) {
+  void Wrote(uint64_t offset, std::size_t n) {
+    if (on_final && offset != kNotFinal && n > 0) on_final(offset, n);
     if (transient || unflushed.fetch_add(n) + n < kWritebackBytes) return;
     unflushed = 0;
     StartWriteback(fd.get(), 0, 0);
@@ -194,7 +200,7 @@ struct ShardWriter::Impl {
   }
 
   Copier& Copies() {
-    if (!copier) copier = std::make_unique<Copier>(fd.get(), path, [this](std::size_t n) { Wrote(n); });
+    if (!copier) copier = std::make_unique<Copier>(fd.get(), path, [this](uint64_t at, std::size_t n) { Wrote(at, n); });
     return *copier;
   }
 
@@ -346,7 +352,7 @@ struct ShardWriter::Impl {
                                   /*compress=*/false, first);
     const uint64_t base = DataOffset(ds.get(), first);
     WriteExact(fd.get(), deferred.bytes.data(), deferred.bytes.size(), base, path);
-    Wrote(deferred.bytes.size());
+    Wrote(base, deferred.bytes.size());
     for (auto& m : deferred.members) {
       m.meta.offset = base + *m.meta.pack_offset;
       index.Add(m.key, false, m.dtype, m.shape, m.meta);
@@ -396,7 +402,7 @@ struct ShardWriter::Impl {
     pack.filled += n;
     if (pack.filled < m.pack_size) return;
     WriteExact(fd.get(), pack.bytes.data(), pack.bytes.size(), pack.base, path);
-    Wrote(pack.bytes.size());
+    Wrote(pack.base, pack.bytes.size());
     pack.filled = 0;
   }
   std::deque<Announced> announced;
@@ -458,7 +464,7 @@ struct ShardWriter::Impl {
     if (n == 0) return 0;
     digest.UpdateParallel(data, n, [this, offset](const unsigned char* p, std::size_t len, std::size_t pos) {
       WriteExact(fd.get(), p, len, offset + pos, path);
-      Wrote(len);
+      Wrote(offset + pos, len);
     });
     return offset;
   }
@@ -495,6 +501,8 @@ ShardWriter::~ShardWriter() = default;
 
 void ShardWriter::SetTransient() { impl_->transient = true; }
 
+void ShardWriter::OnFinalBytes(FinalBytes observer) { impl_->on_final = std::move(observer); }
+
 ChunkMeta ShardWriter::WriteChunk(const std::string& key, DType dtype, const Shape& shape, const Box& box,
                                   const void* data) {
   const int64_t elements = box.NumElements();
@@ -521,7 +529,7 @@ ChunkMeta ShardWriter::WriteChunk(const std::string& key, DType dtype, const Sha
     } else if (taken.written) {
       digest.Update(data, nbytes);
       data_offset = taken.offset;
-      impl_->Wrote(nbytes);
+      impl_->Wrote(Impl::kNotFinal, nbytes);
     } else {
       data_offset = impl_->StreamContiguous(taken.offset, data, nbytes, digest);
     }
@@ -605,7 +613,7 @@ void ShardWriter::Stream::Write(const void* data, std::size_t n) {
   const uint64_t at = s.offset + s.pos;
   s.digest->UpdateParallel(data, n, [&s, at](const unsigned char* p, std::size_t len, std::size_t pos) {
     WriteExact(s.shard->fd.get(), p, len, at + pos, s.shard->path);
-    s.shard->Wrote(len);
+    s.shard->Wrote(at + pos, len);
   });
   s.pos += n;
 }

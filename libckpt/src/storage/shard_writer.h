@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -97,6 +98,15 @@ class ShardWriter {
   // writeback is started while it is written, and Finish does not fsync it (it reports 0 s).
   // The disk is then left alone; the upload reads the bytes back from the page cache.
   void SetTransient();
+  // `observer(offset, n)` is called, from whichever thread wrote them (the caller's, the
+  // worker pool's or the copier's, possibly at once), for each range of bytes this writer
+  // wrote itself into a dataset's space: those bytes are final, never written again, and
+  // already in the file (the page cache). Other bytes (HDF5's metadata, the superblock,
+  // small datasets HDF5 writes, compressed chunks) are final only after Finish. An s3://
+  // save uploads the parts made only of final bytes while the rest is written. Set it
+  // before the first chunk.
+  using FinalBytes = std::function<void(uint64_t offset, uint64_t n)>;
+  void OnFinalBytes(FinalBytes observer);
 
   const std::string& file_name() const { return file_name_; }
 
