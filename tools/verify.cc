@@ -20,7 +20,8 @@ int VerifyMain(int argc, char** argv) {
   std::string path, expect, junit, schema;
   ops::VerifyOptions o;
   app.add_option("PATH", path, "Checkpoint directory (or a lone shard, a safetensors file, or the Hub's sharded safetensors:\n"
-                 "an index or the directory holding it), or s3://bucket/prefix/step (checked by ranged GETs;\n"
+                 "an index or the directory holding it), or s3://bucket/prefix/step (checked by ranged GETs, or\n"
+                 "on a downloaded copy where ranges cannot check it: compressed, format v1, --check-finite;\n"
                  "the store is reached by the AWS_* environment: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...)")->required();
   app.add_flag("--quick", o.quick, "Skip reading data: metadata, files, tiling and datasets only");
   app.add_flag("--check-finite", o.check_finite, "Fail on NaN or Inf in floating tensors");

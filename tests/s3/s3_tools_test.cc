@@ -188,6 +188,24 @@ TEST_CASE("ckpt-verify s3://: a flipped byte in an object exits 1 naming the obj
   CHECK(j["problems"][0]["file"] == shard);
   // --quick reads no data: the flip is not seen.
   CHECK(RunTool(tools::VerifyMain, {"ckpt-verify", f.url, "--quick", "-q"}).code == 0);
+  // --check-finite needs every value: checked on a downloaded copy, the flip found there too,
+  // named by the object's name (not the cache's path), the cache removed after.
+  const Ran fin = RunTool(tools::VerifyMain, {"ckpt-verify", f.url, "--check-finite", "--json"});
+  INFO(fin.out, fin.err);
+  REQUIRE(fin.code == 1);
+  const auto jf = nlohmann::json::parse(fin.out);
+  CHECK(jf["mode"] == "downloaded");
+  CHECK(jf["path"] == f.url);
+  REQUIRE(jf["problems"].size() == 1);
+  CHECK(jf["problems"][0]["check"] == "checksums");
+  CHECK(jf["problems"][0]["file"] == shard);
+  CHECK(fin.out.find("load-") == std::string::npos);
+  const fs::path staging = fs::temp_directory_path() / "ckpt-s3-staging";
+  if (fs::exists(staging)) {
+    for (const auto& e : fs::directory_iterator(staging)) {
+      CHECK(e.path().filename().string().find("load-") != 0);
+    }
+  }
 }
 
 TEST_CASE("ckpt-verify and ckpt-inspect s3://: a missing checkpoint or object is exit 2 / 1, named") {
@@ -372,6 +390,11 @@ TEST_CASE("ckpt-merge and ckpt-convert write s3://: local->S3, S3->local, S3->S3
   REQUIRE(run(tools::MergeMain, {"ckpt-merge", merged, z, "--world", "2", "--compress", "zstd", "-q"}).code == 0);
   CHECK(ReadMetadata(z, /*resolve=*/false).Find("model.w")->compression.codec == Compression::Codec::kZstd);
   CheckModelW(z);
+  // ckpt-verify checks it whole on a downloaded copy (ranges do not read compressed chunks).
+  const Ran vz = run(tools::VerifyMain, {"ckpt-verify", z, "--json"});
+  INFO(vz.out, vz.err);
+  CHECK(vz.code == 0);
+  CHECK(nlohmann::json::parse(vz.out)["mode"] == "downloaded");
 
   // safetensors -> a checkpoint on the store, 4 files, and back.
   const fs::path st_file = f.tmp / "model.safetensors";

@@ -375,6 +375,9 @@ std::string RenderVerifyText(const VerifyReport& r) {
     out << "  (ranged: metadata.json, each object's size and shard index, tiling"
         << (r.quick ? "" : ", every chunk's checksum and block digests")
         << "; HDF5 headers and stray datasets are checked on a local copy only)\n";
+  if (r.mode == "downloaded")
+    out << "  (downloaded: ranged reads cannot check this one, or --check-finite needs every value;"
+           " checked whole on a local copy, removed after)\n";
   return out.str();
 }
 

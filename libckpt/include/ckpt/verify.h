@@ -15,7 +15,11 @@
 // A directory is pinned (FORMAT.md §2.7): the verdict is of one checkpoint, never a mix.
 // On object storage ("ranged" mode) what needs no local file is checked: metadata.json,
 // each object's size and index, the tiling and, unless `quick`, every chunk's checksum and
-// block digests by ranged GETs; not the HDF5 headers, and not `check_finite`.
+// block digests by ranged GETs; not the HDF5 headers. A checkpoint ranged reads cannot check
+// (format v1, compressed chunks, saved before files[].index_offset), and any with
+// `check_finite`, is checked whole on a downloaded copy ("downloaded" mode: the AWS
+// environment's store settings, a cache directory under the default staging_dir bounded by
+// the default cache_max_bytes (64 GiB), removed after; problems name the s3:// URL).
 //
 // Thread-safety: VerifyCheckpoint is reentrant; it reads data on threads of its own.
 #pragma once
@@ -47,7 +51,7 @@ struct VerifyReport {
   uint64_t bytes_read = 0;
   double seconds = 0;
   bool quick = false;
-  std::string mode;  // "" (a local checkpoint: every check) or "ranged" (s3://, see above)
+  std::string mode;  // "" (a local checkpoint: every check), "ranged" or "downloaded" (s3://, see above)
   bool ok() const { return problems.empty(); }
 };
 
@@ -76,7 +80,7 @@ struct CheckOptions {
 // `path`, kIO (or, on s3://, a failed request) when it cannot be read, kChanged where the
 // checkpoint was replaced while it was checked and problems were found (they may be only
 // its files removed meanwhile: run again), kInvalidArgument for an s3:// checkpoint that
-// cannot be checked by ranged reads (compressed, format v1: verify a downloaded copy).
+// only a download can check and whose files are larger than the download cache's bound.
 CKPT_API VerifyReport VerifyCheckpoint(const std::filesystem::path& path, const CheckOptions& options);
 
 }  // namespace ckpt

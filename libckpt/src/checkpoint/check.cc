@@ -881,32 +881,25 @@ uint64_t CheckObjectChunks(const internal::ObjectSource& src, const std::vector<
   return total;
 }
 
-void VerifyObject(const std::string& url, const CheckOptions& o, VerifyReport& r, Collector& c) {
+// Returns false, having checked nothing, for a checkpoint that ranged reads cannot check
+// (VerifyDownloaded then does).
+bool VerifyObject(const std::string& url, const CheckOptions& o, VerifyReport& r, Collector& c) {
   r.mode = "ranged";
-  if (o.check_finite) {
-    throw Error(ErrorCode::kInvalidArgument, url + ": --check-finite is not supported on s3:// yet (download the "
-                                                   "checkpoint and verify the local copy)");
-  }
   uint64_t seen = 0;
   std::shared_ptr<const internal::ObjectSource> src;
   try {
     src = internal::OpenObjectSource(url, ObjectStoreOptions{}, &seen);
   } catch (const Error& e) {
-    // A version-1 checkpoint is not damaged: this reader cannot check it (2, as usage).
-    if (e.code() == ErrorCode::kUnsupported) throw Error(ErrorCode::kInvalidArgument, e.what());
+    if (e.code() == ErrorCode::kUnsupported) return false;  // format version 1
     if (e.code() != ErrorCode::kCorrupt) throw;  // missing, unreachable: 2
     c.Add("metadata", kMetadataFileName, "", e.what());  // unparsable, or its digest does not match
-    return;
+    return true;
   }
   const Metadata& md = *src->metadata;
+  if (!internal::ReadableByRanges(md)) return false;
   r.format_version = md.format_version;
   r.keys = md.entries.size();
   r.files = md.files.size();
-  if (!internal::ReadableByRanges(md)) {
-    throw Error(ErrorCode::kInvalidArgument,
-                src->url + ": cannot be verified by ranged reads (compressed chunks, or saved before "
-                           "files[].index_offset was recorded): download it and verify the local copy");
-  }
   // The schema is checked on the text read again; a different text is another checkpoint.
   auto changed = [&] { return std::hash<std::string>{}(FetchMetadataText(*src)) != seen; };
   const std::string text = FetchMetadataText(*src);
@@ -949,29 +942,16 @@ void VerifyObject(const std::string& url, const CheckOptions& o, VerifyReport& r
       throw Error(ErrorCode::kChanged, src->url + ": verify found " + std::to_string(r.problems.size()) +
                                            " problem(s) in it, but its metadata.json changed meanwhile (run again)");
   }
+  return true;
 }
 
-}  // namespace
-
-VerifyReport VerifyCheckpoint(const fs::path& path, const CheckOptions& o) {
-  const auto t0 = std::chrono::steady_clock::now();
-  VerifyReport r;
-  r.path = path.string();
-  r.quick = o.quick;
-  Collector c(r);
-  auto finish = [&] {
-    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    return r;
-  };
-  if (internal::IsObjectUrl(path)) {
-    VerifyObject(path.string(), o, r, c);
-    return finish();
-  }
+// Every check of a local checkpoint directory (the pinned one at `path`).
+void VerifyLocal(const fs::path& path, const CheckOptions& o, VerifyReport& r, Collector& c) {
   std::error_code ec;
   if (!fs::exists(path, ec)) throw Error(ErrorCode::kNotFound, path.string() + ": no such file or directory");
   storage::Dir dir;
   std::string text;
-  if (!PinAndRead(path, dir, text, c)) return finish();
+  if (!PinAndRead(path, dir, text, c)) return;
   // The caller's check of the text runs on a thread of its own while the metadata is parsed
   // and the data read (it only reports, nothing waits on it).
   std::vector<VerifyProblem> text_problems;
@@ -988,7 +968,7 @@ VerifyReport VerifyCheckpoint(const fs::path& path, const CheckOptions& o) {
   } catch (const Error& e) {
     c.Add("metadata", kMetadataFileName, "", e.what());
     add_text_problems();
-    return finish();
+    return;
   }
   r.format_version = md.format_version;
   md.BuildIndex();
@@ -1007,7 +987,41 @@ VerifyReport VerifyCheckpoint(const fs::path& path, const CheckOptions& o) {
   if (!r.ok() && dir.Replaced())
     dir.ThrowChanged("verify found " + std::to_string(r.problems.size()) +
                      " problem(s) in it, which may only be files removed meanwhile");
-  return finish();
+}
+
+// "Downloaded" mode: an s3:// checkpoint that ranged reads cannot check (format v1, compressed
+// chunks, no files[].index_offset), or asked with check_finite: its committed version is
+// fetched into a locked local cache directory (as Load's interim path does: bounded by
+// ObjectStoreOptions::cache_max_bytes, refused before a byte is fetched above it; a replace
+// committed meanwhile is kChanged) and every local check runs on it; the cache goes after.
+void VerifyDownloaded(const std::string& url, const CheckOptions& o, VerifyReport& r, Collector& c) {
+  r.mode = "downloaded";
+  const std::unique_ptr<internal::CacheDir> cache = internal::DownloadToCache(url, ObjectStoreOptions{}, 0);
+  VerifyLocal(cache->path(), o, r, c);
+  // Problems name files by their names in the checkpoint, not the cache's path.
+  const std::string local = cache->path().string();
+  for (VerifyProblem& p : r.problems) {
+    for (std::string* text : {&p.file, &p.message}) {
+      for (std::size_t at; (at = text->find(local)) != std::string::npos;) text->replace(at, local.size(), url);
+    }
+  }
+}
+
+}  // namespace
+
+VerifyReport VerifyCheckpoint(const fs::path& path, const CheckOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  VerifyReport r;
+  r.path = path.string();
+  r.quick = o.quick;
+  Collector c(r);
+  if (!internal::IsObjectUrl(path)) {
+    VerifyLocal(path, o, r, c);
+  } else if (o.check_finite || !VerifyObject(path.string(), o, r, c)) {
+    VerifyDownloaded(path.string(), o, r, c);
+  }
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
 }
 
 }  // namespace ckpt
