@@ -100,6 +100,17 @@ void Endless(int fd, const std::string& head, const std::atomic<bool>& stop) {
   }
 }
 
+// Sends `head`, then 4 KiB every 250 ms until `stop`, the client leaves, or 60 s.
+void Trickle(int fd, const std::string& head, const std::atomic<bool>& stop) {
+  if (!SendAll(fd, head.data(), head.size())) return;
+  const std::string chunk(4 << 10, 'x');
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!stop && std::chrono::steady_clock::now() < end) {
+    if (!SendAll(fd, chunk.data(), chunk.size())) return;
+    for (int i = 0; i < 250 / kPollMs && !stop; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(kPollMs));
+  }
+}
+
 // Relays the upstream's answer with its Content-Length changed by `delta` (-7 or +7): the
 // body passed on is cut to the new length, or the connection closed after the real body.
 void RelayWrongLength(int client, int upstream, long long delta, const std::atomic<bool>& stop) {
@@ -198,6 +209,9 @@ void FaultProxy::Handle(int client, Action action, int index) {
       Endless(client, "HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/xml\r\nConnection: close\r\n\r\n"
                       "<?xml version=\"1.0\"?><Error><Code>InternalError</Code><Message>",
               stop_);
+      break;
+    case Action::kTrickleBody:
+      Trickle(client, "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nConnection: close\r\n\r\n", stop_);
       break;
     case Action::kOversizedBody:
       Endless(client, "HTTP/1.1 200 OK\r\nContent-Length: 1099511627776\r\nContent-Range: bytes 0-1099511627775/1099511627776\r\n\r\n", stop_);

@@ -22,12 +22,13 @@ class FaultProxy {
   // the head), as a network that damages data would.
   // Hostile answers (for up to 60 s, then the connection is closed): kEndlessBody, 200 and
   // bytes without end (no Content-Length); kEndlessError, the same with status 500;
-  // kOversizedBody, 200 announcing 1 TiB and sending it. kShortLength / kLongLength forward
+  // kOversizedBody, 200 announcing 1 TiB and sending it; kTrickleBody, 200 and 4 KiB every
+  // 250 ms without end (16 KiB/s: fast enough for curl's 1 KiB/s stall limit). kShortLength / kLongLength forward
   // the request and pass on the answer with its Content-Length 7 less (the body cut to it)
   // or 7 more (the connection then closed): a server wrong about the length.
   enum class Action {
     kForward, kDrop, k500, k503, kStall, kTruncate, kLoseResponse, kShiftRange, kWidenRange, kFlipBody,
-    kEndlessBody, kEndlessError, kOversizedBody, kShortLength, kLongLength,
+    kEndlessBody, kEndlessError, kOversizedBody, kShortLength, kLongLength, kTrickleBody,
     // kCallThenDrop calls `call` (below) as the request arrives, then drops it;
     // kForwardThenCall forwards it and calls `call` once the server's answer begins, which
     // the client then never gets. (The SIGKILL test kills the client there.)

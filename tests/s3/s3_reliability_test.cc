@@ -509,6 +509,31 @@ TEST_CASE("hostile server: endless, oversized and wrong-length bodies, an endles
     CHECK_MESSAGE(e.find(c.expected) != std::string::npos, e);
     CHECK(Since(t0) < 10);
   }
+  // A body trickled without end at 16 KiB/s, fast enough for curl's stall limit and far
+  // below the caps asked for (64 MiB; a range of 8 MiB): each attempt ends once it has run
+  // stall_timeout_s (1 s here) averaging under min_average_bytes_per_second, not when the
+  // cap is reached (an hour at that speed) or the server gives up.
+  for (const bool ranged : {false, true}) {
+    CAPTURE(ranged);
+    FaultProxy proxy(port, {}, A::kTrickleBody);
+    auto store = client(proxy);
+    std::string e;
+    const auto t0 = Clock::now();
+    Bounded("a GET from a server that trickles", 30, [&] {
+      e = ErrorOf([&] {
+        if (ranged) {
+          std::vector<std::byte> out(8 << 20);
+          store->GetRange(f.bucket.name(), "obj", 0, out);
+        } else {
+          store->Get(f.bucket.name(), "obj", 64 << 20);
+        }
+      });
+    });
+    CHECK_MESSAGE(e.find(name + ": GET to ") != std::string::npos, e);
+    CHECK_MESSAGE(e.find("after 2 attempts: the transfer averaged") != std::string::npos, e);
+    CHECK_MESSAGE(e.find("below the 65536 B/s required") != std::string::npos, e);
+    CHECK(Since(t0) < 10);
+  }
   // Through Load: metadata.json and the shard's HEAD and index pass; then the data GETs
   // meet an endless body, an oversized one, a short one: each a clear error, quickly.
   constexpr int64_t kRows = 64;

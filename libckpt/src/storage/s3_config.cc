@@ -255,7 +255,7 @@ void ResolveCaBundle(const S3Options& opts, const Env& var, const Profile& profi
 
 void CheckTransferOptions(const S3Options& opts) {
   if (opts.max_connections < 0 || opts.max_attempts < 1 || opts.base_backoff_ms < 0 || opts.max_backoff_ms < 0 ||
-      opts.connect_timeout_ms < 1 || opts.stall_timeout_s < 1) {
+      opts.connect_timeout_ms < 1 || opts.stall_timeout_s < 1 || opts.min_average_bytes_per_second < 0) {
     throw Error(ErrorCode::kInvalidArgument, "S3 options: attempts and timeouts must be positive, connections not negative");
   }
 }

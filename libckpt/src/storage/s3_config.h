@@ -46,13 +46,17 @@ struct S3Options {
   // request); attempts of an idempotent request
   // (1 = no retry); the first backoff (doubled per retry, full jitter, capped at
   // max_backoff_ms); connect timeout; a transfer slower than 1 KiB/s for this long is a
-  // timeout (retried).
+  // timeout (retried), and so is one whose average speed since its start is below
+  // min_average_bytes_per_second once it has run that long: a server that trickles an
+  // endless body holds a request for at most max(stall_timeout_s, the request's cap on bytes
+  // / min_average_bytes_per_second) per attempt, not for as long as it keeps sending.
   int max_connections = 16;
   int max_attempts = 8;
   int base_backoff_ms = 50;
   int max_backoff_ms = 5000;
   int connect_timeout_ms = 5000;
   int stall_timeout_s = 30;
+  int64_t min_average_bytes_per_second = 64 << 10;
 };
 
 // The resolved configuration a client runs with.

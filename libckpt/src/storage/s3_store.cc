@@ -192,7 +192,24 @@ struct Transfer {
   S3Store::Response* resp;
   CURL* curl;
   std::size_t read_pos = 0;
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  double grace_s = 0;         // stall_timeout_s: the average speed is judged after this long
+  double min_rate = 0;        // min_average_bytes_per_second (0: not judged)
+  double too_slow_rate = -1;  // the average that ended the transfer, if one did
 };
+
+// libcurl's progress callback: ends a transfer whose average speed (bytes sent and received
+// since its start) has fallen below the minimum once it has run for the grace period.
+int JudgeProgress(void* user, curl_off_t, curl_off_t received, curl_off_t, curl_off_t sent) {
+  auto* t = static_cast<Transfer*>(user);
+  if (t->min_rate <= 0) return 0;
+  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t->start).count();
+  if (elapsed < t->grace_s) return 0;
+  const double rate = static_cast<double>(received + sent) / elapsed;
+  if (rate >= t->min_rate) return 0;
+  t->too_slow_rate = rate;
+  return 1;  // CURLE_ABORTED_BY_CALLBACK
+}
 
 std::size_t ReadBody(char* buf, std::size_t size, std::size_t n, void* user) {
   auto* t = static_cast<Transfer*>(user);
@@ -364,6 +381,11 @@ void SetTransferOptions(CURL* curl, const s3::S3Config& config, const std::strin
   curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(config.transfer.connect_timeout_ms));
   curl_easy_setopt(curl, CURLOPT_LOW_SPEED_LIMIT, 1024L);
   curl_easy_setopt(curl, CURLOPT_LOW_SPEED_TIME, static_cast<long>(config.transfer.stall_timeout_s));
+  t.grace_s = config.transfer.stall_timeout_s;
+  t.min_rate = static_cast<double>(config.transfer.min_average_bytes_per_second);
+  curl_easy_setopt(curl, CURLOPT_XFERINFOFUNCTION, JudgeProgress);
+  curl_easy_setopt(curl, CURLOPT_XFERINFODATA, &t);
+  curl_easy_setopt(curl, CURLOPT_NOPROGRESS, 0L);
   curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, WriteBody);
   curl_easy_setopt(curl, CURLOPT_WRITEDATA, &t);
   curl_easy_setopt(curl, CURLOPT_HEADERFUNCTION, WriteHeader);
@@ -458,6 +480,11 @@ S3Store::Response S3Store::SendOnce(void* handle, Request& req, std::string& tra
   curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &resp.status);
   if (rc != CURLE_OK && !resp.overflow && !(resp.error_cut && rc == CURLE_WRITE_ERROR)) {
     transport_error = TransportError(config_, rc, errbuf);
+    if (t.too_slow_rate >= 0) {  // retried, as a timeout is
+      transport_error = "the transfer averaged " + std::to_string(static_cast<int64_t>(t.too_slow_rate)) +
+                        " B/s after " + std::to_string(config_.transfer.stall_timeout_s) + " s, below the " +
+                        std::to_string(config_.transfer.min_average_bytes_per_second) + " B/s required";
+    }
     resp.status = 0;
   }
   return resp;
