@@ -395,6 +395,13 @@ TEST_CASE("ckpt-merge and ckpt-convert write s3://: local->S3, S3->local, S3->S3
   INFO(vz.out, vz.err);
   CHECK(vz.code == 0);
   CHECK(nlohmann::json::parse(vz.out)["mode"] == "downloaded");
+  // ckpt-diff and ckpt-merge read its data through a CheckpointReader, which downloads it.
+  const Ran dz = run(tools::DiffMain, {"ckpt-diff", z, merged, "-q"});
+  INFO(dz.out, dz.err);
+  CHECK(dz.code == 0);
+  const fs::path unzipped = f.tmp / "from-zstd";
+  CHECK(run(tools::MergeMain, {"ckpt-merge", z, unzipped.string(), "-q"}).code == 0);
+  CheckModelW(unzipped.string());
 
   // safetensors -> a checkpoint on the store, 4 files, and back.
   const fs::path st_file = f.tmp / "model.safetensors";

@@ -308,7 +308,10 @@ class CKPT_API CheckpointReader {
   // wanted (each once, checked against its digest) instead of all when opening.
   static std::unique_ptr<CheckpointReader> Open(const std::filesystem::path& dir, bool resolve = true);
   // The same for an s3:// checkpoint (a local `dir` ignores `s3`), read as Load reads it
-  // (LoadOptions::s3); LocateChunk gives nullopt (no local file).
+  // (LoadOptions::s3); LocateChunk gives nullopt (no local file). One that ranged reads
+  // cannot read (compressed chunks, v1, saved before files[].index_offset) is downloaded
+  // into a cache directory under s3.staging_dir (bounded by s3.cache_max_bytes, kInvalidArgument
+  // above it) that lives as long as the reader and those Reopen makes, and read there.
   static std::unique_ptr<CheckpointReader> Open(const std::filesystem::path& dir, const ObjectStoreOptions& s3,
                                                 bool resolve = false);
   // One shard file (shard-*.h5) on its own, outside its checkpoint: its tensors as its

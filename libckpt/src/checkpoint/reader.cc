@@ -17,17 +17,32 @@
 
 namespace ckpt {
 
-Metadata ReadMetadata(const std::filesystem::path& dir, bool resolve) {
-  if (internal::IsObjectUrl(dir)) return CheckpointReader::Open(dir, ObjectStoreOptions{}, resolve)->metadata();
-  return *internal::OpenPinned(dir, resolve).metadata;
+namespace {
+
+// An s3:// checkpoint that ranged reads cannot read (format v1, compressed chunks, saved
+// before files[].index_offset), downloaded as Load downloads it (a locked cache directory
+// bounded by ObjectStoreOptions::cache_max_bytes) and read there; the cache goes with the
+// last reader of it.
+std::unique_ptr<CheckpointReader> OpenDownloaded(const std::filesystem::path& url, const ReaderOptions& o) {
+  std::shared_ptr<const internal::CacheDir> cache = internal::DownloadToCache(url.string(), o.s3, 0);
+  internal::Pinned p = internal::OpenPinned(cache->path(), o.resolve);
+  auto r = std::make_unique<internal::Reader>(std::move(p.dir), std::move(p.metadata), o.check_structure);
+  r->KeepAlive(std::move(cache));
+  return r;
 }
 
-std::unique_ptr<CheckpointReader> CheckpointReader::Open(const std::filesystem::path& dir, const ReaderOptions& o) {
-  if (!internal::IsObjectUrl(dir)) {
-    internal::Pinned p = internal::OpenPinned(dir, o.resolve);
-    return std::make_unique<internal::Reader>(std::move(p.dir), std::move(p.metadata), o.check_structure);
+// An s3:// checkpoint: by ranged reads, or (`download`, where ranges cannot read its data)
+// downloaded. Without `download` only the metadata is wanted: a v2 checkpoint's metadata
+// and shard indexes are read by ranges whatever its chunks.
+std::unique_ptr<CheckpointReader> OpenObject(const std::filesystem::path& dir, const ReaderOptions& o, bool download) {
+  std::shared_ptr<const internal::ObjectSource> source;
+  try {
+    source = internal::OpenObjectSource(dir.string(), o.s3);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kUnsupported) throw;  // format version 1: downloaded
+    return OpenDownloaded(dir, o);
   }
-  auto source = internal::OpenObjectSource(dir.string(), o.s3);
+  if (download && !internal::ReadableByRanges(*source->metadata)) return OpenDownloaded(dir, o);
   if (o.resolve) {  // every chunk record read now (the metadata a caller sees is then whole)
     auto m = std::make_shared<Metadata>(*source->metadata);
     internal::ChunkCatalog catalog(source);
@@ -40,6 +55,23 @@ std::unique_ptr<CheckpointReader> CheckpointReader::Open(const std::filesystem::
     source = resolved;
   }
   return std::make_unique<internal::Reader>(std::move(source), o.check_structure);
+}
+
+}  // namespace
+
+Metadata ReadMetadata(const std::filesystem::path& dir, bool resolve) {
+  if (internal::IsObjectUrl(dir)) {
+    ReaderOptions o;
+    o.resolve = resolve;
+    return OpenObject(dir, o, /*download=*/false)->metadata();
+  }
+  return *internal::OpenPinned(dir, resolve).metadata;
+}
+
+std::unique_ptr<CheckpointReader> CheckpointReader::Open(const std::filesystem::path& dir, const ReaderOptions& o) {
+  if (internal::IsObjectUrl(dir)) return OpenObject(dir, o, /*download=*/true);
+  internal::Pinned p = internal::OpenPinned(dir, o.resolve);
+  return std::make_unique<internal::Reader>(std::move(p.dir), std::move(p.metadata), o.check_structure);
 }
 
 std::unique_ptr<CheckpointReader> CheckpointReader::Open(const std::filesystem::path& dir, bool resolve) {
@@ -172,8 +204,10 @@ std::unique_ptr<CheckpointReader> CheckpointReader::OpenShard(const std::filesys
 namespace internal {
 
 std::unique_ptr<CheckpointReader> Reader::Reopen() const {
-  if (source_) return std::make_unique<Reader>(source_, /*check_tiling=*/false, catalog_);
-  return std::make_unique<Reader>(handle_, metadata_, /*check_tiling=*/false, catalog_);
+  auto r = source_ ? std::make_unique<Reader>(source_, /*check_tiling=*/false, catalog_)
+                   : std::make_unique<Reader>(handle_, metadata_, /*check_tiling=*/false, catalog_);
+  r->keep_alive_ = keep_alive_;
+  return r;
 }
 
 std::optional<std::filesystem::path> Reader::PinnedPath(std::string_view name) const {

@@ -85,6 +85,9 @@ class Reader final : public CheckpointReader {
   explicit Reader(std::shared_ptr<const ObjectSource> source, bool check_tiling = true,
                   std::shared_ptr<ChunkCatalog> catalog = nullptr);
   const std::shared_ptr<ChunkCatalog>& catalog() const { return catalog_; }
+  // What must outlive this reader and those Reopen makes (a downloaded checkpoint's cache
+  // directory, CheckpointReader::Open).
+  void KeepAlive(std::shared_ptr<const void> what) { keep_alive_ = std::move(what); }
 
   const Metadata& metadata() const override { return *metadata_; }
   const std::shared_ptr<const Metadata>& shared_metadata() const { return metadata_; }
@@ -134,6 +137,7 @@ class Reader final : public CheckpointReader {
   std::shared_ptr<const ObjectSource> source_;  // set: the checkpoint is on object storage
   std::filesystem::path dir_;
   std::shared_ptr<const Metadata> metadata_;
+  std::shared_ptr<const void> keep_alive_;
   std::shared_ptr<ChunkCatalog> catalog_;  // v2 and not resolved: where chunk records come from
   std::map<std::string, std::unique_ptr<storage::ShardReader>> shards_;
   uint64_t bytes_read_ = 0;
