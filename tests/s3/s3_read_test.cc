@@ -13,6 +13,7 @@
 
 #include "checkpoint/object_read.h"
 #include "ckpt/checkpoint.h"
+#include "ckpt/verify.h"
 #include "ckpt/comm.h"
 #include "error_of.h"
 #include "fault_proxy.h"
@@ -256,6 +257,30 @@ TEST_CASE("metadata.json naming an object outside the prefix, or no index place:
     const std::string e = ErrorOf([&] { LoadRanks(put("huge/step-1", m), 1, f.Options()); });
     CHECK_MESSAGE(e.find("metadata.json says 1152921504606846976") != std::string::npos, e);
   }
+}
+
+TEST_CASE("VerifyCheckpoint of s3:// reaches the store through CheckOptions::s3, not only the AWS environment") {
+  Fixture f;
+  for (const char* name : {"AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                           "AWS_SESSION_TOKEN", "AWS_PROFILE"}) {
+    ::unsetenv(name);
+  }
+  ::setenv("AWS_SHARED_CREDENTIALS_FILE", (f.tmp / "no-credentials").c_str(), 1);
+  ::setenv("AWS_CONFIG_FILE", (f.tmp / "no-config").c_str(), 1);
+  CheckOptions o;
+  o.s3 = f.Options();
+  const VerifyReport ranged = VerifyCheckpoint(f.url, o);
+  CHECK(ranged.ok());
+  CHECK(ranged.mode == "ranged");
+  CHECK(ranged.bytes_read > 0);
+  o.check_finite = true;  // the downloaded mode, its cache under the options' staging_dir
+  o.s3.staging_dir = f.tmp / "verify-cache";
+  const VerifyReport downloaded = VerifyCheckpoint(f.url, o);
+  CHECK(downloaded.ok());
+  CHECK(downloaded.mode == "downloaded");
+  CHECK(fs::is_empty(o.s3.staging_dir));
+  o.s3.cache_max_bytes = 1000;
+  CHECK(ErrorOf([&] { VerifyCheckpoint(f.url, o); }).find("allowed here") != std::string::npos);
 }
 
 TEST_CASE("a server answering another range than asked is refused (through the fault proxy)") {

@@ -17,9 +17,9 @@
 // each object's size and index, the tiling and, unless `quick`, every chunk's checksum and
 // block digests by ranged GETs; not the HDF5 headers. A checkpoint ranged reads cannot check
 // (format v1, compressed chunks, saved before files[].index_offset), and any with
-// `check_finite`, is checked whole on a downloaded copy ("downloaded" mode: the AWS
-// environment's store settings, a cache directory under the default staging_dir bounded by
-// the default cache_max_bytes (64 GiB), removed after; problems name the s3:// URL).
+// `check_finite`, is checked whole on a downloaded copy ("downloaded" mode: a cache
+// directory under options.s3.staging_dir bounded by options.s3.cache_max_bytes, removed
+// after; problems name the s3:// URL).
 //
 // Thread-safety: VerifyCheckpoint is reentrant; it reads data on threads of its own.
 #pragma once
@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/checkpoint.h"
 #include "ckpt/export.h"
 #include "ckpt/metadata.h"
 
@@ -74,6 +75,9 @@ struct CheckOptions {
   // Checks of the parsed metadata beyond the library's (keys, dtypes and shapes against a
   // reference): called after the other checks; its problems are reported last.
   std::function<std::vector<VerifyProblem>(const Metadata& metadata)> check_metadata;
+  // For an s3:// path: how to reach the store (unset fields: the AWS environment, as
+  // LoadOptions::s3), and for the downloaded mode its staging_dir and cache_max_bytes.
+  ObjectStoreOptions s3;
 };
 
 // Problems in the checkpoint are reported, not thrown. Throws kNotFound when nothing is at

@@ -888,7 +888,7 @@ bool VerifyObject(const std::string& url, const CheckOptions& o, VerifyReport& r
   uint64_t seen = 0;
   std::shared_ptr<const internal::ObjectSource> src;
   try {
-    src = internal::OpenObjectSource(url, ObjectStoreOptions{}, &seen);
+    src = internal::OpenObjectSource(url, o.s3, &seen);
   } catch (const Error& e) {
     if (e.code() == ErrorCode::kUnsupported) return false;  // format version 1
     if (e.code() != ErrorCode::kCorrupt) throw;  // missing, unreachable: 2
@@ -992,11 +992,11 @@ void VerifyLocal(const fs::path& path, const CheckOptions& o, VerifyReport& r, C
 // "Downloaded" mode: an s3:// checkpoint that ranged reads cannot check (format v1, compressed
 // chunks, no files[].index_offset), or asked with check_finite: its committed version is
 // fetched into a locked local cache directory (as Load's interim path does: bounded by
-// ObjectStoreOptions::cache_max_bytes, refused before a byte is fetched above it; a replace
+// CheckOptions::s3.cache_max_bytes, refused before a byte is fetched above it; a replace
 // committed meanwhile is kChanged) and every local check runs on it; the cache goes after.
 void VerifyDownloaded(const std::string& url, const CheckOptions& o, VerifyReport& r, Collector& c) {
   r.mode = "downloaded";
-  const std::unique_ptr<internal::CacheDir> cache = internal::DownloadToCache(url, ObjectStoreOptions{}, 0);
+  const std::unique_ptr<internal::CacheDir> cache = internal::DownloadToCache(url, o.s3, 0);
   VerifyLocal(cache->path(), o, r, c);
   // Problems name files by their names in the checkpoint, not the cache's path.
   const std::string local = cache->path().string();
