@@ -255,22 +255,20 @@ void AddUnpaired(Source& a, Source& b, const KeySets& keys, const DiffOptions& o
       }
     }
   }
-  for (std::size_t i = 0; i < only_a.size(); ++i)
-    if (!renamed_a[i]) {
+  // The keys on one side only that no rename explains; `side` is the KeyDiff member they fill.
+  const auto report_unmatched = [&](const auto& only, const std::vector<bool>& renamed, const char* what,
+                                    std::string KeyDiff::*side) {
+    for (std::size_t i = 0; i < only.size(); ++i) {
+      if (renamed[i]) continue;
       KeyDiff d;
-      d.what = "only_in_a";
-      d.key = *only_a[i].first;
-      d.a = Describe(*only_a[i].second);
+      d.what = what;
+      d.key = *only[i].first;
+      d.*side = Describe(*only[i].second);
       r.diffs.push_back(std::move(d));
     }
-  for (std::size_t j = 0; j < only_b.size(); ++j)
-    if (!renamed_b[j]) {
-      KeyDiff d;
-      d.what = "only_in_b";
-      d.key = *only_b[j].first;
-      d.b = Describe(*only_b[j].second);
-      r.diffs.push_back(std::move(d));
-    }
+  };
+  report_unmatched(only_a, renamed_a, "only_in_a", &KeyDiff::a);
+  report_unmatched(only_b, renamed_b, "only_in_b", &KeyDiff::b);
   for (auto& d : renames) r.diffs.push_back(std::move(d));
 }
 
