@@ -10,6 +10,7 @@
 #include <cctype>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <stdexcept>
 
 namespace s3_test {
@@ -46,6 +47,26 @@ std::string ReadHead(int fd, const std::atomic<bool>& stop) {
     buf.append(tmp, static_cast<std::size_t>(r));
   }
   return buf;
+}
+
+// Reads and drops the rest of the request's body (its Content-Length, less what ReadHead took
+// past the head), so that an error answered to a PUT reaches a client still sending it, as a
+// server's would, instead of a reset that races the answer.
+void DrainBody(int fd, const std::string& head, const std::atomic<bool>& stop) {
+  const std::size_t end = head.find("\r\n\r\n");
+  if (end == std::string::npos) return;
+  std::string lower = head.substr(0, end);
+  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+  const std::size_t at = lower.find("\r\ncontent-length:");
+  if (at == std::string::npos) return;
+  const unsigned long long length = std::strtoull(lower.c_str() + at + 17, nullptr, 10);
+  unsigned long long left = length > head.size() - end - 4 ? length - (head.size() - end - 4) : 0;
+  char tmp[65536];
+  while (left > 0 && Readable(fd, 5000, stop)) {
+    const ssize_t r = ::recv(fd, tmp, std::min<unsigned long long>(sizeof tmp, left), 0);
+    if (r <= 0) return;
+    left -= static_cast<unsigned long long>(r);
+  }
 }
 
 int ConnectUpstream(int port) {
@@ -197,9 +218,11 @@ void FaultProxy::Handle(int client, Action action, int index) {
       if (call_) call_(index);
       break;
     case Action::k500:
+      DrainBody(client, head, stop_);
       Reply(client, 500, "Internal Server Error", "InternalError");
       break;
     case Action::k503:
+      DrainBody(client, head, stop_);
       Reply(client, 503, "Slow Down", "SlowDown");
       break;
     case Action::kEndlessBody:
